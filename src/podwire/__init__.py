@@ -1,0 +1,3 @@
+"""podwire: Neutron ports for Kubernetes pods, fast and without leaks."""
+
+__version__ = "0.1.0"

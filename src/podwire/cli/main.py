@@ -1,0 +1,45 @@
+"""The ``podwire`` command. Each subcommand lives in its own module with a ``register``.
+
+Errors podwire raises on purpose end as one line on stderr and exit code 2 (bad input or
+configuration) or 1 (anything retryable); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from podwire import __version__
+from podwire.errors import PodwireError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Imported here so that `podwire --version` does not pay for every subsystem.
+    from podwire.cli import stack_cmd
+
+    parser = argparse.ArgumentParser(prog="podwire", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"podwire {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (stack_cmd,):
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except PodwireError as exc:
+        print(f"podwire {args.command}: error: {exc}", file=sys.stderr)
+        return 1 if exc.retryable else 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""``podwire stack up|down``: the embedded local stack."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from podwire.config import LogSettings
+from podwire.errors import ConfigError
+from podwire.log import setup_logging
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("stack", help="run the local etcd + MariaDB + Neutron stack")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="start the stack and stay in the foreground")
+    up.add_argument("--data-dir", required=True, type=Path)
+    up.add_argument("--workers", type=int, default=2, help="Neutron API worker processes")
+    up.add_argument("--ready-timeout", type=float, default=120.0)
+    up.add_argument("--log-level", default="WARNING")
+    up.set_defaults(handler=_up)
+    down = actions.add_parser("down", help="stop the stack running on a data dir")
+    down.add_argument("--data-dir", required=True, type=Path)
+    down.set_defaults(handler=_down)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from podwire.stack.runner import Stack, StackOptions
+
+    if not 1 <= args.workers <= 16:
+        raise ConfigError("--workers: must be between 1 and 16")
+    setup_logging(LogSettings(level=args.log_level.upper()))
+    stack = Stack(StackOptions(args.data_dir, args.workers, args.ready_timeout))
+
+    def announce(info: dict[str, Any]) -> None:
+        print(json.dumps({k: info[k] for k in ("etcd", "neutron", "data_dir", "ready_seconds")}))
+        sys.stdout.flush()
+
+    return stack.run(announce)
+
+
+def _down(args: argparse.Namespace) -> int:
+    from podwire.stack.runner import stack_down
+
+    if not stack_down(args.data_dir):
+        print(f"no stack running on {args.data_dir}", file=sys.stderr)
+    return 0

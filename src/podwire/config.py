@@ -1,0 +1,309 @@
+"""Typed settings: one TOML file, ``PODWIRE_<SECTION>_<KEY>`` env overrides, checked at start.
+
+Each section is a frozen dataclass. Loading rejects unknown sections and keys (a typo must not
+silently fall back to a default) and names the offending key in the error. The loaded object is
+passed explicitly to whatever needs it; nothing reads settings from a global.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podwire.errors import ConfigError
+from podwire.keys import check_segment
+
+ENV_PREFIX = "PODWIRE_"
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    endpoints: list[str] = field(default_factory=lambda: ["http://127.0.0.1:2379"])
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    user: str = ""
+    password: str = ""
+    timeout: float = 5.0
+
+    def validate(self) -> None:
+        if not self.endpoints:
+            raise ConfigError("etcd.endpoints: at least one endpoint is required")
+        for endpoint in self.endpoints:
+            _check_url(endpoint, "etcd.endpoints")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError("etcd.cert_file and etcd.key_file must be given together")
+        if bool(self.user) != bool(self.password):
+            raise ConfigError("etcd.user and etcd.password must be given together")
+        _check_positive(self.timeout, "etcd.timeout")
+
+
+@dataclass(frozen=True)
+class NeutronSettings:
+    endpoint: str = ""
+    cloud: str = ""
+    project_id: str = ""
+
+    def validate(self) -> None:
+        if self.endpoint and self.cloud:
+            raise ConfigError("neutron: give either endpoint (noauth) or cloud, not both")
+        if self.endpoint:
+            _check_url(self.endpoint, "neutron.endpoint")
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    listen: str = "127.0.0.1:7070"
+    admin_token: str = ""
+    node_tokens: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        _check_host_port(self.listen, "controller.listen")
+        for node in self.node_tokens:
+            _check_name(node, "controller.node_tokens")
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    min: int = 5
+    max: int = 0
+    batch: int = 10
+    update_interval: float = 20.0
+    bulk_concurrency: int = 20
+    populate_timeout: float = 420.0
+    node_cleanup_interval: float = 600.0
+    port_debug: bool = False
+    default_driver: str = "baremetal"
+
+    def validate(self) -> None:
+        for name in ("min", "max"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"pool.{name}: must be 0 or more")
+        if self.max and self.min > self.max:
+            raise ConfigError("pool.min: must not exceed pool.max (0 means no limit)")
+        for name in ("batch", "bulk_concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"pool.{name}: must be 1 or more")
+        for name in ("update_interval", "populate_timeout", "node_cleanup_interval"):
+            _check_positive(getattr(self, name), f"pool.{name}")
+        if self.default_driver not in ("baremetal", "nested", "noop"):
+            raise ConfigError("pool.default_driver: must be baremetal, nested or noop")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    host: str = ""
+    controller_url: str = "http://127.0.0.1:7070"
+    token: str = ""
+    cni_socket: str = "/run/podwire/agent.sock"
+    state_dir: str = "/var/lib/podwire"
+    vtep_ip: str = ""
+    physnet_mappings: dict[str, str] = field(default_factory=dict)
+    heartbeat_ttl: int = 30
+    host_netns: str = ""
+    dataplane: str = "linux"
+
+    def validate(self) -> None:
+        if self.host:
+            _check_name(self.host, "agent.host")
+        _check_url(self.controller_url, "agent.controller_url")
+        if self.heartbeat_ttl < 2:
+            raise ConfigError("agent.heartbeat_ttl: must be at least 2 seconds")
+        for physnet, interface in self.physnet_mappings.items():
+            _check_name(physnet, "agent.physnet_mappings")
+            if not interface or len(interface) > 15 or "/" in interface:
+                raise ConfigError(
+                    f"agent.physnet_mappings: interface {interface!r} for {physnet!r}"
+                    " is not a valid Linux interface name"
+                )
+        if self.dataplane != "linux":
+            raise ConfigError("agent.dataplane: only 'linux' is supported")
+
+
+@dataclass(frozen=True)
+class DevicePluginSettings:
+    enabled: bool = False
+    resource_name: str = "podwire.io/memif"
+    devices: int = 100
+    device_plugins_dir: str = "/var/lib/kubelet/device-plugins"
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    memif_host_dir: str = "/var/run/podwire/memif"
+    memif_container_dir: str = "/run/vpp"
+    checkpoint: str = "/var/lib/podwire/memif-checkpoint.json"
+
+    def validate(self) -> None:
+        vendor, _, name = self.resource_name.partition("/")
+        if not vendor or not name or "/" in name:
+            raise ConfigError(
+                "deviceplugin.resource_name: must look like 'vendor.example/name'"
+            )
+        if not 1 <= self.devices <= 100_000:
+            raise ConfigError("deviceplugin.devices: must be between 1 and 100000")
+        for key in ("device_plugins_dir", "memif_host_dir", "memif_container_dir"):
+            if not os.path.isabs(getattr(self, key)):
+                raise ConfigError(f"deviceplugin.{key}: must be an absolute path")
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    level: str = "INFO"
+    format: str = "text"
+
+    def validate(self) -> None:
+        if self.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError("log.level: must be DEBUG, INFO, WARNING or ERROR")
+        if self.format not in ("text", "json"):
+            raise ConfigError("log.format: must be text or json")
+
+
+@dataclass(frozen=True)
+class Settings:
+    etcd: EtcdSettings = field(default_factory=EtcdSettings)
+    neutron: NeutronSettings = field(default_factory=NeutronSettings)
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    pool: PoolSettings = field(default_factory=PoolSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    deviceplugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+
+
+def load_settings(
+    path: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Read the TOML file (if any), apply env overrides, build and validate every section."""
+    raw = _read_toml(Path(path)) if path else {}
+    env = os.environ if env is None else env
+    sections = [f.name for f in dataclasses.fields(Settings)]
+    for name in raw:
+        if name not in sections:
+            raise ConfigError(f"unknown section [{name}]; known: {', '.join(sections)}")
+    built: dict[str, Any] = {}
+    for name in sections:
+        section_raw = raw.get(name, {})
+        if not isinstance(section_raw, dict):
+            raise ConfigError(f"[{name}] must be a table")
+        section_cls = typing.get_type_hints(Settings)[name]
+        merged = {**section_raw, **_env_overrides(name, section_cls, env)}
+        built[name] = build_section(section_cls, merged, name)
+    return Settings(**built)
+
+
+def build_section(cls: type[Any], raw: Mapping[str, Any], section: str) -> Any:
+    """Make one section dataclass from a mapping, checking names and types, then validate."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"{section}.{key}: unknown key; known: {', '.join(sorted(known))}")
+    values = {key: _check_type(value, hints[key], f"{section}.{key}") for key, value in raw.items()}
+    instance = cls(**values)
+    instance.validate()
+    return instance
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as stream:
+            return tomllib.load(stream)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except PermissionError as exc:
+        raise ConfigError(f"config file {path} is not readable") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def _env_overrides(section: str, cls: type[Any], env: Mapping[str, str]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    prefix = f"{ENV_PREFIX}{section.upper()}_"
+    overrides: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(prefix):
+            continue
+        key = name[len(prefix) :].lower()
+        if key not in hints:
+            raise ConfigError(f"{name}: unknown key {section}.{key}")
+        overrides[key] = _parse_env(value, hints[key], name)
+    return overrides
+
+
+def _parse_env(value: str, hint: Any, name: str) -> Any:
+    origin = typing.get_origin(hint)
+    try:
+        if hint is bool:
+            lowered = value.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("expected true or false")
+            return lowered in ("1", "true", "yes")
+        if hint is int:
+            return int(value)
+        if hint is float:
+            return float(value)
+        if origin is list:
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return [item.strip() for item in value.split(",") if item.strip()]
+        if origin is dict:
+            if value.lstrip().startswith("{"):
+                return json.loads(value)
+            pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError("expected key=value pairs separated by commas")
+            return {k.strip(): v.strip() for k, v in pairs}
+    except ValueError as exc:
+        raise ConfigError(f"{name}: cannot parse {value!r}: {exc}") from exc
+    return value
+
+
+def _check_type(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool):
+        if type(value) is not hint:
+            raise ConfigError(f"{key}: expected {hint.__name__}, got {type(value).__name__}")
+        return value
+    if origin is list:
+        (item_type,) = typing.get_args(hint)
+        if not isinstance(value, list) or not all(isinstance(v, item_type) for v in value):
+            raise ConfigError(f"{key}: expected a list of {item_type.__name__}")
+        return list(value)
+    if origin is dict:
+        _, item_type = typing.get_args(hint)
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, item_type) for k, v in value.items()
+        ):
+            raise ConfigError(f"{key}: expected a table of {item_type.__name__} values")
+        return dict(value)
+    raise ConfigError(f"{key}: unsupported setting type {hint!r}")
+
+
+def _check_url(value: str, key: str) -> None:
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest:
+        raise ConfigError(f"{key}: {value!r} is not an http(s) URL")
+
+
+def _check_host_port(value: str, key: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: {value!r} is not HOST:PORT")
+
+
+def _check_positive(value: float, key: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}: must be greater than 0")
+
+
+def _check_name(value: str, key: str) -> None:
+    try:
+        check_segment(value, key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc

@@ -1,0 +1,238 @@
+"""The allocation checkpoint: one root-only JSON file, replaced atomically, group-committed.
+
+Kubelet forgets nothing across a plugin restart, so neither may we: an Allocate answer is only
+sent after the grant is durable here. Concurrent Allocate calls share one fsync (whoever holds
+the write lock writes the newest staged state; callers whose state it covered just return),
+which keeps p99 low under a burst of pod starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from podwire.deviceplugin.model import (
+    ALLOCATION_ID_RE,
+    SECRET_LEN,
+    Allocation,
+    PodRef,
+    valid_pod_name,
+)
+from podwire.errors import PermanentError, RetryableError
+from podwire.log import get_logger
+
+log = get_logger(__name__)
+
+SCHEMA_VERSION = 1
+_MAX_BYTES = 64 * 1024 * 1024
+
+
+class CheckpointCorrupt(PermanentError):
+    """The file exists but cannot be trusted (truncated, not JSON, wrong shape)."""
+
+
+class CheckpointIncompatible(PermanentError):
+    """The file is well-formed but belongs to another podwire version or configuration."""
+
+
+class CheckpointWriteError(RetryableError):
+    """The new state could not be made durable; the caller must roll back."""
+
+
+@dataclass(frozen=True)
+class CheckpointData:
+    resource_name: str
+    memif_host_dir: str
+    allocations: tuple[Allocation, ...]
+
+
+class CheckpointStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = asyncio.Lock()
+        self._staged: CheckpointData | None = None
+        self._staged_gen = 0
+        self._written_gen = 0
+        self.writes = 0
+
+    def load(self) -> CheckpointData | None:
+        """Read the file; ``None`` when there is none yet (first start)."""
+        try:
+            with self.path.open("rb") as stream:
+                raw = stream.read(_MAX_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise CheckpointCorrupt(f"checkpoint {self.path}: cannot read: {exc}") from exc
+        return parse(raw, str(self.path))
+
+    def quarantine(self) -> Path:
+        """Move an untrusted file aside (kept for the operator) so a fresh one can be written."""
+        target = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        os.replace(self.path, target)
+        return target
+
+    def stage(self, data: CheckpointData) -> int:
+        self._staged = data
+        self._staged_gen += 1
+        return self._staged_gen
+
+    async def flush(self, gen: int) -> None:
+        """Return once a state at least as new as generation ``gen`` is on disk."""
+        async with self._lock:
+            if self._written_gen >= gen:
+                return
+            data, target_gen = self._staged, self._staged_gen
+            assert data is not None
+            try:
+                await asyncio.to_thread(self._write, data)
+            except OSError as exc:
+                raise CheckpointWriteError(
+                    f"checkpoint {self.path}: cannot write: {exc.strerror or exc}"
+                ) from exc
+            self._written_gen = target_gen
+            self.writes += 1
+
+    async def save(self, data: CheckpointData) -> None:
+        await self.flush(self.stage(data))
+
+    def _write(self, data: CheckpointData) -> None:
+        body = json.dumps(dump(data), separators=(",", ":"), sort_keys=True).encode()
+        parent = self.path.parent
+        if not parent.is_dir():
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = parent / f".{self.path.name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def dump(data: CheckpointData) -> dict[str, Any]:
+    return {
+        "v": SCHEMA_VERSION,
+        "resource_name": data.resource_name,
+        "memif_host_dir": data.memif_host_dir,
+        "allocations": [
+            {
+                "id": a.id,
+                "devices": list(a.devices),
+                "secret": a.secret,
+                "created_at": a.created_at,
+                "pod": None if a.pod is None else {"namespace": a.pod.namespace, "name": a.pod.name},
+            }
+            for a in data.allocations
+        ],
+    }
+
+
+def parse(raw: bytes, where: str) -> CheckpointData:
+    """Validate every field: the file drives directory deletion, so nothing is taken on trust."""
+    if len(raw) > _MAX_BYTES:
+        raise CheckpointCorrupt(f"checkpoint {where}: larger than {_MAX_BYTES} bytes")
+    if not raw.strip():
+        raise CheckpointCorrupt(f"checkpoint {where}: file is empty (truncated?)")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointCorrupt(
+            f"checkpoint {where}: not valid JSON ({exc}); the file is truncated or damaged"
+        ) from exc
+    if not isinstance(doc, dict):
+        raise CheckpointCorrupt(f"checkpoint {where}: top level must be a JSON object")
+    version = doc.get("v")
+    if version != SCHEMA_VERSION:
+        if isinstance(version, int) and not isinstance(version, bool) and version > 1:
+            raise CheckpointIncompatible(
+                f"checkpoint {where}: schema v={version} was written by a newer podwire;"
+                " refusing to overwrite it (upgrade podwire or move the file away)"
+            )
+        raise CheckpointCorrupt(f"checkpoint {where}: missing or unknown schema version 'v'")
+    resource_name = _field(doc, "resource_name", str, where)
+    memif_host_dir = _field(doc, "memif_host_dir", str, where)
+    items = _field(doc, "allocations", list, where)
+    allocations: list[Allocation] = []
+    seen_ids: set[str] = set()
+    seen_devices: set[str] = set()
+    for position, item in enumerate(items):
+        label = f"{where}: allocations[{position}]"
+        allocation = _parse_allocation(item, label)
+        if allocation.id in seen_ids:
+            raise CheckpointCorrupt(f"checkpoint {label}: duplicate id {allocation.id}")
+        clash = seen_devices.intersection(allocation.devices)
+        if clash:
+            raise CheckpointCorrupt(
+                f"checkpoint {label}: device {sorted(clash)[0]} is granted twice"
+            )
+        seen_ids.add(allocation.id)
+        seen_devices.update(allocation.devices)
+        allocations.append(allocation)
+    return CheckpointData(resource_name, memif_host_dir, tuple(allocations))
+
+
+def _parse_allocation(item: Any, label: str) -> Allocation:
+    if not isinstance(item, dict):
+        raise CheckpointCorrupt(f"checkpoint {label}: must be an object")
+    allocation_id = _field(item, "id", str, label)
+    if not ALLOCATION_ID_RE.match(allocation_id):
+        raise CheckpointCorrupt(f"checkpoint {label}: id {allocation_id!r} is not 20 hex digits")
+    devices = _field(item, "devices", list, label)
+    if not devices or not all(isinstance(d, str) and 0 < len(d) <= 63 for d in devices):
+        raise CheckpointCorrupt(f"checkpoint {label}: devices must be a non-empty list of ids")
+    if len(set(devices)) != len(devices):
+        raise CheckpointCorrupt(f"checkpoint {label}: devices repeat")
+    secret = _field(item, "secret", str, label)
+    if len(secret) != SECRET_LEN:
+        raise CheckpointCorrupt(f"checkpoint {label}: secret must be {SECRET_LEN} characters")
+    created_at = item.get("created_at")
+    if (
+        not isinstance(created_at, int | float)
+        or isinstance(created_at, bool)
+        or not math.isfinite(created_at)
+    ):
+        raise CheckpointCorrupt(f"checkpoint {label}: created_at must be a number")
+    return Allocation(allocation_id, tuple(devices), secret, float(created_at), _parse_pod(item, label))
+
+
+def _parse_pod(item: dict[str, Any], label: str) -> PodRef | None:
+    pod = item.get("pod")
+    if pod is None:
+        return None
+    if not isinstance(pod, dict):
+        raise CheckpointCorrupt(f"checkpoint {label}: pod must be an object or null")
+    namespace = _field(pod, "namespace", str, label)
+    name = _field(pod, "name", str, label)
+    if not (valid_pod_name(namespace) and valid_pod_name(name)):
+        raise CheckpointCorrupt(f"checkpoint {label}: pod {namespace}/{name} is not a valid name")
+    return PodRef(namespace, name)
+
+
+def _field(doc: dict[str, Any], key: str, kind: type, label: str) -> Any:
+    value = doc.get(key)
+    if not isinstance(value, kind):
+        raise CheckpointCorrupt(f"checkpoint {label}: {key!r} must be a {kind.__name__}")
+    return value
+
+
+def make_data(
+    resource_name: str, memif_host_dir: str, allocations: Sequence[Allocation]
+) -> CheckpointData:
+    return CheckpointData(resource_name, memif_host_dir, tuple(allocations))

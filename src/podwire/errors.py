@@ -1,0 +1,55 @@
+"""podwire's exception hierarchy.
+
+Every error a caller can act on is either *retryable* (the same call may succeed later: a
+component is down, a lease was lost, a pool is still filling) or *permanent* (the input or the
+configuration is wrong and repeating will not help). Third-party exceptions are translated into
+these at the module that talks to the third party, with ``raise ... from exc``.
+"""
+
+
+class PodwireError(Exception):
+    """Base of every error podwire raises on purpose."""
+
+    retryable = False
+
+
+class RetryableError(PodwireError):
+    """The operation may succeed if repeated later."""
+
+    retryable = True
+
+
+class PermanentError(PodwireError):
+    """Repeating the operation unchanged will fail again."""
+
+
+class ConfigError(PermanentError):
+    """A setting is missing, unknown or has a bad value; the message names the key."""
+
+
+class ValidationError(PermanentError):
+    """An input from outside (etcd value, request body, CNI input) is malformed."""
+
+
+class EtcdUnavailable(RetryableError):
+    """etcd could not be reached or did not answer in time."""
+
+
+class EtcdCompacted(RetryableError):
+    """A watch asked for a revision that etcd has already compacted away."""
+
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(f"revision compacted; oldest available is {compact_revision}")
+        self.compact_revision = compact_revision
+
+
+class ConflictError(RetryableError):
+    """A compare-and-swap lost against a concurrent writer."""
+
+
+class NotLeader(RetryableError):
+    """This process lost (or never had) the leadership a fenced write required."""
+
+
+class StackError(PermanentError):
+    """The local stack could not be started or stopped; the message says why."""

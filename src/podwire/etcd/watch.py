@@ -1,0 +1,153 @@
+"""List-then-watch over a key prefix that never misses a change.
+
+A consumer sees one stream of batches. The first batch is the full listing (every key as a
+put); after that, batches carry the watch events in revision order. When the watch cannot
+resume (the revision it needs was compacted, or the stream broke for longer than etcd keeps
+history), the prefix is listed again and the *difference* against what the consumer has
+already seen is sent as synthetic puts and deletes, so the consumer's view converges without
+it having to know a re-list happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import grpc
+from aetcd import rpc
+
+from podwire.errors import EtcdCompacted, EtcdUnavailable
+from podwire.etcd.client import EtcdClient, KeyValue, prefix_end
+from podwire.etcd.errors import translate
+from podwire.log import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: Literal["put", "delete"]
+    key: str
+    value: bytes
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class WatchBatch:
+    events: list[WatchEvent]
+    revision: int
+    relisted: bool
+
+
+class PrefixWatcher:
+    """Iterate ``batches()`` to follow a prefix across reconnects and compactions."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        retry_initial: float = 0.1,
+        retry_max: float = 2.0,
+    ) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
+        self._seen: dict[str, int] = {}  # key -> mod revision the consumer has
+        self.revision = 0
+        self.relists = 0
+
+    async def batches(self) -> AsyncIterator[WatchBatch]:
+        delay = self._retry_initial
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    yield await self._relist()
+                    need_list = False
+                async for batch in self._stream():
+                    delay = self._retry_initial
+                    yield batch
+            except EtcdCompacted as exc:
+                log.info(
+                    "etcd.watch.compacted",
+                    prefix=self._prefix,
+                    needed=self.revision + 1,
+                    oldest=exc.compact_revision,
+                )
+                need_list = True
+            except EtcdUnavailable as exc:
+                log.warning(
+                    "etcd.watch.retry", prefix=self._prefix, error=str(exc), delay=delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max)
+
+    async def _relist(self) -> WatchBatch:
+        items, revision = await self._client.get_prefix(self._prefix)
+        current = {kv.key: kv for kv in items}
+        events = [_put(kv) for kv in items if self._seen.get(kv.key) != kv.mod_revision]
+        events += [
+            WatchEvent("delete", key, b"", revision) for key in self._seen if key not in current
+        ]
+        self._seen = {kv.key: kv.mod_revision for kv in items}
+        relisted = self.revision != 0
+        self.relists += int(relisted)
+        self.revision = revision
+        return WatchBatch(events, revision, relisted)
+
+    async def _stream(self) -> AsyncIterator[WatchBatch]:
+        create = rpc.WatchCreateRequest(
+            key=self._prefix.encode(),
+            range_end=prefix_end(self._prefix),
+            start_revision=self.revision + 1,
+            progress_notify=True,
+        )
+        call = self._client.watch_stub.Watch(metadata=self._client.metadata)
+        try:
+            await call.write(rpc.WatchRequest(create_request=create))
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise EtcdUnavailable("etcd watch: stream closed by server")
+                batch = self._handle(response)
+                if batch is not None:
+                    yield batch
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"watch {self._prefix}") from exc
+        finally:
+            call.cancel()
+
+    def _handle(self, response: Any) -> WatchBatch | None:
+        if response.compact_revision:
+            raise EtcdCompacted(int(response.compact_revision))
+        if response.canceled:
+            raise EtcdUnavailable(f"etcd watch canceled: {response.cancel_reason or 'no reason'}")
+        if response.created:
+            # The ack's header revision is "now", but older events may still be on their
+            # way, so it must not advance the resume point.
+            return None
+        if not response.events:
+            # Progress notification: sent only once this watcher has caught up, so its
+            # revision is a safe resume point after a long quiet period.
+            self.revision = max(self.revision, int(response.header.revision))
+            return None
+        events = [_event(raw) for raw in response.events]
+        for event in events:
+            if event.kind == "put":
+                self._seen[event.key] = event.mod_revision
+            else:
+                self._seen.pop(event.key, None)
+        self.revision = max(self.revision, events[-1].mod_revision)
+        return WatchBatch(events, self.revision, relisted=False)
+
+
+def _put(kv: KeyValue) -> WatchEvent:
+    return WatchEvent("put", kv.key, kv.value, kv.mod_revision)
+
+
+def _event(raw: Any) -> WatchEvent:
+    kind: Literal["put", "delete"] = "delete" if raw.type == rpc.Event.DELETE else "put"
+    return WatchEvent(kind, raw.kv.key.decode(), bytes(raw.kv.value), int(raw.kv.mod_revision))

@@ -1,0 +1,92 @@
+"""The etcd key layout (DESIGN §2). Every key podwire reads or writes is built here.
+
+Host names and port ids become path segments, so they are validated: a ``/`` or an empty
+segment would let one node's key alias another node's.
+"""
+
+import re
+
+ROOT = "/podwire"
+KICK = f"{ROOT}/kick"
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+
+
+def check_segment(value: str, what: str) -> str:
+    """Return ``value`` if it is safe as one key path segment, else raise ValueError."""
+    if not _SEGMENT.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a valid name: use letters, digits, '.', '_', ':' or '-',"
+            " start with a letter or digit, at most 253 characters"
+        )
+    return value
+
+
+def node_ports_prefix(host: str) -> str:
+    return f"{ROOT}/nodes/{check_segment(host, 'host')}/ports/"
+
+
+def node_port(host: str, port_id: str) -> str:
+    return node_ports_prefix(host) + check_segment(port_id, "port id")
+
+
+def nodes_prefix() -> str:
+    return f"{ROOT}/nodes/"
+
+
+def state_prefix() -> str:
+    return f"{ROOT}/state/"
+
+
+def state_node_prefix(host: str) -> str:
+    return f"{ROOT}/state/nodes/{check_segment(host, 'host')}/"
+
+
+def state_alive(host: str) -> str:
+    return state_node_prefix(host) + "alive"
+
+
+def state_physnet(host: str, physnet: str) -> str:
+    return state_node_prefix(host) + "physnets/" + check_segment(physnet, "physnet")
+
+
+def state_vtep(host: str) -> str:
+    return state_node_prefix(host) + "vtep"
+
+
+def state_capabilities(host: str) -> str:
+    return state_node_prefix(host) + "capabilities"
+
+
+def state_port(host: str, port_id: str) -> str:
+    return state_node_prefix(host) + "ports/" + check_segment(port_id, "port id")
+
+
+def vifs_prefix(host: str | None = None) -> str:
+    if host is None:
+        return f"{ROOT}/vifs/"
+    return f"{ROOT}/vifs/{check_segment(host, 'host')}/"
+
+
+def vif(host: str, attachment: str) -> str:
+    return vifs_prefix(host) + check_segment(attachment, "attachment")
+
+
+def election(name: str) -> str:
+    return f"{ROOT}/election/{check_segment(name, 'election')}"
+
+
+def parse_state_key(key: str) -> tuple[str, str, str | None] | None:
+    """Split a ``/podwire/state/nodes/<host>/<kind>[/<name>]`` key.
+
+    Returns ``(host, kind, name)`` or None for keys outside the layout, which readers skip.
+    """
+    prefix = f"{ROOT}/state/nodes/"
+    if not key.startswith(prefix):
+        return None
+    parts = key[len(prefix) :].split("/")
+    if len(parts) == 2 and parts[1] in ("alive", "vtep", "capabilities"):
+        return parts[0], parts[1], None
+    if len(parts) == 3 and parts[1] in ("physnets", "ports") and parts[2]:
+        return parts[0], parts[1], parts[2]
+    return None

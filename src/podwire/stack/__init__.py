@@ -1,0 +1,1 @@
+"""The embedded local stack: etcd, MariaDB and the real Neutron API on loopback."""

@@ -1,0 +1,100 @@
+"""Starting, watching and stopping the stack's child processes by PID.
+
+Children get ``PR_SET_PDEATHSIG`` so a supervisor killed with SIGKILL does not leave them
+running; a crashed supervisor's children that survived anyway are found again through the PIDs
+in ``stack.json`` and recognised by their command line naming the data dir, so a recycled PID
+of some unrelated process is never signalled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from podwire.errors import StackError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(
+    argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        try:
+            return subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise StackError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+
+
+def cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace")
+
+
+def is_ours(pid: int, marker: str) -> bool:
+    """True if ``pid`` runs and its command line mentions ``marker`` (the data dir)."""
+    return pid > 0 and marker in cmdline(pid)
+
+
+def terminate(pid: int, marker: str, timeout: float = 10.0) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout``; returns True if a process of ours was stopped."""
+    if not is_ours(pid, marker):
+        return False
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _running(pid):
+            return True
+        time.sleep(0.05)
+    _signal(pid, signal.SIGKILL)
+    while _running(pid):
+        time.sleep(0.05)
+    return True
+
+
+def stop_child(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie child of ours is already stopped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -1,0 +1,271 @@
+"""``podwire stack up/down``: run etcd, MariaDB and Neutron as one supervised unit.
+
+The supervisor holds an exclusive ``flock`` on ``DIR/stack.lock`` for its whole life: that lock,
+not the presence of ``stack.json``, says whether a stack runs on a data dir. A ``stack.json``
+without a lock holder is what a crashed run leaves behind; its children (matched by their exact
+recorded command line) are stopped before the new run starts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from podwire.errors import StackError
+from podwire.log import get_logger
+from podwire.stack import procs
+from podwire.stack.etcd_server import EtcdServer
+from podwire.stack.mariadb import MariaDB
+from podwire.stack.netutil import http_ok, pick_port, wait_until
+from podwire.stack.neutron_conf import NeutronConfig
+
+log = get_logger(__name__)
+
+STACK_JSON = "stack.json"
+SCHEMA_MARKER = "neutron-schema.done"
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    data_dir: Path
+    workers: int = 2
+    ready_timeout: float = 120.0
+
+
+class StopRequested(Exception):
+    """Raised from the SIGTERM/SIGINT handler to unwind start-up or the wait loop."""
+
+
+class Stack:
+    def __init__(self, options: StackOptions) -> None:
+        self.options = options
+        self.data_dir = options.data_dir.resolve()
+        self.logs = self.data_dir / "logs"
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def run(self, on_ready: Callable[[dict[str, Any]], None]) -> int:
+        """Start everything, call ``on_ready`` with stack.json's content, serve until a signal."""
+        _prepare_data_dir(self.data_dir)
+        with _exclusive_lock(self.data_dir):
+            _clean_stale(self.data_dir)
+            previous_signals = _install_signal_handlers()
+            try:
+                info = self._start()
+                on_ready(info)
+                return self._wait()
+            except StopRequested:
+                return 0
+            finally:
+                self._stop_all()
+                (self.data_dir / STACK_JSON).unlink(missing_ok=True)
+                _restore_signal_handlers(previous_signals)
+
+    def _start(self) -> dict[str, Any]:
+        started = time.monotonic()
+        ports = _previous_ports(self.data_dir)
+        etcd = EtcdServer(
+            self.data_dir / "etcd",
+            pick_port(ports.get("etcd", 0)),
+            pick_port(ports.get("etcd_peer", 0)),
+        )
+        mariadb = MariaDB(self.data_dir)
+        mariadb.check_paths()
+        mariadb.ensure_initialized(self.logs / "mariadb-install.log")
+        self._spawn("mariadb", mariadb.argv(self.logs / "mariadb.log"))
+        self._spawn("etcd", etcd.argv())
+        self._wait_ready("mariadb", mariadb.ready)
+        mariadb.ensure_database()
+        self._ensure_schema(mariadb.url)
+        self._wait_ready("etcd", etcd.ready)
+        neutron_port = pick_port(ports.get("neutron", 0))
+        self._start_neutron(mariadb.url, etcd.client_url, neutron_port)
+        info = {
+            "etcd": etcd.client_url,
+            "neutron": f"http://127.0.0.1:{neutron_port}/",
+            "data_dir": str(self.data_dir),
+            "ports": {"etcd": etcd.client_port, "etcd_peer": etcd.peer_port, "neutron": neutron_port},
+            "pids": {"supervisor": os.getpid(), **{n: p.pid for n, p in self.children.items()}},
+            "cmdlines": {
+                "supervisor": procs.cmdline(os.getpid()),
+                **{name: procs.cmdline(proc.pid) for name, proc in self.children.items()},
+            },
+            "ready_seconds": round(time.monotonic() - started, 2),
+        }
+        _write_json_atomic(self.data_dir / STACK_JSON, info)
+        log.info("stack.ready", data_dir=self.data_dir, seconds=info["ready_seconds"])
+        return info
+
+    def _start_neutron(self, db_url: str, etcd_url: str, port: int) -> None:
+        config = NeutronConfig(
+            config_dir=self.data_dir / "neutron-etc",
+            state_path=self.data_dir / "neutron",
+            log_file=self.logs / "neutron.log",
+            db_url=db_url,
+            etcd_url=etcd_url,
+            workers=self.options.workers,
+        )
+        config.write()
+        argv = [
+            sys.executable, "-m", "gunicorn",
+            "--no-control-socket",
+            "--workers", str(self.options.workers),
+            "--bind", f"127.0.0.1:{port}",
+            "--pid", str(self.data_dir / "neutron.pid"),
+            "--timeout", "300",
+            "--graceful-timeout", "5",
+            "podwire.stack.neutron_wsgi:application",
+        ]  # fmt: skip
+        self._spawn("neutron", argv, env={**os.environ, **config.environ()})
+        self._wait_ready("neutron", lambda: http_ok(f"http://127.0.0.1:{port}/", timeout=5))
+
+    def _ensure_schema(self, db_url: str) -> None:
+        marker = self.data_dir / SCHEMA_MARKER
+        if marker.exists():
+            return
+        log_path = self.logs / "neutron-schema.log"
+        with log_path.open("ab") as log_file:
+            result = subprocess.run(
+                [sys.executable, "-m", "podwire.stack.neutron_schema", db_url],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+        if result.returncode != 0:
+            raise StackError(f"creating the Neutron schema failed; see {log_path}")
+        marker.touch()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        log.info("stack.start", service=name)
+        self.children[name] = procs.spawn(argv, self.logs / f"{name}.out", env)
+
+    def _wait_ready(self, name: str, check: Callable[[], bool]) -> None:
+        proc = self.children[name]
+        wait_until(check, name, self.options.ready_timeout, alive=lambda: proc.poll() is None)
+
+    def _wait(self) -> int:
+        while True:
+            for name, proc in self.children.items():
+                if proc.poll() is not None:
+                    log.error("stack.child_exited", service=name, code=proc.returncode)
+                    return 1
+            time.sleep(0.5)
+
+    def _stop_all(self) -> None:
+        for name in ("neutron", "etcd", "mariadb"):
+            proc = self.children.pop(name, None)
+            if proc is not None:
+                procs.stop_child(proc, timeout=30)
+                log.info("stack.stopped", service=name)
+
+
+def stack_down(data_dir: Path, timeout: float = 60.0) -> bool:
+    """Stop the stack running on ``data_dir``; False if none was running."""
+    data_dir = data_dir.resolve()
+    info = read_stack_json(data_dir)
+    if info is None:
+        return False
+    pids: dict[str, int] = info.get("pids", {})
+    cmdlines: dict[str, str] = info.get("cmdlines", {})
+    supervisor = pids.get("supervisor", 0)
+    if procs.is_ours(supervisor, cmdlines.get("supervisor", "\0")):
+        os.kill(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while procs.is_ours(supervisor, cmdlines["supervisor"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    _clean_stale(data_dir)
+    return True
+
+
+def read_stack_json(data_dir: Path) -> dict[str, Any] | None:
+    path = data_dir / STACK_JSON
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _clean_stale(data_dir: Path) -> None:
+    """Stop children a crashed supervisor left behind, then forget its stack.json."""
+    info = read_stack_json(data_dir)
+    if info is None:
+        return
+    cmdlines: dict[str, str] = info.get("cmdlines", {})
+    for name, pid in info.get("pids", {}).items():
+        if name != "supervisor" and procs.terminate(pid, cmdlines.get(name, "\0"), timeout=30):
+            log.warning("stack.stale_child_stopped", service=name, pid=pid)
+    (data_dir / STACK_JSON).unlink(missing_ok=True)
+
+
+def _previous_ports(data_dir: Path) -> dict[str, int]:
+    path = data_dir / "ports.json"
+    try:
+        ports = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in ports.items() if isinstance(v, int)} if isinstance(ports, dict) else {}
+
+
+def _prepare_data_dir(data_dir: Path) -> None:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / "logs").mkdir(exist_ok=True)
+        probe = data_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise StackError(f"data dir {data_dir} is not writable: {exc.strerror}") from exc
+
+
+@contextmanager
+def _exclusive_lock(data_dir: Path) -> Iterator[IO[str]]:
+    handle = (data_dir / "stack.lock").open("a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            info = read_stack_json(data_dir) or {}
+            pid = info.get("pids", {}).get("supervisor", "?")
+            raise StackError(
+                f"a stack is already running on {data_dir} (pid {pid});"
+                f" stop it with: podwire stack down --data-dir {data_dir}"
+            ) from exc
+        yield handle
+    finally:
+        handle.close()
+
+
+def _write_json_atomic(path: Path, content: dict[str, Any]) -> None:
+    temp = path.with_suffix(".tmp")
+    temp.write_text(json.dumps(content, indent=2) + "\n")
+    os.replace(temp, path)
+    ports_path = path.parent / "ports.json"
+    ports_path.write_text(json.dumps(content["ports"]) + "\n")
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise StopRequested(signal.Signals(signum).name)
+
+
+def _install_signal_handlers() -> dict[int, Any]:
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous[signum] = signal.signal(signum, _raise_stop)
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
