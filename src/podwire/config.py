@@ -141,9 +141,7 @@ class DevicePluginSettings:
     def validate(self) -> None:
         vendor, _, name = self.resource_name.partition("/")
         if not vendor or not name or "/" in name:
-            raise ConfigError(
-                "deviceplugin.resource_name: must look like 'vendor.example/name'"
-            )
+            raise ConfigError("deviceplugin.resource_name: must look like 'vendor.example/name'")
         if not 1 <= self.devices <= 100_000:
             raise ConfigError("deviceplugin.devices: must be between 1 and 100000")
         for key in ("device_plugins_dir", "memif_host_dir", "memif_container_dir"):
@@ -174,9 +172,7 @@ class Settings:
     log: LogSettings = field(default_factory=LogSettings)
 
 
-def load_settings(
-    path: str | Path | None = None, env: Mapping[str, str] | None = None
-) -> Settings:
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Read the TOML file (if any), apply env overrides, build and validate every section."""
     raw = _read_toml(Path(path)) if path else {}
     env = os.environ if env is None else env

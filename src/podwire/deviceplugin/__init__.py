@@ -1,0 +1,6 @@
+"""Kubelet device plugin handing pods memif sockets (DESIGN §6)."""
+
+from podwire.deviceplugin.model import MemifInfo, PodRef
+from podwire.deviceplugin.plugin import DevicePlugin
+
+__all__ = ["DevicePlugin", "MemifInfo", "PodRef"]

@@ -233,14 +233,12 @@ class MemifAllocator:
                         )
                     superseded.add(owner)
             now = self._clock()
-            fresh = [
-                Allocation(self._new_id(), tuple(ids), _new_secret(), now) for ids in requests
-            ]
+            fresh = [Allocation(self._new_id(), tuple(ids), _new_secret(), now) for ids in requests]
             dropped = [self._remove(i) for i in sorted(superseded)]
             for allocation in fresh:
                 self._add(allocation)
                 self._inflight.add(allocation.id)
-            gen = self._store.stage(self._snapshot())
+            gen = self._store.stage(self.snapshot())
         for old in dropped:
             # Kubelet hands out only devices it considers free, so their previous holder is
             # gone; its grant is stale (a missed pod deletion) and is replaced.
@@ -276,7 +274,7 @@ class MemifAllocator:
             for allocation in fresh:
                 if allocation.id in self._allocations:
                     self._remove(allocation.id)
-            gen = self._store.stage(self._snapshot())
+            gen = self._store.stage(self.snapshot())
         try:
             await self._store.flush(gen)
         except CheckpointWriteError as exc:
@@ -307,7 +305,7 @@ class MemifAllocator:
                 return []
             if any(self._above_capacity(a.devices) for a in gone):
                 self._bump()
-            gen = self._store.stage(self._snapshot())
+            gen = self._store.stage(self.snapshot())
         await self._store.flush(gen)
         return gone
 
@@ -322,7 +320,7 @@ class MemifAllocator:
                     changed = True
             if not changed:
                 return
-            gen = self._store.stage(self._snapshot())
+            gen = self._store.stage(self.snapshot())
         await self._store.flush(gen)
 
     async def reconcile(
@@ -390,7 +388,7 @@ class MemifAllocator:
             if candidate not in self._allocations:
                 return candidate
 
-    def _snapshot(self) -> CheckpointData:
+    def snapshot(self) -> CheckpointData:
         return CheckpointData(
             self.settings.resource_name,
             self.settings.memif_host_dir,
@@ -399,8 +397,7 @@ class MemifAllocator:
 
     def unknown_dirs(self) -> list[str]:
         return [
-            str(p)
-            for p in reconcile.unknown_dirs(self.settings.memif_host_dir, self._allocations)
+            str(p) for p in reconcile.unknown_dirs(self.settings.memif_host_dir, self._allocations)
         ]
 
 

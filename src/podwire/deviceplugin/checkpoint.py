@@ -137,7 +137,9 @@ def dump(data: CheckpointData) -> dict[str, Any]:
                 "devices": list(a.devices),
                 "secret": a.secret,
                 "created_at": a.created_at,
-                "pod": None if a.pod is None else {"namespace": a.pod.namespace, "name": a.pod.name},
+                "pod": None
+                if a.pod is None
+                else {"namespace": a.pod.namespace, "name": a.pod.name},
             }
             for a in data.allocations
         ],
@@ -209,7 +211,9 @@ def _parse_allocation(item: Any, label: str) -> Allocation:
         or not math.isfinite(created_at)
     ):
         raise CheckpointCorrupt(f"checkpoint {label}: created_at must be a number")
-    return Allocation(allocation_id, tuple(devices), secret, float(created_at), _parse_pod(item, label))
+    return Allocation(
+        allocation_id, tuple(devices), secret, float(created_at), _parse_pod(item, label)
+    )
 
 
 def _parse_pod(item: dict[str, Any], label: str) -> PodRef | None:

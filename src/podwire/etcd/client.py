@@ -97,7 +97,9 @@ def mod_revision_is(key: str, revision: int) -> Compare:
 
 def lease_is(key: str, lease_id: int) -> Compare:
     return Compare(
-        rpc.Compare(key=key.encode(), result=rpc.Compare.EQUAL, target=rpc.Compare.LEASE, lease=lease_id)
+        rpc.Compare(
+            key=key.encode(), result=rpc.Compare.EQUAL, target=rpc.Compare.LEASE, lease=lease_id
+        )
     )
 
 
@@ -241,9 +243,7 @@ class EtcdClient:
         revision = 0
         items: list[KeyValue] = []
         while True:
-            request = rpc.RangeRequest(
-                key=start, range_end=end, limit=PAGE_SIZE, revision=revision
-            )
+            request = rpc.RangeRequest(key=start, range_end=end, limit=PAGE_SIZE, revision=revision)
             response = await self._call(self._kv.Range, request, f"list {prefix}")
             revision = revision or int(response.header.revision)
             items.extend(_to_kv(kv) for kv in response.kvs)

@@ -61,7 +61,7 @@ class PrefixWatcher:
 
     async def batches(self) -> AsyncIterator[WatchBatch]:
         delay = self._retry_initial
-        need_list = True
+        need_list = self.revision == 0  # a resumed iteration first tries the watch history
         while True:
             try:
                 if need_list:
@@ -79,9 +79,7 @@ class PrefixWatcher:
                 )
                 need_list = True
             except EtcdUnavailable as exc:
-                log.warning(
-                    "etcd.watch.retry", prefix=self._prefix, error=str(exc), delay=delay
-                )
+                log.warning("etcd.watch.retry", prefix=self._prefix, error=str(exc), delay=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max)
 

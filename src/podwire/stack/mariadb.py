@@ -65,7 +65,9 @@ class MariaDB:
             result = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT, check=False)
         if result.returncode != 0:
             shutil.rmtree(self.datadir, ignore_errors=True)
-            raise StackError(f"mariadb-install-db failed (exit {result.returncode}); see {log_path}")
+            raise StackError(
+                f"mariadb-install-db failed (exit {result.returncode}); see {log_path}"
+            )
 
     def argv(self, log_path: Path) -> list[str]:
         return [

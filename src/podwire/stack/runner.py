@@ -93,7 +93,11 @@ class Stack:
             "etcd": etcd.client_url,
             "neutron": f"http://127.0.0.1:{neutron_port}/",
             "data_dir": str(self.data_dir),
-            "ports": {"etcd": etcd.client_port, "etcd_peer": etcd.peer_port, "neutron": neutron_port},
+            "ports": {
+                "etcd": etcd.client_port,
+                "etcd_peer": etcd.peer_port,
+                "neutron": neutron_port,
+            },
             "pids": {"supervisor": os.getpid(), **{n: p.pid for n, p in self.children.items()}},
             "cmdlines": {
                 "supervisor": procs.cmdline(os.getpid()),

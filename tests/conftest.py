@@ -1,0 +1,87 @@
+"""Session-wide real components: one local stack (etcd + MariaDB + Neutron) for all tests.
+
+The stack is started lazily by the first test that asks for it, through the real
+``podwire stack up`` command, and stopped with SIGTERM at the end of the session. Tests isolate
+themselves by key prefix (etcd) and project id (Neutron) and remove what they create.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podwire.config import EtcdSettings
+from podwire.etcd.client import EtcdClient
+from podwire.stack.client import neutron_connection, start_background, stop_background
+
+PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
+
+start_stack = start_background
+stop_stack = stop_background
+
+
+@pytest.fixture(scope="session")
+def work_dir() -> Iterator[Path]:
+    """A short base path: MariaDB's unix socket path must stay under 108 characters."""
+    path = Path(tempfile.mkdtemp(prefix="pw-", dir="/tmp"))
+    yield path
+    if not os.environ.get("PODWIRE_KEEP_TEST_DIR"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def stack(work_dir: Path) -> Iterator[dict[str, Any]]:
+    proc, info = start_stack(work_dir / "stack")
+    yield info
+    stop_stack(proc)
+
+
+@pytest.fixture(scope="session")
+def etcd_settings(stack: dict[str, Any]) -> EtcdSettings:
+    return EtcdSettings(endpoints=[stack["etcd"]])
+
+
+@pytest.fixture(scope="session")
+async def etcd(etcd_settings: EtcdSettings) -> AsyncIterator[EtcdClient]:
+    client = await EtcdClient.connect(etcd_settings)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def prefix(etcd: EtcdClient) -> AsyncIterator[str]:
+    """A key prefix of this test's own, emptied afterwards."""
+    value = f"/podwire-test/{uuid.uuid4().hex}/"
+    yield value
+    await etcd.delete_prefix(value)
+
+
+@pytest.fixture(scope="session")
+def neutron_endpoint(stack: dict[str, Any]) -> str:
+    return str(stack["neutron"])
+
+
+@pytest.fixture(scope="session")
+def neutron(neutron_endpoint: str) -> Any:
+    return neutron_connection(neutron_endpoint)
+
+
+@pytest.fixture
+def project_id(neutron: Any) -> Iterator[str]:
+    """A Neutron project of this test's own; its ports, trunks and networks go afterwards."""
+    project = uuid.uuid4().hex
+    yield project
+    for trunk in list(neutron.network.trunks(project_id=project)):
+        neutron.network.delete_trunk(trunk)
+    for port in list(neutron.network.ports(project_id=project)):
+        neutron.network.delete_port(port)
+    for network in list(neutron.network.networks(project_id=project)):
+        neutron.network.delete_network(network)

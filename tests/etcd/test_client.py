@@ -1,0 +1,109 @@
+"""The etcd client against the real etcd server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from podwire.config import EtcdSettings
+from podwire.errors import ConfigError, EtcdUnavailable
+from podwire.etcd import client as client_module
+from podwire.etcd.client import EtcdClient, key_exists, put_op
+from podwire.stack.netutil import free_port
+
+
+async def test_put_get_delete(etcd: EtcdClient, prefix: str) -> None:
+    revision = await etcd.put(prefix + "a", b"1")
+    kv = await etcd.get(prefix + "a")
+    assert kv is not None
+    assert (kv.value, kv.mod_revision, kv.version) == (b"1", revision, 1)
+    assert await etcd.delete(prefix + "a") is True
+    assert await etcd.get(prefix + "a") is None
+    assert await etcd.delete(prefix + "a") is False
+
+
+async def test_get_prefix_pages_at_one_revision(
+    etcd: EtcdClient, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_module, "PAGE_SIZE", 7)
+    for index in range(30):
+        await etcd.put(f"{prefix}k{index:02d}", str(index).encode())
+    await etcd.put(prefix.rstrip("/") + "-sibling", b"outside")
+    items, revision = await etcd.get_prefix(prefix)
+    assert [kv.key for kv in items] == [f"{prefix}k{i:02d}" for i in range(30)]
+    assert revision >= max(kv.mod_revision for kv in items)
+    await etcd.delete(prefix.rstrip("/") + "-sibling")
+
+
+async def test_create_if_absent_only_once(etcd: EtcdClient, prefix: str) -> None:
+    results = await asyncio.gather(*(etcd.create_if_absent(prefix + "x", b"v") for _ in range(10)))
+    assert results.count(True) == 1
+
+
+async def test_put_if_mod_revision(etcd: EtcdClient, prefix: str) -> None:
+    assert await etcd.put_if_mod_revision(prefix + "cas", b"first", 0)
+    assert not await etcd.put_if_mod_revision(prefix + "cas", b"again", 0)
+    kv = await etcd.get(prefix + "cas")
+    assert kv is not None
+    assert not await etcd.put_if_mod_revision(prefix + "cas", b"stale", kv.mod_revision - 1)
+    assert await etcd.put_if_mod_revision(prefix + "cas", b"second", kv.mod_revision)
+    latest = await etcd.get(prefix + "cas")
+    assert latest is not None and latest.value == b"second"
+
+
+async def test_txn_guard(etcd: EtcdClient, prefix: str) -> None:
+    ok, _ = await etcd.txn([key_exists(prefix + "leader")], [put_op(prefix + "data", b"x")])
+    assert not ok
+    assert await etcd.get(prefix + "data") is None
+    await etcd.put(prefix + "leader", b"me")
+    ok, _ = await etcd.txn([key_exists(prefix + "leader")], [put_op(prefix + "data", b"x")])
+    assert ok
+
+
+async def test_lease_keepalive_keeps_key_and_revoke_removes_it(
+    etcd: EtcdClient, prefix: str
+) -> None:
+    lease = await etcd.grant_lease(2)
+    await etcd.put(prefix + "alive", b"1", lease=lease.id)
+    keeper = asyncio.create_task(lease.keepalive())
+    await asyncio.sleep(3.5)
+    assert await etcd.get(prefix + "alive") is not None
+    keeper.cancel()
+    await lease.revoke()
+    assert await etcd.get(prefix + "alive") is None
+
+
+async def test_lease_without_keepalive_expires(etcd: EtcdClient, prefix: str) -> None:
+    lease = await etcd.grant_lease(1)
+    await etcd.put(prefix + "ephemeral", b"1", lease=lease.id)
+    for _ in range(60):
+        if await etcd.get(prefix + "ephemeral") is None:
+            break
+        await asyncio.sleep(0.1)
+    assert await etcd.get(prefix + "ephemeral") is None
+    assert await etcd.refresh_lease(lease.id) == 0
+
+
+async def test_unreachable_etcd_is_retryable_with_clear_message() -> None:
+    settings = EtcdSettings(endpoints=[f"http://127.0.0.1:{free_port()}"], timeout=0.5)
+    with pytest.raises(EtcdUnavailable, match="etcd status"):
+        await EtcdClient.connect(settings)
+
+
+async def test_several_endpoints_fail_over(etcd_settings: EtcdSettings) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    settings = EtcdSettings(endpoints=[dead, *etcd_settings.endpoints], timeout=3)
+    async with await EtcdClient.connect(settings) as client:
+        assert await client.status() > 0
+
+
+def test_several_endpoints_must_be_addresses() -> None:
+    with pytest.raises(ConfigError, match="IPv4"):
+        client_module._channel_target(["http://localhost:1", "http://localhost:2"])
+
+
+async def test_missing_tls_file_names_key() -> None:
+    settings = EtcdSettings(endpoints=["https://127.0.0.1:1"], ca_file="/nonexistent/ca.pem")
+    with pytest.raises(ConfigError, match=r"etcd.ca_file: cannot read /nonexistent/ca.pem"):
+        await EtcdClient.connect(settings)

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from podwire.config import Settings, load_settings
+from podwire.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "podwire.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_match_the_seed() -> None:
+    settings = load_settings(env={})
+    assert settings == Settings()
+    pool = settings.pool
+    assert (pool.min, pool.max, pool.batch, pool.update_interval) == (5, 0, 10, 20.0)
+    assert (pool.bulk_concurrency, pool.populate_timeout, pool.node_cleanup_interval) == (
+        20,
+        420.0,
+        600.0,
+    )
+
+
+def test_file_values_are_typed(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+[etcd]
+endpoints = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+[agent]
+host = "node-1"
+physnet_mappings = { physnet1 = "eth1" }
+heartbeat_ttl = 10
+[pool]
+update_interval = 5
+""",
+    )
+    settings = load_settings(path, env={})
+    assert settings.etcd.endpoints == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert settings.agent.physnet_mappings == {"physnet1": "eth1"}
+    assert settings.pool.update_interval == 5.0
+
+
+def test_env_overrides_file(tmp_path: Path) -> None:
+    path = write(tmp_path, '[agent]\nhost = "a"\n')
+    env = {
+        "PODWIRE_AGENT_HOST": "b",
+        "PODWIRE_AGENT_PHYSNET_MAPPINGS": "physnet1=eth1,physnet2=eth2",
+        "PODWIRE_ETCD_ENDPOINTS": "http://127.0.0.1:1,http://127.0.0.1:2",
+        "PODWIRE_POOL_PORT_DEBUG": "true",
+        "PODWIRE_POOL_MIN": "7",
+        "UNRELATED": "x",
+    }
+    settings = load_settings(path, env=env)
+    assert settings.agent.host == "b"
+    assert settings.agent.physnet_mappings == {"physnet1": "eth1", "physnet2": "eth2"}
+    assert settings.etcd.endpoints == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert settings.pool.port_debug is True
+    assert settings.pool.min == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[agnet]\nhost = 'x'\n", r"unknown section \[agnet\]"),
+        ("[agent]\nhsot = 'x'\n", r"agent.hsot: unknown key"),
+        ("[pool]\nmin = 'five'\n", r"pool.min: expected int, got str"),
+        ("[pool]\nport_debug = 1\n", r"pool.port_debug: expected bool, got int"),
+        ("[pool]\nmin = 10\nmax = 5\n", r"pool.min: must not exceed pool.max"),
+        ("[pool]\ndefault_driver = 'magic'\n", r"pool.default_driver"),
+        ("[etcd]\nendpoints = []\n", r"etcd.endpoints: at least one"),
+        ("[etcd]\nendpoints = ['127.0.0.1:2379']\n", r"etcd.endpoints: .* is not an http"),
+        ("[etcd]\ncert_file = '/c'\n", r"etcd.cert_file and etcd.key_file"),
+        ("[agent]\nhost = 'a/b'\n", r"agent.host 'a/b' is not a valid name"),
+        ("[agent]\nphysnet_mappings = { p = 'much-too-long-name0' }\n", r"physnet_mappings"),
+        ("[agent]\nphysnet_mappings = { p = 3 }\n", r"expected a table of str"),
+        ("[controller]\nlisten = 'nowhere'\n", r"controller.listen: 'nowhere' is not HOST:PORT"),
+        ("[deviceplugin]\nresource_name = 'memif'\n", r"deviceplugin.resource_name"),
+        ("[deviceplugin]\ndevices = 0\n", r"deviceplugin.devices"),
+        ("[log]\nlevel = 'LOUD'\n", r"log.level"),
+        ("agent = 3\n", r"\[agent\] must be a table"),
+        ("[agent\n", r"is not valid TOML"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(write(tmp_path, text), env={})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PODWIRE_POOL_MIN": "many"}, r"PODWIRE_POOL_MIN: cannot parse 'many'"),
+        ({"PODWIRE_POOL_PORT_DEBUG": "maybe"}, r"expected true or false"),
+        ({"PODWIRE_POOL_SIZE": "3"}, r"PODWIRE_POOL_SIZE: unknown key pool.size"),
+        ({"PODWIRE_AGENT_PHYSNET_MAPPINGS": "physnet1"}, r"key=value pairs"),
+    ],
+)
+def test_bad_env_names_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env=env)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml", env={})
