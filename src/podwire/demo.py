@@ -59,12 +59,11 @@ def run(data_dir: Path, count: int, keep: bool) -> int:
     step(f"starting etcd + MariaDB + Neutron in {data_dir}")
     proc, info = start_background(data_dir)
     try:
-        step(
-            f"stack ready in {info['ready_seconds']} s: neutron {info['neutron']}, etcd {info['etcd']}"
-        )
+        ready = info["ready_seconds"]
+        step(f"stack ready in {ready} s: neutron {info['neutron']}, etcd {info['etcd']}")
         neutron = neutron_connection(info["neutron"])
         project = uuid.uuid4().hex
-        network, ports, seconds = create_ports(neutron, project, count)
+        network, _, seconds = create_ports(neutron, project, count)
         step(
             f"network {network.id} ({network.provider_network_type}, VNI"
             f" {network.provider_segmentation_id}, MTU {network.mtu});"

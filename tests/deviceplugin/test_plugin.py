@@ -81,7 +81,7 @@ async def test_reload_refuses_settings_that_need_a_restart(
     kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path
 ) -> None:
     running = await start_plugin()
-    with pytest.raises(ConfigError, match="deviceplugin.memif_host_dir: cannot change"):
+    with pytest.raises(ConfigError, match=r"deviceplugin\.memif_host_dir: cannot change"):
         running.plugin.reload(make_settings(short_root, memif_host_dir="/other"))
 
 

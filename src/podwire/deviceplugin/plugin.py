@@ -46,7 +46,7 @@ class DevicePlugin:
         reconcile_grace: float = 60.0,
         watch_interval: float = 0.1,
         rpc_timeout: float = 5.0,
-        register_backoff_max: float = 0.5,
+        register_backoff_max: float = 0.25,
     ) -> None:
         settings.validate()
         self.settings = settings

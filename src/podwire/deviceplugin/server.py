@@ -160,7 +160,8 @@ class PluginEndpoint:
 
     async def start(self) -> None:
         """Listen on a fresh socket and prove it answers before anyone is told about it."""
-        await self.stop()
+        # The old server's peer (a kubelet that restarted) is gone: nothing to wait for.
+        await self.stop(grace=None)
         self._clear_stale()
         server = grpc.aio.server()
         add_device_plugin_servicer(self._service, server)

@@ -8,6 +8,7 @@ of some unrelated process is never signalled.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -85,10 +86,8 @@ def stop_child(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 
 def _signal(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _running(pid: int) -> bool:

@@ -264,7 +264,7 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 
 def _install_signal_handlers() -> dict[int, Any]:
-    previous = {}
+    previous: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, _raise_stop)
     return previous

@@ -1,0 +1,43 @@
+"""Single entry point for every benchmark: ``.venv/bin/python -m bench.run [--samples N]``.
+
+Starts one local stack, runs each section against it and prints one Markdown table with
+medians, p99, sample counts and, where a reference exists, its figure from the same run and
+the ratio ours/reference (lower is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.stats import render
+from podwire.stack.client import start_background, stop_background
+
+SECTIONS = ["etcd_bench", "neutron_bench", "stack_bench", "deviceplugin_bench"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.run", description=__doc__)
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--only", nargs="*", choices=SECTIONS, default=SECTIONS)
+    args = parser.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="pwb-", dir="/tmp") as tmp:
+        proc, stack = start_background(Path(tmp) / "stack")
+        try:
+            for name in args.only:
+                print(f"running {name} ...", file=sys.stderr, flush=True)
+                module = importlib.import_module(f"bench.{name}")
+                rows.extend(module.run(stack, args.samples))
+        finally:
+            stop_background(proc)
+    print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
