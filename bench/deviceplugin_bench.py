@@ -144,7 +144,8 @@ def _request(device: str) -> Any:
     )
 
 
-def run(samples: int) -> list[dict[str, Any]]:
+def run(stack: dict[str, Any] | None, samples: int) -> list[dict[str, Any]]:
+    """A bench section; needs no stack (kubelet is the protocol-faithful peer)."""
     # Restarts log warnings by design; they are not what is measured.
     logging.getLogger("podwire").setLevel(logging.ERROR)
     root = Path(tempfile.mkdtemp(prefix="pwb-dp-", dir="/tmp"))
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=500)
     args = parser.parse_args(argv)
-    rows = run(args.samples)
+    rows = run(None, args.samples)
     print(render(rows))
     allocate_p99 = rows[0]["p99_ms"]
     reregister_p99 = rows[2]["p99_ms"]

@@ -15,21 +15,6 @@ from podwire.errors import ConfigError
 
 from .conftest import FakeKubelet
 
-# Runs the real `podwire` entry point; adds the subcommand if cli/main.py does not list it yet.
-RUNNER = """
-import argparse, sys
-from podwire.cli import deviceplugin_cmd, main as cli
-build = cli.build_parser
-def build_parser():
-    parser = build()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if "device-plugin" not in sub.choices:
-        deviceplugin_cmd.register(sub)
-    return parser
-cli.build_parser = build_parser
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -97,8 +82,8 @@ def test_bad_flag_values_name_the_key() -> None:
 async def run_cli(*argv: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
-        "-c",
-        RUNNER,
+        "-m",
+        "podwire.cli.main",
         "device-plugin",
         *argv,
         stdout=asyncio.subprocess.PIPE,
