@@ -1,0 +1,1 @@
+"""Neutron access through openstacksdk, the only Neutron client podwire uses."""

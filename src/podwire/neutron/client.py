@@ -1,0 +1,159 @@
+"""A narrow, error-translating front of openstacksdk's network proxy.
+
+openstacksdk is synchronous; async callers run these methods with ``asyncio.to_thread``. Every
+failure leaves as ``NeutronUnavailable`` (retryable: connection refused, 5xx, 409 conflicts that
+a retry resolves) or ``NeutronRequestError`` (permanent: 4xx that names a bad request), with
+the HTTP status and Neutron's own message, so callers never catch openstacksdk types.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar
+
+import requests
+from keystoneauth1 import exceptions as ks_exc
+from openstack import exceptions as os_exc
+
+from podwire.config import NeutronSettings
+from podwire.errors import ConfigError, PermanentError, RetryableError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class NeutronUnavailable(RetryableError):
+    """Neutron did not answer, or answered with a server-side error."""
+
+
+class NeutronRequestError(PermanentError):
+    """Neutron refused the request as invalid (4xx)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NeutronNotFound(NeutronRequestError):
+    """The resource does not exist (404)."""
+
+
+def _translated(what: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return func(*args, **kwargs)
+            except os_exc.HttpException as exc:
+                raise _from_http(exc, what) from exc
+            except (
+                requests.ConnectionError,
+                requests.Timeout,
+                os_exc.SDKException,
+                ks_exc.ClientException,
+            ) as exc:
+                raise NeutronUnavailable(f"neutron {what}: {exc}") from exc
+
+        return wrapper
+
+    return decorate
+
+
+def _from_http(exc: os_exc.HttpException, what: str) -> Exception:
+    status = int(exc.status_code or 0)
+    detail = exc.details or exc.message or str(exc)
+    message = f"neutron {what}: HTTP {status}: {detail}"
+    if status == 404:
+        return NeutronNotFound(message, status)
+    if status in (409, 429) or status >= 500 or status == 0:
+        return NeutronUnavailable(message)
+    return NeutronRequestError(message, status)
+
+
+def connect(settings: NeutronSettings) -> NeutronClient:
+    import openstack
+
+    if settings.endpoint:
+        conn = openstack.connect(
+            auth_type="none",
+            network_endpoint_override=settings.endpoint,
+            load_yaml_config=False,
+            load_envvars=False,
+        )
+    elif settings.cloud:
+        try:
+            conn = openstack.connect(cloud=settings.cloud)
+        except os_exc.ConfigException as exc:
+            raise ConfigError(f"neutron.cloud: {exc}") from exc
+    else:
+        raise ConfigError("neutron: set endpoint (noauth) or cloud (clouds.yaml)")
+    return NeutronClient(conn)
+
+
+class NeutronClient:
+    """The Neutron calls podwire makes; each is one HTTP request (listings follow pages)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    @property
+    def _network(self) -> Any:
+        # Resolved on use: the first access runs version discovery, which is a request that
+        # may fail and must fail inside a translated call, not at construction.
+        return self._conn.network
+
+    @_translated("create ports")
+    def create_ports(self, bodies: list[Mapping[str, Any]]) -> list[Any]:
+        if len(bodies) == 1:
+            return [self._network.create_port(**bodies[0])]
+        return list(self._network.create_ports([dict(body) for body in bodies]))
+
+    @_translated("update port")
+    def update_port(self, port_id: str, **changes: Any) -> Any:
+        return self._network.update_port(port_id, **changes)
+
+    @_translated("delete port")
+    def delete_port(self, port_id: str) -> None:
+        self._network.delete_port(port_id, ignore_missing=True)
+
+    @_translated("get port")
+    def get_port(self, port_id: str) -> Any:
+        return self._network.get_port(port_id)
+
+    @_translated("list ports")
+    def list_ports(self, **filters: Any) -> list[Any]:
+        return list(self._network.ports(**filters))
+
+    @_translated("get network")
+    def get_network(self, network_id: str) -> Any:
+        return self._network.get_network(network_id)
+
+    @_translated("find network")
+    def find_network(self, name_or_id: str, project_id: str | None = None) -> Any | None:
+        query = {"project_id": project_id} if project_id else {}
+        return self._network.find_network(name_or_id, ignore_missing=True, **query)
+
+    @_translated("list subnets")
+    def list_subnets(self, **filters: Any) -> list[Any]:
+        return list(self._network.subnets(**filters))
+
+    @_translated("list security groups")
+    def list_security_groups(self, **filters: Any) -> list[Any]:
+        return list(self._network.security_groups(**filters))
+
+    @_translated("get trunk")
+    def find_trunk(self, name_or_id: str) -> Any | None:
+        return self._network.find_trunk(name_or_id, ignore_missing=True)
+
+    @_translated("add trunk subports")
+    def add_trunk_subports(self, trunk_id: str, subports: Iterable[Mapping[str, Any]]) -> Any:
+        return self._network.add_trunk_subports(trunk_id, [dict(s) for s in subports])
+
+    @_translated("delete trunk subports")
+    def delete_trunk_subports(self, trunk_id: str, port_ids: Iterable[str]) -> Any:
+        return self._network.delete_trunk_subports(trunk_id, [{"port_id": p} for p in port_ids])
+
+    @_translated("list trunk subports")
+    def trunk_subports(self, trunk_id: str) -> list[dict[str, Any]]:
+        return list(self._network.get_trunk_subports(trunk_id)["sub_ports"])

@@ -1,0 +1,1 @@
+"""What every long-running podwire process shares: health and Prometheus endpoints."""

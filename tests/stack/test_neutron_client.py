@@ -1,0 +1,42 @@
+"""podwire's Neutron front against the real Neutron: results and translated errors."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from podwire.config import NeutronSettings
+from podwire.neutron.client import (
+    NeutronNotFound,
+    NeutronRequestError,
+    NeutronUnavailable,
+    connect,
+)
+from podwire.stack.netutil import free_port
+
+
+def test_bulk_create_list_and_errors(neutron_endpoint: str, neutron: Any, project_id: str) -> None:
+    client = connect(NeutronSettings(endpoint=neutron_endpoint))
+    network = neutron.network.create_network(name="client", project_id=project_id)
+    neutron.network.create_subnet(
+        network_id=network.id, cidr="10.30.0.0/24", ip_version=4, project_id=project_id
+    )
+    body = {"network_id": network.id, "project_id": project_id}
+    created = client.create_ports([body, body, body])
+    assert len({port.id for port in created}) == 3
+    assert {p.id for p in client.list_ports(project_id=project_id)} == {p.id for p in created}
+    assert client.find_network(network.id).id == network.id
+    with pytest.raises(NeutronNotFound, match="HTTP 404"):
+        client.get_port(str(uuid.uuid4()))
+    with pytest.raises(NeutronRequestError, match="HTTP 400"):
+        client.create_ports([{"network_id": "not-a-network", "project_id": project_id}])
+    client.delete_port(created[0].id)
+    client.delete_port(created[0].id)  # idempotent
+
+
+def test_unreachable_neutron_is_retryable() -> None:
+    client = connect(NeutronSettings(endpoint=f"http://127.0.0.1:{free_port()}/"))
+    with pytest.raises(NeutronUnavailable, match="neutron list ports"):
+        client.list_ports()

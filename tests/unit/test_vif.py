@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from podwire.errors import ValidationError
+from podwire.vif import Vif
+
+GOOD: dict[str, Any] = {
+    "v": 1,
+    "port_id": "7d7c0f0e-1a2b-4c3d-8e9f-001122334455",
+    "network_id": "0aaafa7a-e6be-4119-89f2-6070b63f72c6",
+    "project_id": "p1",
+    "mac_address": "FA:16:3E:66:F4:E5",
+    "mtu": 1450,
+    "fixed_ips": [
+        {
+            "ip_address": "10.1.0.5",
+            "subnet_id": "s1",
+            "cidr": "10.1.0.0/24",
+            "gateway_ip": "10.1.0.1",
+        }
+    ],
+    "segmentation_id": 1001,
+}
+
+
+def test_round_trip_normalises_mac() -> None:
+    vif = Vif.from_json(GOOD)
+    assert vif.mac_address == "fa:16:3e:66:f4:e5"
+    assert Vif.from_json(vif.to_json()) == vif
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("v", 2, "unsupported schema version 2"),
+        ("port_id", "../etc", "port_id: '../etc' is not a UUID"),
+        ("mac_address", "zz:16:3e:66:f4:e5", "mac_address"),
+        ("mtu", 10, "mtu: expected an integer from 68"),
+        ("mtu", True, "mtu: expected an integer"),
+        ("fixed_ips", "10.0.0.1", "fixed_ips: expected a list"),
+        ("vlan_id", 5000, "vlan_id: expected an integer from 1 to 4094"),
+    ],
+)
+def test_bad_fields_are_named(path: str, value: Any, message: str) -> None:
+    raw = copy.deepcopy(GOOD)
+    raw[path] = value
+    with pytest.raises(ValidationError, match=message):
+        Vif.from_json(raw)
+
+
+def test_address_outside_its_subnet() -> None:
+    raw = copy.deepcopy(GOOD)
+    raw["fixed_ips"][0]["ip_address"] = "10.9.0.5"
+    with pytest.raises(ValidationError, match=r"not inside 10\.1\.0\.0/24"):
+        Vif.from_json(raw)
+
+
+def test_missing_field() -> None:
+    raw = copy.deepcopy(GOOD)
+    del raw["mtu"]
+    with pytest.raises(ValidationError, match="missing field mtu"):
+        Vif.from_json(raw)
