@@ -2,6 +2,25 @@
 
 It travels as JSON over the controller's VIF API and is recorded in the agent's checkpoint, so
 it is parsed strictly: a malformed VIF must be rejected before anything is wired with it.
+
+The VIF API (controller side serves it, agent side calls it; docs/vif-api.md has the same):
+
+- ``POST /v1/nodes/{node}/vifs`` with ``Authorization: Bearer <token of that node>`` and body
+  ``{"attachment": "<container_id>.<ifname>", "network": "<network id or name>",
+  "project_id": "<id or null>", "security_groups": ["<sg id>", ...],
+  "pod": {"namespace": "...", "name": "...", "uid": "..."}}``
+  -> 200 ``{"vif": Vif.to_json()}``; idempotent: the same attachment gets the same VIF again.
+  -> 503 ``{"error": "...", "retryable": true}`` with ``Retry-After: <s>`` when no port is ready.
+  -> 400 malformed body or bad names, 401 missing/unknown token, 403 token of another node,
+  404 unknown network/project/SG: ``{"error": "<message naming the problem>"}``.
+- ``DELETE /v1/nodes/{node}/vifs/{attachment}`` -> 204, idempotent (unknown attachment too).
+- ``GET /v1/nodes/{node}/vifs`` -> 200 ``{"attachments": {"<attachment>": Vif.to_json()}}``
+  (the agent's GC and resync use it).
+- ``node`` and ``attachment`` are checked with ``keys.check_segment``; the controller records
+  in-use attachments at ``keys.vif(node, attachment)`` in etcd.
+- Ports handed out have device_owner ``compute:podwire`` and are bound to the node
+  (``binding:host_id``); the agent learns what to wire from ``/podwire/nodes/<node>/ports/<id>``
+  (written by the ml2 forwarder) and reports ``/podwire/state/nodes/<node>/ports/<id>``.
 """
 
 from __future__ import annotations
