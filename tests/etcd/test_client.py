@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,10 @@ from podwire.config import EtcdSettings
 from podwire.errors import ConfigError, EtcdUnavailable
 from podwire.etcd import client as client_module
 from podwire.etcd.client import EtcdClient, key_exists, put_op
+from podwire.stack.etcd_server import EtcdServer
 from podwire.stack.netutil import free_port
+
+from .conftest import PrivateEtcd
 
 
 async def test_put_get_delete(etcd: EtcdClient, prefix: str) -> None:
@@ -107,3 +111,75 @@ async def test_missing_tls_file_names_key() -> None:
     settings = EtcdSettings(endpoints=["https://127.0.0.1:1"], ca_file="/nonexistent/ca.pem")
     with pytest.raises(ConfigError, match=r"etcd.ca_file: cannot read /nonexistent/ca.pem"):
         await EtcdClient.connect(settings)
+
+
+def make_tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1, written as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "podwire-test-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server-key.pem"
+    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+async def test_tls_endpoint_with_ca_file(tmp_path: Path) -> None:
+    ca, cert, key = make_tls_files(tmp_path)
+    server = EtcdServer(
+        tmp_path / "etcd", free_port(), free_port(), cert_file=str(cert), key_file=str(key)
+    )
+    etcd = PrivateEtcd(server, tmp_path / "etcd.log")
+    etcd.start()
+    try:
+        settings = EtcdSettings(endpoints=[server.client_url], ca_file=str(ca), timeout=3)
+        async with await EtcdClient.connect(settings) as client:
+            await client.put("/tls/key", b"secret")
+            kv = await client.get("/tls/key")
+            assert kv is not None and kv.value == b"secret"
+        plain = EtcdSettings(endpoints=[f"http://127.0.0.1:{server.client_port}"], timeout=1)
+        with pytest.raises(EtcdUnavailable):
+            await EtcdClient.connect(plain)
+    finally:
+        etcd.stop()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podwire.errors import StackError
-from podwire.stack.netutil import http_ok
+from podwire.stack.netutil import http_ok, port_open
 
 
 def etcd_binary() -> str:
@@ -32,14 +32,17 @@ class EtcdServer:
     client_port: int
     peer_port: int
     name: str = "podwire"
+    cert_file: str = ""  # with key_file: serve clients over TLS
+    key_file: str = ""
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        scheme = "https" if self.cert_file else "http"
+        return f"{scheme}://127.0.0.1:{self.client_port}"
 
     def argv(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
-        return [
+        argv = [
             etcd_binary(),
             "--name", self.name,
             "--data-dir", str(self.data_dir),
@@ -50,6 +53,11 @@ class EtcdServer:
             "--initial-cluster", f"{self.name}={peer}",
             "--log-level", "warn",
         ]  # fmt: skip
+        if self.cert_file:
+            argv += ["--cert-file", self.cert_file, "--key-file", self.key_file]
+        return argv
 
     def ready(self) -> bool:
+        if self.cert_file:
+            return port_open(self.client_port)
         return http_ok(f"{self.client_url}/health")

@@ -21,6 +21,13 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def port_open(port: int) -> bool:
+    """Something accepts connections on the loopback port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
