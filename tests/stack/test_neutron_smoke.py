@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 from typing import Any
 
 from tests.conftest import neutron_connection
+from tests.scripted_agent import ScriptedAgent, bound_on
 
 
 def make_network(neutron: Any, project_id: str) -> tuple[Any, Any]:
@@ -23,14 +25,20 @@ def test_network_is_vxlan_with_real_mtu(neutron: Any, project_id: str) -> None:
     assert subnet.gateway_ip == "10.20.0.1"
 
 
-def test_bulk_ports_filters_update_delete(neutron: Any, project_id: str) -> None:
+async def test_bulk_ports_filters_update_delete(
+    neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent]
+) -> None:
     network, _ = make_network(neutron, project_id)
+    host1, host2 = agents(), agents()
+    for agent in (host1, host2):
+        await agent.register()
+    await bound_on(neutron, network, project_id, host1.host)  # the API workers know the hosts
     bodies = [
         {
             "network_id": network.id,
             "project_id": project_id,
             "device_owner": "compute:podwire",
-            "binding_host_id": "smoke-host-1" if index < 3 else "smoke-host-2",
+            "binding_host_id": host1.host if index < 3 else host2.host,
         }
         for index in range(5)
     ]
@@ -40,11 +48,11 @@ def test_bulk_ports_filters_update_delete(neutron: Any, project_id: str) -> None
         neutron.network.ports(
             project_id=project_id,
             device_owner="compute:podwire",
-            **{"binding:host_id": "smoke-host-1"},
+            **{"binding:host_id": host1.host},
         )
     )
-    assert len(on_host1) == 3
-    assert all(port.binding_vif_type == "veth" for port in on_host1)
+    assert len(on_host1) == 4
+    assert {port.binding_vif_type for port in on_host1} == {"veth"}
 
     neutron.network.set_tags(created[0], ["pool", "podwire"])
     tagged = list(neutron.network.ports(project_id=project_id, tags="pool"))
@@ -58,15 +66,16 @@ def test_bulk_ports_filters_update_delete(neutron: Any, project_id: str) -> None
     assert created[2].id not in remaining and created[1].id in remaining
 
 
-def test_infrastructure_ports_bind_as_tap(neutron: Any, project_id: str) -> None:
+async def test_pod_ports_bind_as_veth_and_infrastructure_as_tap(
+    neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent]
+) -> None:
     network, _ = make_network(neutron, project_id)
-    port = neutron.network.create_port(
-        network_id=network.id,
-        project_id=project_id,
-        device_owner="network:dhcp",
-        binding_host_id="smoke-host-1",
-    )
-    assert port.binding_vif_type == "tap"
+    host = agents()
+    await host.register()
+    pod = await bound_on(neutron, network, project_id, host.host)
+    assert pod.binding_vif_type == "veth"
+    dhcp = await bound_on(neutron, network, project_id, host.host, device_owner="network:dhcp")
+    assert dhcp.binding_vif_type == "tap"
 
 
 def test_trunk_with_subports(neutron: Any, project_id: str) -> None:

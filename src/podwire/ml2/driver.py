@@ -1,43 +1,172 @@
 """The ``podwire`` ML2 mechanism driver as loaded by neutron-server.
 
-This first version binds any flat, vlan or vxlan segment for vnic type ``normal`` and makes the
-trunk plugin loadable; host liveness checks, the journal and feedback come with the ml2 work.
+Binding decisions read the in-memory host cache only (a request thread must never wait on
+etcd). Desired-state changes go to the journal inside ML2's transaction; the background worker
+forwards them to etcd and turns agent feedback into port status.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
+from neutron.db import provisioning_blocks
 from neutron_lib.api.definitions import portbindings
+from neutron_lib.callbacks import resources
+from neutron_lib.db import api as db_api
 from neutron_lib.plugins.ml2 import api
+from oslo_config import cfg
 
+from podwire import keys
+from podwire.config import EtcdSettings
+from podwire.ml2 import binding, journal, options
+from podwire.ml2.desired import bound_segment, desired_port
+from podwire.ml2.forwarder import ForwarderSettings
+from podwire.ml2.host_cache import HostCache
+from podwire.ml2.mlog import get_logger
 from podwire.ml2.trunk_driver import PodwireTrunkDriver
 
-SUPPORTED_NETWORK_TYPES = ("flat", "vlan", "vxlan")
-INFRA_OWNER_PREFIXES = ("network:", "neutron:")
+log = get_logger(__name__)
 
 
-def vif_type_for(device_owner: str) -> str:
-    """Infrastructure ports are taps; everything else is wired as a veth for now."""
-    if device_owner.startswith(INFRA_OWNER_PREFIXES):
-        return "tap"
-    return "veth"
+def _segments(context: Any) -> list[binding.Segment]:
+    return [
+        binding.Segment(
+            id=segment[api.ID],
+            network_type=segment[api.NETWORK_TYPE],
+            physnet=segment.get(api.PHYSICAL_NETWORK),
+            segmentation_id=segment.get(api.SEGMENTATION_ID),
+        )
+        for segment in context.segments_to_bind
+    ]
 
 
 class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
     def initialize(self) -> None:
+        # Imported here: neutron_sink pulls in the ML2 plugin machinery, which only a running
+        # neutron-server has fully set up.
+        from podwire.ml2.neutron_sink import NeutronPortStatus
+        from podwire.ml2.worker import Worker
+
+        self.conf = options.register()
+        self.cache = HostCache()
         self.trunk_driver = PodwireTrunkDriver.create()
+        etcd = EtcdSettings(
+            endpoints=list(self.conf.etcd_endpoints),
+            ca_file=self.conf.etcd_ca_file,
+            cert_file=self.conf.etcd_cert_file,
+            key_file=self.conf.etcd_key_file,
+            timeout=self.conf.etcd_timeout,
+        )
+        etcd.validate()
+        forwarder = ForwarderSettings(
+            identity=f"{socket.gethostname()}:{os.getpid()}",
+            lease_ttl=self.conf.election_ttl,
+            batch_size=self.conf.forwarder_batch_size,
+            poll_interval=self.conf.forwarder_poll_interval,
+        )
+        self.journal = journal.SqlJournal(cfg.CONF.database.connection)
+        self.worker = Worker(etcd, self.cache, self.journal, NeutronPortStatus(), forwarder)
+        self.worker.start()
+        if not self.cache.synced.wait(self.conf.startup_sync_timeout):
+            log.warning("ml2.driver.host_state_not_synced", timeout=self.conf.startup_sync_timeout)
+        log.info("ml2.driver.initialized", pid=os.getpid(), etcd=",".join(etcd.endpoints))
 
     @property
     def connectivity(self) -> str:
         return str(portbindings.CONNECTIVITY_L2)
 
     def bind_port(self, context: Any) -> None:
-        vnic_type = context.current.get(portbindings.VNIC_TYPE, portbindings.VNIC_NORMAL)
-        if vnic_type != portbindings.VNIC_NORMAL:
+        port = context.current
+        host = context.host or ""
+        decision = binding.decide(
+            vnic_type=port.get(portbindings.VNIC_TYPE, portbindings.VNIC_NORMAL),
+            device_owner=port.get("device_owner") or "",
+            port_id=port["id"],
+            segments=_segments(context),
+            host=self.cache.get(host),
+            vhostuser_dir=self.conf.vhostuser_socket_dir,
+        )
+        if isinstance(decision, binding.Decline):
+            log.info("ml2.bind.declined", port=port["id"], host=host, reason=decision.reason)
             return
-        for segment in context.segments_to_bind:
-            if segment[api.NETWORK_TYPE] in SUPPORTED_NETWORK_TYPES:
-                vif_type = vif_type_for(context.current.get("device_owner") or "")
-                context.set_binding(segment[api.ID], vif_type, {})
-                return
+        context.set_binding(decision.segment.id, decision.vif_type, decision.vif_details)
+        log.info("ml2.bind.bound", port=port["id"], host=host, vif_type=decision.vif_type)
+
+    # --- journal ---------------------------------------------------------------------------
+
+    def create_port_precommit(self, context: Any) -> None:
+        segment = bound_segment(context.binding_levels)
+        if segment is None or not context.host:
+            return
+        self._journal_put(context, context.host, segment)
+
+    def update_port_precommit(self, context: Any) -> None:
+        port_id = context.current["id"]
+        old_segment = bound_segment(context.original_binding_levels)
+        new_segment = bound_segment(context.binding_levels)
+        old_host, new_host = context.original_host or "", context.host or ""
+        if old_segment is not None and old_host and (new_segment is None or old_host != new_host):
+            self._journal(context, keys.node_port(old_host, port_id), None)
+        if new_segment is None or not new_host:
+            return
+        rebound = (
+            old_segment is None
+            or old_host != new_host
+            or context.original_vif_type != context.vif_type
+        )
+        if not rebound:
+            assert old_segment is not None
+            before = desired_port(
+                context,
+                context.original,
+                old_segment,
+                context.original_vif_type,
+                context.original_vif_details,
+            )
+            after = desired_port(
+                context, context.current, new_segment, context.vif_type, context.vif_details
+            )
+            if before.encode() == after.encode():
+                return  # status-only update: nothing for the agent
+            self._journal(context, keys.node_port(new_host, port_id), after.encode())
+            return
+        self._journal_put(context, new_host, new_segment)
+        with db_api.CONTEXT_WRITER.using(context.plugin_context):
+            provisioning_blocks.add_provisioning_component(
+                context.plugin_context,
+                port_id,
+                resources.PORT,
+                provisioning_blocks.L2_AGENT_ENTITY,
+            )
+
+    def delete_port_precommit(self, context: Any) -> None:
+        segment = bound_segment(context.binding_levels)
+        if segment is not None and context.host:
+            self._journal(context, keys.node_port(context.host, context.current["id"]), None)
+
+    def _journal_put(self, context: Any, host: str, segment: dict[str, Any]) -> None:
+        value = desired_port(
+            context, context.current, segment, context.vif_type, context.vif_details
+        )
+        self._journal(context, keys.node_port(host, value.port_id), value.encode())
+
+    @staticmethod
+    def _journal(context: Any, key: str, value: str | None) -> None:
+        with db_api.CONTEXT_WRITER.using(context.plugin_context):
+            journal.add(context.plugin_context.session, key, value)
+
+    def create_port_postcommit(self, context: Any) -> None:
+        self._kick(context)
+
+    def update_port_postcommit(self, context: Any) -> None:
+        self._kick(context)
+
+    def delete_port_postcommit(self, context: Any) -> None:
+        self._kick(context)
+
+    def _kick(self, context: Any) -> None:
+        levels = [context.binding_levels, getattr(context, "original_binding_levels", None)]
+        if any(bound_segment(level) is not None for level in levels):
+            self.worker.kick()

@@ -1,13 +1,32 @@
-"""Trunk driver: without one claiming support, Neutron's trunk plugin refuses to start."""
+"""Trunk driver: makes Neutron's trunk plugin load, and binds subports where the parent is.
+
+With no agent in the loop (``agent_type=None``) Neutron leaves subports unbound and trunks
+DOWN; podwire's agents learn about subports only through their desired keys, which exist only
+for bound ports. So the driver copies the parent's host onto each subport (marking it
+``trunk:subport`` so it is wired as a veth with the parent's VLAN id) and sets the trunk ACTIVE.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+from neutron.objects import trunk as trunk_objects
 from neutron.services.trunk.drivers import base as trunk_base
+from neutron_lib.api.definitions import portbindings
+from neutron_lib.callbacks import events, registry, resources
+from neutron_lib.plugins import directory
+from neutron_lib.services.trunk import constants as trunk_consts
+
+from podwire.ml2.mlog import get_logger
+
+log = get_logger(__name__)
 
 DRIVER_NAME = "podwire"
 TRUNK_VIF_TYPES = ("veth", "tap", "vhostuser")
 
 
+@registry.has_registry_receivers
 class PodwireTrunkDriver(trunk_base.DriverBase):  # type: ignore[misc]
     @property
     def is_loaded(self) -> bool:
@@ -22,3 +41,38 @@ class PodwireTrunkDriver(trunk_base.DriverBase):  # type: ignore[misc]
             agent_type=None,
             can_trunk_bound_port=True,
         )
+
+    @registry.receives(resources.TRUNK_PLUGIN, [events.AFTER_INIT])  # type: ignore[untyped-decorator]
+    def register(self, resource: Any, event: Any, trigger: Any, payload: Any = None) -> None:
+        super().register(resource, event, trigger, payload=payload)
+        registry.subscribe(self._trunk_created, resources.TRUNK, events.AFTER_CREATE)
+        registry.subscribe(self._subports_added, resources.SUBPORTS, events.AFTER_CREATE)
+        registry.subscribe(self._port_updated, resources.PORT, events.AFTER_UPDATE)
+
+    def _trunk_created(self, resource: Any, event: Any, trigger: Any, payload: Any) -> None:
+        trunk = payload.states[0]
+        self._follow_parent(payload.context, trunk, trunk.sub_ports)
+
+    def _subports_added(self, resource: Any, event: Any, trigger: Any, payload: Any) -> None:
+        trunk = payload.states[-1]
+        self._follow_parent(payload.context, trunk, payload.metadata.get("subports", []))
+
+    def _port_updated(self, resource: Any, event: Any, trigger: Any, payload: Any) -> None:
+        original, port = payload.states[0], payload.states[-1]
+        if original.get(portbindings.HOST_ID) == port.get(portbindings.HOST_ID):
+            return
+        trunk = trunk_objects.Trunk.get_object(payload.context, port_id=port["id"])
+        if trunk is not None:
+            self._follow_parent(payload.context, trunk, trunk.sub_ports)
+
+    def _follow_parent(self, context: Any, trunk: Any, subports: Iterable[Any]) -> None:
+        plugin = directory.get_plugin()
+        parent = plugin.get_port(context, trunk.port_id)
+        host = parent.get(portbindings.HOST_ID) or ""
+        for subport in subports:
+            body = {portbindings.HOST_ID: host, "device_owner": trunk_consts.TRUNK_SUBPORT_OWNER}
+            plugin.update_port(context, subport.port_id, {"port": body})
+            log.info("ml2.trunk.subport_host", trunk=trunk.id, port=subport.port_id, host=host)
+        status = trunk_consts.TRUNK_ACTIVE_STATUS if host else trunk_consts.TRUNK_DOWN_STATUS
+        if trunk.status != status:
+            trunk.update(status=status)

@@ -12,6 +12,8 @@ import sys
 import sqlalchemy
 from neutron.db.migration.models import head
 
+import podwire.ml2.journal  # noqa: F401  (registers podwire's journal table in the metadata)
+
 
 def create_schema(url: str) -> None:
     engine = sqlalchemy.create_engine(url)

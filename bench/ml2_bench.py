@@ -1,0 +1,161 @@
+"""ml2: bind-to-ACTIVE latency through Neutron + etcd, and forwarder throughput.
+
+Bind-to-ACTIVE is what a pool refill waits for: port create with a host, the driver binds it,
+the journal row commits, the forwarder publishes the desired key, an (instant, scripted) agent
+writes the state key, feedback completes the provisioning block and Neutron sets ACTIVE.
+Forwarder throughput is compared with the fastest possible writer: a loop of direct puts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.stats import render, row
+from podwire import keys
+from podwire.config import EtcdSettings
+from podwire.etcd.client import EtcdClient
+from podwire.etcd.watch import PrefixWatcher
+from podwire.ml2 import values
+from podwire.ml2.forwarder import Forwarder, ForwarderSettings
+from podwire.ml2.journal import SqlJournal, copy_table
+from podwire.stack.client import neutron_connection, start_background, stop_background
+from podwire.stack.mariadb import MariaDB
+
+FORWARDER_ROWS = 1000
+FORWARDER_ROUNDS = 5
+
+
+async def _instant_agent(url: str, host: str, ready: threading.Event, stop: asyncio.Event) -> None:
+    """Registers ``host`` and marks every desired port wired as soon as it appears."""
+    async with await EtcdClient.connect(EtcdSettings(endpoints=[url])) as client:
+        lease = await client.grant_lease(600)
+        await client.put(keys.state_vtep(host), values.vtep_value("192.0.2.50"))
+        await client.put(keys.state_alive(host), values.alive_value(time.time(), "bench"), lease.id)
+        ready.set()
+        watcher = PrefixWatcher(client, keys.node_ports_prefix(host))
+        batches = watcher.batches()
+        try:
+            while not stop.is_set():
+                batch = await batches.__anext__()
+                for event in batch.events:
+                    if event.kind == "put":
+                        port_id = event.key.rsplit("/", 1)[1]
+                        raw = values.port_state_value(time.time())
+                        await client.put(keys.state_port(host, port_id), raw)
+        finally:
+            await lease.revoke()
+            await client.delete_prefix(keys.state_node_prefix(host))
+            await client.delete_prefix(keys.node_ports_prefix(host))
+
+
+def _bind_to_active(stack: dict[str, Any], samples: int) -> list[float]:
+    host = f"bench-{uuid.uuid4().hex[:8]}"
+    project = uuid.uuid4().hex
+    neutron = neutron_connection(stack["neutron"])
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    agent = threading.Thread(
+        target=loop.run_until_complete,
+        args=(_instant_agent(stack["etcd"], host, ready, stop),),
+        daemon=True,
+    )
+    agent.start()
+    ready.wait(30)
+    time.sleep(0.5)  # the API workers' caches see the host
+    network = neutron.network.create_network(name="bench-ml2", project_id=project)
+    neutron.network.create_subnet(
+        network_id=network.id, cidr="10.77.0.0/16", ip_version=4, project_id=project
+    )
+    latencies: list[float] = []
+    try:
+        for _ in range(samples):
+            started = time.perf_counter()
+            port = neutron.network.create_port(
+                network_id=network.id, project_id=project, device_owner="compute:podwire",
+                binding_host_id=host,
+            )  # fmt: skip
+            while neutron.network.get_port(port.id).status != "ACTIVE":
+                if time.perf_counter() - started > 30:
+                    raise RuntimeError(f"port {port.id} not ACTIVE after 30 s")
+                time.sleep(0.005)
+            latencies.append((time.perf_counter() - started) * 1000)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        for port in list(neutron.network.ports(project_id=project)):
+            neutron.network.delete_port(port)
+        neutron.network.delete_network(network)
+    return latencies
+
+
+async def _throughput(stack: dict[str, Any]) -> tuple[list[float], list[float]]:
+    url = MariaDB(Path(stack["data_dir"])).url
+    forwarded: list[float] = []
+    direct: list[float] = []
+    async with await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]])) as client:
+        for _ in range(FORWARDER_ROUNDS):
+            prefix = f"/podwire-bench/{uuid.uuid4().hex}/"
+            journal = SqlJournal(url, copy_table(f"pwb_{uuid.uuid4().hex[:12]}"))
+            journal.create_table()
+            try:
+                for index in range(FORWARDER_ROWS):
+                    journal.append(f"{prefix}f/{index}", '{"v":1}')
+                settings = ForwarderSettings(
+                    identity="bench", election_key=prefix + "election", kick_key=prefix + "kick",
+                    lease_ttl=5, poll_interval=0.05,
+                )  # fmt: skip
+                forwarder = Forwarder(client, journal, settings)
+                started = time.perf_counter()
+                task = asyncio.create_task(forwarder.run())
+                while forwarder.sent_rows < FORWARDER_ROWS:  # noqa: ASYNC110  (sampling, not waiting)
+                    await asyncio.sleep(0.002)
+                forwarded.append((time.perf_counter() - started) * 1000 / FORWARDER_ROWS)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                started = time.perf_counter()
+                for index in range(FORWARDER_ROWS):
+                    await client.put(f"{prefix}d/{index}", b'{"v":1}')
+                direct.append((time.perf_counter() - started) * 1000 / FORWARDER_ROWS)
+            finally:
+                journal.drop_table()
+                journal.close()
+                await client.delete_prefix(prefix)
+    return forwarded, direct
+
+
+def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    latencies = _bind_to_active(stack, max(samples, 200))
+    forwarded, direct = asyncio.run(_throughput(stack))
+    return [
+        row("ml2 port create -> ACTIVE (instant agent)", latencies),
+        row(
+            f"ml2 forwarder, {FORWARDER_ROWS} journal rows -> etcd",
+            forwarded,
+            "direct etcd put loop",
+            direct,
+            unit="ms/row",
+        ),
+    ]
+
+
+def main() -> int:
+    samples = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    with tempfile.TemporaryDirectory(prefix="pwb-", dir="/tmp") as tmp:
+        proc, stack = start_background(Path(tmp) / "stack")
+        try:
+            rows = run(stack, samples)
+        finally:
+            stop_background(proc)
+    print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Turns what agents report under ``/podwire/state/`` into Neutron port status.
+
+Every API worker feeds its own binding cache from the watch (bindings can land in any worker),
+but only the elected one talks to Neutron, so a state change is acted on once. On becoming
+active and after a re-list (compaction, long outage) it reconciles from the full picture
+rather than from the missed events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from podwire import keys
+from podwire.errors import RetryableError
+from podwire.etcd.client import EtcdClient
+from podwire.etcd.watch import PrefixWatcher
+from podwire.ml2.host_cache import Change, HostCache
+from podwire.ml2.mlog import get_logger
+
+log = get_logger(__name__)
+
+
+class PortStatusSink(Protocol):
+    """Neutron as feedback sees it; blocking calls, run off the event loop."""
+
+    def port_wired(self, host: str, port_id: str) -> bool:
+        """Complete the L2 provisioning block if the port is bound to ``host``."""
+        ...
+
+    def port_unwired(self, host: str, port_id: str) -> bool:
+        """Set the port DOWN if it is still bound to ``host``."""
+        ...
+
+    def host_down(self, host: str) -> int:
+        """Set every podwire port bound to ``host`` DOWN; returns how many."""
+        ...
+
+
+class Feedback:
+    def __init__(
+        self,
+        client: EtcdClient,
+        cache: HostCache,
+        sink: PortStatusSink,
+        is_active: Callable[[], bool],
+        prefix: str = keys.state_prefix(),
+    ) -> None:
+        self._client = client
+        self._cache = cache
+        self._sink = sink
+        self._is_active = is_active
+        self._prefix = prefix
+        self._lock = asyncio.Lock()
+        self.watcher: PrefixWatcher | None = None
+
+    async def run(self) -> None:
+        self.watcher = PrefixWatcher(self._client, self._prefix)
+        async for batch in self.watcher.batches():
+            changes: list[Change] = []
+            for event in batch.events:
+                changes += self._cache.apply(event.kind, event.key, event.value)
+            first = not self._cache.synced.is_set()
+            self._cache.synced.set()
+            if not self._is_active():
+                continue
+            if first or batch.relisted:
+                log.info("ml2.feedback.resync", relisted=batch.relisted)
+                await self.resync()
+            else:
+                await self._act(changes)
+
+    async def resync(self) -> None:
+        """Bring Neutron in line with everything the cache knows."""
+        changes = [Change("host_down", host) for host in self._cache.dead_hosts()]
+        for host, port in self._cache.wired_ports():
+            changes.append(Change("port_wired", host, port))
+        await self._act(changes)
+
+    async def _act(self, changes: list[Change]) -> None:
+        async with self._lock:
+            for change in changes:
+                await self._act_one(change)
+
+    async def _act_one(self, change: Change) -> None:
+        host, port = change.host, change.port_id
+        try:
+            if change.kind == "port_wired" and port is not None:
+                if not self._cache.get(host).alive:
+                    log.info("ml2.feedback.wired_on_dead_host", host=host, port=port)
+                    return
+                done = await asyncio.to_thread(self._sink.port_wired, host, port)
+                log.info("ml2.feedback.port_wired", host=host, port=port, completed=done)
+            elif change.kind == "port_unwired" and port is not None:
+                done = await asyncio.to_thread(self._sink.port_unwired, host, port)
+                log.info("ml2.feedback.port_unwired", host=host, port=port, set_down=done)
+            elif change.kind == "host_down":
+                count = await asyncio.to_thread(self._sink.host_down, host)
+                log.warning("ml2.feedback.host_down", host=host, ports_down=count)
+            elif change.kind == "host_up":
+                log.info("ml2.feedback.host_up", host=host)
+                for _host, wired in self._cache.wired_ports(host):
+                    await self._act_one(Change("port_wired", host, wired))
+        except RetryableError as exc:
+            # The next resync (leadership change, re-list) or state event repairs it.
+            log.error("ml2.feedback.neutron_failed", change=change.kind, host=host, error=str(exc))

@@ -1,0 +1,191 @@
+"""Replays the journal into etcd, in order, from exactly one process at a time.
+
+Leadership is an etcd key bound to a lease. The lease id is also the fencing token: each batch
+is one etcd txn guarded by "the election key still carries *my* lease", so a forwarder that
+stalled past its TTL and woke up after another took over cannot write a single stale key.
+Rows are deleted only after etcd accepted their txn; a crash in between replays them, which is
+harmless because later rows are never sent before earlier ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from podwire import keys
+from podwire.errors import EtcdUnavailable, NotLeader, RetryableError
+from podwire.etcd.client import (
+    EtcdClient,
+    Lease,
+    LeaseLost,
+    Op,
+    delete_op,
+    key_exists,
+    lease_is,
+    put_op,
+)
+from podwire.etcd.watch import PrefixWatcher
+from podwire.ml2.journal import Entry
+from podwire.ml2.mlog import get_logger
+
+log = get_logger(__name__)
+
+
+class Journal(Protocol):
+    """The forwarder's view of the journal; blocking calls, run off the event loop."""
+
+    def fetch(self, limit: int) -> list[Entry]: ...
+
+    def delete(self, ids: Sequence[int]) -> None: ...
+
+    def mark_attempt(self, ids: Sequence[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ForwarderSettings:
+    identity: str
+    election_key: str = keys.election("forwarder")
+    kick_key: str = keys.KICK
+    lease_ttl: int = 10
+    # etcd refuses txns of more than 128 operations by default (--max-txn-ops).
+    batch_size: int = 100
+    poll_interval: float = 10.0
+    retry_initial: float = 0.2
+    retry_max: float = 5.0
+
+
+def batch_ops(rows: Sequence[Entry]) -> list[Op]:
+    """One op per key, the last row for it winning.
+
+    etcd rejects a txn that touches a key twice; inside one atomic txn the earlier rows for a
+    key are invisible anyway, so dropping them changes nothing an observer can see.
+    """
+    last: dict[str, Entry] = {}
+    for row in rows:
+        last.pop(row.key, None)
+        last[row.key] = row
+    return [
+        delete_op(row.key) if row.value is None else put_op(row.key, row.value.encode())
+        for row in last.values()
+    ]
+
+
+class Forwarder:
+    def __init__(
+        self,
+        client: EtcdClient,
+        journal: Journal,
+        settings: ForwarderSettings,
+        on_leadership: Callable[[bool], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._journal = journal
+        self._settings = settings
+        self._on_leadership = on_leadership or (lambda _leader: None)
+        self._wake = asyncio.Event()
+        self.is_leader = False
+        self.sent_rows = 0
+
+    def wake(self) -> None:
+        """Drain now; call on the event loop's thread."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._watch_kicks())
+            group.create_task(self._elect_and_lead())
+
+    async def _watch_kicks(self) -> None:
+        watcher = PrefixWatcher(self._client, self._settings.kick_key)
+        async for _batch in watcher.batches():
+            self._wake.set()
+
+    async def _elect_and_lead(self) -> None:
+        delay = self._settings.retry_initial
+        while True:
+            try:
+                lease = await self._campaign()
+                delay = self._settings.retry_initial
+                await self._lead(lease)
+            except RetryableError as exc:
+                log.warning("ml2.forwarder.retry", error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._settings.retry_max)
+
+    async def _campaign(self) -> Lease:
+        settings = self._settings
+        poll = min(1.0, settings.lease_ttl / 4)
+        while True:
+            if await self._client.get(settings.election_key) is None:
+                lease = await self._client.grant_lease(settings.lease_ttl)
+                identity = settings.identity.encode()
+                if await self._client.create_if_absent(settings.election_key, identity, lease.id):
+                    log.info(
+                        "ml2.forwarder.elected", identity=settings.identity, lease=hex(lease.id)
+                    )
+                    return lease
+                await lease.revoke()
+            await asyncio.sleep(poll)
+
+    async def _lead(self, lease: Lease) -> None:
+        self.is_leader = True
+        self._on_leadership(True)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(lease.keepalive())
+                group.create_task(self._drain_forever(lease))
+        except* (NotLeader, LeaseLost) as group_exc:
+            log.warning("ml2.forwarder.lost_leadership", error=str(group_exc.exceptions[0]))
+        finally:
+            self.is_leader = False
+            self._on_leadership(False)
+            with contextlib.suppress(RetryableError):
+                await asyncio.shield(lease.revoke())
+
+    async def _drain_forever(self, lease: Lease) -> None:
+        settings = self._settings
+        delay = settings.retry_initial
+        while True:
+            self._wake.clear()
+            try:
+                sent = await self.drain_once(lease)
+            except EtcdUnavailable as exc:
+                log.warning("ml2.forwarder.etcd_unavailable", error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, settings.retry_max)
+                continue
+            except RetryableError as exc:
+                if isinstance(exc, NotLeader):
+                    raise
+                log.warning("ml2.forwarder.journal_unavailable", error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, settings.retry_max)
+                continue
+            delay = settings.retry_initial
+            if sent < settings.batch_size:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), settings.poll_interval)
+
+    async def drain_once(self, lease: Lease) -> int:
+        """Send the oldest batch; returns how many rows went (0 when the journal is empty)."""
+        settings = self._settings
+        rows = await asyncio.to_thread(self._journal.fetch, settings.batch_size)
+        if not rows:
+            return 0
+        ids = [row.id for row in rows]
+        guards = [key_exists(settings.election_key), lease_is(settings.election_key, lease.id)]
+        try:
+            accepted, revision = await self._client.txn(guards, batch_ops(rows))
+        except EtcdUnavailable:
+            with contextlib.suppress(RetryableError):
+                await asyncio.to_thread(self._journal.mark_attempt, ids)
+            raise
+        if not accepted:
+            raise NotLeader(f"election key {settings.election_key} no longer carries our lease")
+        await asyncio.to_thread(self._journal.delete, ids)
+        self.sent_rows += len(rows)
+        log.debug("ml2.forwarder.sent", rows=len(rows), first=ids[0], revision=revision)
+        return len(rows)

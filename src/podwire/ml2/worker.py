@@ -1,0 +1,125 @@
+"""The background thread each Neutron API worker runs: feedback and forwarder on asyncio.
+
+Neutron serves requests on plain threads (no eventlet monkey patching under gunicorn), so the
+worker owns a private event loop in a daemon thread. Every API worker runs one; the election
+inside the forwarder makes exactly one of them active deployment-wide. Request threads talk to
+it only through thread-safe, non-blocking calls (``kick``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+from podwire import keys
+from podwire.config import EtcdSettings
+from podwire.etcd.client import EtcdClient
+from podwire.ml2.feedback import Feedback, PortStatusSink
+from podwire.ml2.forwarder import Forwarder, ForwarderSettings, Journal
+from podwire.ml2.host_cache import HostCache
+from podwire.ml2.mlog import get_logger
+
+log = get_logger(__name__)
+
+RESTART_DELAY = 1.0
+
+
+class Worker:
+    def __init__(
+        self,
+        etcd: EtcdSettings,
+        cache: HostCache,
+        journal: Journal,
+        sink: PortStatusSink,
+        forwarder_settings: ForwarderSettings,
+        state_prefix: str = keys.state_prefix(),
+    ) -> None:
+        self._etcd = etcd
+        self._cache = cache
+        self._journal = journal
+        self._sink = sink
+        self._forwarder_settings = forwarder_settings
+        self._state_prefix = state_prefix
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: EtcdClient | None = None
+        self._forwarder: Forwarder | None = None
+        self._feedback: Feedback | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._thread_main, name="podwire-ml2", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        loop = self._loop
+        if loop is not None:
+            for task in asyncio.all_tasks(loop):
+                loop.call_soon_threadsafe(task.cancel)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def kick(self) -> None:
+        """Ask the active forwarder to drain now; never blocks the calling request thread."""
+        loop, client, forwarder = self._loop, self._client, self._forwarder
+        if loop is None or client is None or loop.is_closed():
+            return  # the slow poll still picks the rows up
+        if forwarder is not None and forwarder.is_leader:
+            loop.call_soon_threadsafe(forwarder.wake)
+            return
+        coro = client.put(self._forwarder_settings.kick_key, b"")
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        future.add_done_callback(_log_kick_failure)
+
+    def _thread_main(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                asyncio.run(self._main())
+            except Exception:  # top level of the thread: log, then start over
+                log.exception("ml2.worker.crashed")
+            if not self._stopping.wait(RESTART_DELAY):
+                log.info("ml2.worker.restarting")
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        client = await EtcdClient.connect(self._etcd, check=False)
+        self._client = client
+        try:
+            forwarder = Forwarder(
+                client, self._journal, self._forwarder_settings, self._on_leadership
+            )
+            feedback = Feedback(
+                client,
+                self._cache,
+                self._sink,
+                lambda: forwarder.is_leader,
+                self._state_prefix,
+            )
+            self._forwarder = forwarder
+            self._feedback = feedback
+            async with asyncio.TaskGroup() as group:
+                group.create_task(feedback.run())
+                group.create_task(forwarder.run())
+        finally:
+            self._forwarder = None
+            self._client = None
+            await client.close()
+
+    def _on_leadership(self, leader: bool) -> None:
+        log.info("ml2.worker.leadership", leader=leader)
+        if leader and self._feedback is not None and self._cache.synced.is_set():
+            # Whatever the previous leader left undone is redone from the full picture.
+            task = asyncio.get_running_loop().create_task(self._feedback.resync())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+
+def _log_kick_failure(future: concurrent.futures.Future[int]) -> None:
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        log.warning("ml2.kick.failed", error=str(exc))

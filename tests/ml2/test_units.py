@@ -1,0 +1,137 @@
+"""Pure logic of the ml2 side: wire values, host cache, binding decision, batching."""
+
+from __future__ import annotations
+
+import pytest
+
+from podwire import keys
+from podwire.errors import ValidationError
+from podwire.ml2 import values
+from podwire.ml2.binding import Binding, Decline, Segment, decide
+from podwire.ml2.forwarder import batch_ops
+from podwire.ml2.host_cache import Change, HostCache
+from podwire.ml2.journal import Entry
+
+HOST = "node-1"
+
+
+def fed_cache(**extra: bytes) -> HostCache:
+    cache = HostCache()
+    cache.apply("put", keys.state_alive(HOST), values.alive_value(1.0, "0.1.0"))
+    cache.apply("put", keys.state_physnet(HOST, "physnet1"), values.physnet_value("eth1"))
+    cache.apply("put", keys.state_vtep(HOST), values.vtep_value("192.0.2.10"))
+    for key, raw in extra.items():
+        cache.apply("put", key, raw)
+    return cache
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"not json", b"[1]", b'{"v": 2, "interface": "eth1"}', b'{"v": true, "interface": "eth1"}',
+     b'{"v": 1}', b'{"v": 1, "interface": ""}'],
+)  # fmt: skip
+def test_bad_physnet_values_are_rejected(raw: bytes) -> None:
+    with pytest.raises(ValidationError):
+        values.parse_physnet(raw)
+
+
+def test_unknown_fields_are_ignored() -> None:
+    assert values.parse_vtep(b'{"v": 1, "ip": "192.0.2.1", "future": {"x": 1}}') == "192.0.2.1"
+    with pytest.raises(ValidationError):
+        values.parse_vtep(b'{"v": 1, "ip": "not-an-ip"}')
+
+
+def test_desired_port_encoding_is_stable_and_parseable() -> None:
+    port = values.DesiredPort(
+        "p1", "n1", "fa:16:3e:00:00:01", 1450, "vxlan", None, 1001, "veth", {},
+        (values.FixedIp("10.0.0.5", "s1", "10.0.0.0/24", "10.0.0.1"),), ("sg2", "sg1"),
+        "compute:podwire", "pod-1", values.TrunkInfo("parent", "vlan", 101),
+    )  # fmt: skip
+    decoded = values.parse_desired_port(port.encode())
+    assert decoded["v"] == 1 and decoded["mtu"] == 1450
+    assert decoded["fixed_ips"] == [
+        {
+            "ip_address": "10.0.0.5",
+            "subnet_id": "s1",
+            "cidr": "10.0.0.0/24",
+            "gateway_ip": "10.0.0.1",
+        }
+    ]
+    assert decoded["trunk"] == {
+        "parent_port_id": "parent", "segmentation_type": "vlan", "segmentation_id": 101
+    }  # fmt: skip
+    assert port.encode() == values.DesiredPort(**port.__dict__).encode()
+
+
+def test_cache_tracks_hosts_and_reports_changes() -> None:
+    cache = fed_cache()
+    state = cache.get(HOST)
+    assert state.alive and state.physnets == {"physnet1": "eth1"} and state.vtep == "192.0.2.10"
+    port_key = keys.state_port(HOST, "port-1")
+    assert cache.apply("put", port_key, values.port_state_value(2.0)) == [
+        Change("port_wired", HOST, "port-1")
+    ]
+    assert cache.wired_ports() == [(HOST, "port-1")]
+    assert cache.apply("delete", keys.state_alive(HOST), b"") == [Change("host_down", HOST)]
+    assert not cache.get(HOST).alive and cache.dead_hosts() == [HOST]
+    assert cache.apply("delete", port_key, b"") == [Change("port_unwired", HOST, "port-1")]
+    assert cache.apply("delete", port_key, b"") == []
+
+
+def test_cache_treats_malformed_values_as_absent() -> None:
+    cache = fed_cache()
+    assert cache.apply("put", keys.state_physnet(HOST, "physnet1"), b"{bad") == []
+    assert cache.get(HOST).physnets == {}
+    assert cache.apply("put", keys.state_alive(HOST), b'{"v": 9}') == [Change("host_down", HOST)]
+    assert cache.apply("put", keys.state_port(HOST, "p"), b'{"v": 1, "wired_at": "x"}') == []
+    assert cache.wired_ports() == []
+    assert cache.apply("put", "/podwire/state/nodes/h/unknown/x", b"{}") == []
+    assert cache.get("never-seen").alive is False
+
+
+FLAT = Segment("seg-flat", "flat", "physnet1", None)
+VXLAN = Segment("seg-vx", "vxlan", None, 1001)
+
+
+def test_binding_needs_an_alive_host_serving_the_segment() -> None:
+    state = fed_cache().get(HOST)
+    bound = decide("normal", "compute:podwire", "p", [FLAT], state, "/run/vhu")
+    assert bound == Binding(FLAT, "veth", {})
+    other_physnet = Segment("s2", "vlan", "physnet9", 100)
+    assert isinstance(
+        decide("normal", "compute:podwire", "p", [other_physnet], state, "/"), Decline
+    )
+    assert isinstance(decide("direct", "compute:podwire", "p", [FLAT], state, "/"), Decline)
+    assert isinstance(
+        decide("normal", "compute:podwire", "p", [FLAT], HostCache().get(HOST), "/"), Decline
+    )
+
+    no_vtep = HostCache()
+    no_vtep.apply("put", keys.state_alive(HOST), values.alive_value(1.0, "x"))
+    assert isinstance(decide("normal", "", "p", [VXLAN], no_vtep.get(HOST), "/"), Decline)
+    assert decide("normal", "", "p", [other_physnet, VXLAN], state, "/") == Binding(
+        VXLAN, "tap", {}
+    )
+
+
+def test_vif_type_follows_owner_and_capabilities() -> None:
+    caps = values.capabilities_value(["veth", "tap", "vhostuser"], ["flat", "vxlan"])
+    state = fed_cache(**{keys.state_capabilities(HOST): caps}).get(HOST)
+    assert decide("normal", "network:dhcp", "p", [FLAT], state, "/d") == Binding(FLAT, "tap", {})
+    assert decide("normal", "trunk:subport", "p", [FLAT], state, "/d") == Binding(FLAT, "veth", {})
+    vm = decide("normal", "compute:nova", "abc", [FLAT], state, "/d/")
+    assert vm == Binding(
+        FLAT, "vhostuser", {"vhostuser_socket": "/d/pw-abc", "vhostuser_mode": "server"}
+    )
+    vlan = Segment("s3", "vlan", "physnet1", 100)
+    assert isinstance(decide("normal", "compute:podwire", "p", [vlan], state, "/d"), Decline)
+    tap_only = values.capabilities_value(["tap"], ["flat"])
+    limited = fed_cache(**{keys.state_capabilities(HOST): tap_only}).get(HOST)
+    assert isinstance(decide("normal", "compute:podwire", "p", [FLAT], limited, "/d"), Decline)
+
+
+def test_batch_keeps_the_last_change_per_key() -> None:
+    rows = [Entry(1, "/a", "1"), Entry(2, "/b", "1"), Entry(3, "/a", None), Entry(4, "/a", "3")]
+    ops = batch_ops(rows)
+    described = [(op.message.request_put.key, op.message.request_put.value) for op in ops]
+    assert described == [(b"/b", b"1"), (b"/a", b"3")]
