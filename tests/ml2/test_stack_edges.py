@@ -1,0 +1,123 @@
+"""ml2 behaviours at the edges: trunks, compaction under feedback, deletes racing binds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from podwire.etcd.client import EtcdClient
+from podwire.ml2.journal import SqlJournal
+from tests.ml2.conftest import port_binding
+from tests.scripted_agent import ScriptedAgent, bound_on, eventually
+
+pytestmark = pytest.mark.stack
+
+
+def vxlan_network(neutron: Any, project_id: str, cidr: str) -> Any:
+    network = neutron.network.create_network(name="ml2-edge", project_id=project_id)
+    neutron.network.create_subnet(
+        network_id=network.id, cidr=cidr, ip_version=4, project_id=project_id
+    )
+    return network
+
+
+async def status_is(neutron: Any, port_id: str, status: str) -> bool:
+    return bool(port_binding(neutron, port_id)[2] == status)
+
+
+async def test_trunk_subports_follow_the_parent_with_their_vlan(
+    neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent]
+) -> None:
+    node = agents()
+    await node.register()
+    network = vxlan_network(neutron, project_id, "10.41.0.0/24")
+    parent = await bound_on(neutron, network, project_id, node.host, device_owner="compute:nova")
+    child = neutron.network.create_port(network_id=network.id, project_id=project_id)
+    trunk = neutron.network.create_trunk(
+        port_id=parent.id,
+        project_id=project_id,
+        sub_ports=[{"port_id": child.id, "segmentation_type": "vlan", "segmentation_id": 123}],
+    )
+
+    async def subport_desired() -> dict[str, Any] | None:
+        return await node.desired(child.id)
+
+    desired = await eventually(subport_desired, "subport desired on the parent's host")
+    assert desired["trunk"] == {
+        "parent_port_id": parent.id,
+        "segmentation_type": "vlan",
+        "segmentation_id": 123,
+    }
+    assert desired["device_owner"] == "trunk:subport" and desired["vif_type"] == "veth"
+    assert neutron.network.get_trunk(trunk.id).status == "ACTIVE"
+    await node.wire(child.id)
+    await eventually(lambda: status_is(neutron, child.id, "ACTIVE"), "subport ACTIVE")
+
+
+async def test_compaction_while_feedback_is_behind(
+    neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent], etcd: EtcdClient
+) -> None:
+    """State written and compacted in a burst still ends with every port ACTIVE."""
+    node = agents()
+    await node.register()
+    network = vxlan_network(neutron, project_id, "10.42.0.0/24")
+    await bound_on(neutron, network, project_id, node.host)
+    body = {
+        "network_id": network.id,
+        "project_id": project_id,
+        "device_owner": "compute:podwire",
+        "binding_host_id": node.host,
+    }
+    ports = list(neutron.network.create_ports([body] * 6))
+    for port in ports:
+        await eventually(lambda port=port: node.desired(port.id), "desired key")
+    for port in ports:
+        await node.wire(port.id)
+        await node.unwire(port.id)
+        await node.wire(port.id)
+        await etcd.compact(await etcd.status())
+    for port in ports:
+        await eventually(lambda port=port: status_is(neutron, port.id, "ACTIVE"), "ACTIVE")
+
+
+async def test_port_deleted_while_its_bind_is_in_flight(
+    neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent], journal: SqlJournal
+) -> None:
+    """Whichever of bind and delete wins, no desired key is left behind for a gone port."""
+    node = agents()
+    await node.register()
+    network = vxlan_network(neutron, project_id, "10.43.0.0/24")
+    await bound_on(neutron, network, project_id, node.host)
+    ports = list(
+        neutron.network.create_ports([{"network_id": network.id, "project_id": project_id}] * 5)
+    )
+
+    def bind(port_id: str) -> None:
+        try:
+            neutron.network.update_port(port_id, binding_host_id=node.host)
+        except Exception as exc:
+            if "404" not in str(exc) and "not be found" not in str(exc):
+                raise
+
+    def delete(port_id: str) -> None:
+        neutron.network.delete_port(port_id)
+
+    await asyncio.gather(
+        *(asyncio.to_thread(bind, port.id) for port in ports),
+        *(asyncio.to_thread(delete, port.id) for port in ports),
+    )
+    assert not {p.id for p in neutron.network.ports(project_id=project_id)} & {p.id for p in ports}
+
+    async def drained() -> bool:
+        return await asyncio.to_thread(journal.count) == 0
+
+    await eventually(drained, "the forwarder drained every row of the race")
+
+    async def no_keys_left() -> bool:
+        found = [await node.desired(port.id) for port in ports]
+        return all(value is None for value in found)
+
+    await eventually(no_keys_left, "no desired key for deleted ports")
