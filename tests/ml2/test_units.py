@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from podwire import keys
-from podwire.errors import ValidationError
+from podwire.errors import RetryableError, ValidationError
+from podwire.ml2 import feedback as feedback_module
 from podwire.ml2 import values
 from podwire.ml2.binding import Binding, Decline, Segment, decide
+from podwire.ml2.feedback import Feedback
 from podwire.ml2.forwarder import batch_ops
 from podwire.ml2.host_cache import Change, HostCache
 from podwire.ml2.journal import Entry
@@ -135,3 +139,36 @@ def test_batch_keeps_the_last_change_per_key() -> None:
     ops = batch_ops(rows)
     described = [(op.message.request_put.key, op.message.request_put.value) for op in ops]
     assert described == [(b"/b", b"1"), (b"/a", b"3")]
+
+
+class FlakySink:
+    """Neutron that fails the first ``failures`` calls, as during an API restart."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.completed: list[str] = []
+
+    def port_wired(self, host: str, port_id: str) -> bool:
+        if self.failures:
+            self.failures -= 1
+            raise RetryableError("neutron is restarting")
+        self.completed.append(port_id)
+        return True
+
+    def port_unwired(self, host: str, port_id: str) -> bool:
+        return False
+
+    def host_down(self, host: str) -> int:
+        return 0
+
+
+async def test_feedback_retries_a_failed_neutron_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(feedback_module, "RETRY_INITIAL", 0.01)
+    sink = FlakySink(failures=2)
+    feedback = Feedback(None, fed_cache(), sink, is_active=lambda: True)  # type: ignore[arg-type]
+    await feedback._act([Change("port_wired", HOST, "port-1")])
+    assert sink.completed == []
+    async with asyncio.timeout(10):
+        while not sink.completed:
+            await asyncio.sleep(0.01)
+    assert sink.completed == ["port-1"] and sink.failures == 0

@@ -21,6 +21,9 @@ from podwire.ml2.mlog import get_logger
 
 log = get_logger(__name__)
 
+RETRY_INITIAL = 0.5
+RETRY_MAX = 30.0
+
 
 class PortStatusSink(Protocol):
     """Neutron as feedback sees it; blocking calls, run off the event loop."""
@@ -53,6 +56,7 @@ class Feedback:
         self._is_active = is_active
         self._prefix = prefix
         self._lock = asyncio.Lock()
+        self._retries: set[asyncio.Task[None]] = set()
         self.watcher: PrefixWatcher | None = None
 
     async def run(self) -> None:
@@ -83,7 +87,7 @@ class Feedback:
             for change in changes:
                 await self._act_one(change)
 
-    async def _act_one(self, change: Change) -> None:
+    async def _act_one(self, change: Change, attempt: int = 0) -> None:
         host, port = change.host, change.port_id
         try:
             if change.kind == "port_wired" and port is not None:
@@ -103,5 +107,22 @@ class Feedback:
                 for _host, wired in self._cache.wired_ports(host):
                     await self._act_one(Change("port_wired", host, wired))
         except RetryableError as exc:
-            # The next resync (leadership change, re-list) or state event repairs it.
-            log.error("ml2.feedback.neutron_failed", change=change.kind, host=host, error=str(exc))
+            delay = min(RETRY_INITIAL * 2**attempt, RETRY_MAX)
+            log.error(
+                "ml2.feedback.neutron_failed",
+                change=change.kind,
+                host=host,
+                port=port,
+                error=str(exc),
+                retry_in=delay,
+            )
+            task = asyncio.create_task(self._retry(change, attempt + 1, delay))
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+
+    async def _retry(self, change: Change, attempt: int, delay: float) -> None:
+        """Act again later; the sink re-reads the port, so a stale retry does no harm."""
+        await asyncio.sleep(delay)
+        if self._is_active():
+            async with self._lock:
+                await self._act_one(change, attempt)
