@@ -76,6 +76,11 @@ def election(name: str) -> str:
     return f"{ROOT}/election/{check_segment(name, 'election')}"
 
 
+def status(component: str) -> str:
+    """A component's self-reported status for ``podwire status`` (written by its leader)."""
+    return f"{ROOT}/status/{check_segment(component, 'component')}"
+
+
 def parse_state_key(key: str) -> tuple[str, str, str | None] | None:
     """Split a ``/podwire/state/nodes/<host>/<kind>[/<name>]`` key.
 

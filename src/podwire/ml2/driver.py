@@ -67,7 +67,14 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             poll_interval=self.conf.forwarder_poll_interval,
         )
         self.journal = journal.SqlJournal(cfg.CONF.database.connection)
-        self.worker = Worker(etcd, self.cache, self.journal, NeutronPortStatus(), forwarder)
+        self.worker = Worker(
+            etcd,
+            self.cache,
+            self.journal,
+            NeutronPortStatus(),
+            forwarder,
+            journal_depth=self.journal.depth,
+        )
         self.worker.start()
         if not self.cache.synced.wait(self.conf.startup_sync_timeout):
             log.warning("ml2.driver.host_state_not_synced", timeout=self.conf.startup_sync_timeout)

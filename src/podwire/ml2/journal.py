@@ -121,5 +121,18 @@ class SqlJournal:
         except sa_exc.SQLAlchemyError as exc:
             raise JournalUnavailable(f"journal count failed: {exc}") from exc
 
+    def depth(self) -> tuple[int, float]:
+        """Rows waiting and the age in seconds of the oldest one (0 when empty)."""
+        query = sa.select(sa.func.count(), sa.func.min(self._table.c.created_at))
+        try:
+            with self._engine.connect() as conn:
+                count, oldest = conn.execute(query).one()
+        except sa_exc.SQLAlchemyError as exc:
+            raise JournalUnavailable(f"journal depth failed: {exc}") from exc
+        if not count or oldest is None:
+            return 0, 0.0
+        now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+        return int(count), max(0.0, (now - oldest).total_seconds())
+
     def close(self) -> None:
         self._engine.dispose()

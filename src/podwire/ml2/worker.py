@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Callable
 
 from podwire import keys
 from podwire.config import EtcdSettings
@@ -19,6 +20,7 @@ from podwire.ml2.feedback import Feedback, PortStatusSink
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings, Journal
 from podwire.ml2.host_cache import HostCache
 from podwire.ml2.mlog import get_logger
+from podwire.ml2.status import publish_forever
 
 log = get_logger(__name__)
 
@@ -34,7 +36,9 @@ class Worker:
         sink: PortStatusSink,
         forwarder_settings: ForwarderSettings,
         state_prefix: str = keys.state_prefix(),
+        journal_depth: Callable[[], tuple[int, float]] | None = None,
     ) -> None:
+        self._journal_depth = journal_depth
         self._etcd = etcd
         self._cache = cache
         self._journal = journal
@@ -103,6 +107,11 @@ class Worker:
             async with asyncio.TaskGroup() as group:
                 group.create_task(feedback.run())
                 group.create_task(forwarder.run())
+                if self._journal_depth is not None:
+                    identity = self._forwarder_settings.identity
+                    group.create_task(
+                        publish_forever(client, identity, forwarder, feedback, self._journal_depth)
+                    )
         finally:
             self._forwarder = None
             self._client = None

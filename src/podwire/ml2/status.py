@@ -1,0 +1,61 @@
+"""The active ml2 worker's report for ``podwire status``: journal depth, lag, feedback revision.
+
+Only the elected worker publishes, every few seconds; a reader treats a report older than a
+few intervals as "no forwarder is running", which is exactly what an operator needs to see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+from podwire import keys
+from podwire.errors import RetryableError
+from podwire.etcd.client import EtcdClient
+from podwire.ml2.feedback import Feedback
+from podwire.ml2.forwarder import Forwarder
+from podwire.ml2.mlog import get_logger
+
+log = get_logger(__name__)
+
+STATUS_KEY = keys.status("ml2")
+INTERVAL = 2.0
+
+
+def report(
+    identity: str, forwarder: Forwarder, feedback: Feedback, depth: tuple[int, float]
+) -> bytes:
+    watcher = feedback.watcher
+    return json.dumps(
+        {
+            "v": 1,
+            "forwarder": identity,
+            "journal_depth": depth[0],
+            "journal_lag_seconds": round(depth[1], 3),
+            "sent_rows": forwarder.sent_rows,
+            "feedback_revision": watcher.revision if watcher else 0,
+            "feedback_relists": watcher.relists if watcher else 0,
+            "updated_at": round(time.time(), 3),
+        }
+    ).encode()
+
+
+async def publish_forever(
+    client: EtcdClient,
+    identity: str,
+    forwarder: Forwarder,
+    feedback: Feedback,
+    depth: Callable[[], tuple[int, float]],
+    interval: float = INTERVAL,
+) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        if not forwarder.is_leader:
+            continue
+        try:
+            measured = await asyncio.to_thread(depth)
+            await client.put(STATUS_KEY, report(identity, forwarder, feedback, measured))
+        except RetryableError as exc:
+            log.warning("ml2.status.publish_failed", error=str(exc))

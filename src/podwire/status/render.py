@@ -1,0 +1,48 @@
+"""The one-screen text form of a status report."""
+
+from __future__ import annotations
+
+from podwire.status.report import Report
+
+
+def render(report: Report) -> str:
+    lines = [_etcd_line(report)]
+    if report.etcd.get("state") == "ok":
+        leaders = [f"  {name:11} {who or '(none)'}" for name, who in report.leaders.items()]
+        lines += ["", "NODES", *_node_lines(report), "", "ML2", *_ml2_lines(report)]
+        lines += ["", "LEADERS", *leaders]
+    problems = [f"  - {problem}" for problem in report.problems] or ["  none"]
+    lines += ["", "PROBLEMS", *problems]
+    return "\n".join(lines)
+
+
+def _etcd_line(report: Report) -> str:
+    if report.etcd.get("state") == "ok":
+        return f"etcd: ok (revision {report.etcd['revision']})"
+    return f"etcd: UNREACHABLE ({report.etcd.get('error', '')})"
+
+
+def _node_lines(report: Report) -> list[str]:
+    if not report.nodes:
+        return ["  (no node has registered)"]
+    lines = [f"  {'host':24} {'alive':5}  {'vtep':15}  {'physnets':24} ports wired/desired"]
+    for node in report.nodes:
+        physnets = ",".join(f"{k}={v}" for k, v in sorted(node.physnets.items())) or "-"
+        lines.append(
+            f"  {node.host:24} {'yes' if node.alive else 'NO':5}  {node.vtep or '-':15}"
+            f"  {physnets:24} {node.ports_wired}/{node.ports_desired}"
+        )
+    return lines
+
+
+def _ml2_lines(report: Report) -> list[str]:
+    ml2 = report.ml2
+    if ml2.get("state") in ("no report", "unreadable report"):
+        return [f"  forwarder: {ml2['state']}"]
+    return [
+        f"  forwarder {ml2.get('forwarder')} ({ml2['state']}, {ml2.get('age_seconds')} s ago):"
+        f" journal {ml2.get('journal_depth')} rows, lag {ml2.get('journal_lag_seconds')} s,"
+        f" {ml2.get('sent_rows')} rows sent",
+        f"  feedback at revision {ml2.get('feedback_revision')},"
+        f" {ml2.get('feedback_relists')} re-lists",
+    ]

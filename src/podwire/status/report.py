@@ -1,0 +1,86 @@
+"""Gathers every part's state into one report; a part that cannot be read says why."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from podwire import keys
+from podwire.config import Settings
+from podwire.errors import PodwireError
+from podwire.etcd.client import EtcdClient
+from podwire.status.nodes import NodeStatus, collect_leaders, collect_nodes
+
+STALE_AFTER = 10.0  # seconds: a component report older than this means it is not running
+
+
+@dataclass
+class Report:
+    etcd: dict[str, Any] = field(default_factory=dict)
+    nodes: list[NodeStatus] = field(default_factory=list)
+    leaders: dict[str, str | None] = field(default_factory=dict)
+    ml2: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def component_report(etcd: EtcdClient, component: str) -> dict[str, Any]:
+    kv = await etcd.get(keys.status(component))
+    if kv is None:
+        return {"state": "no report"}
+    try:
+        value = json.loads(kv.value)
+    except ValueError:
+        return {"state": "unreadable report"}
+    if not isinstance(value, dict) or value.get("v") != 1:
+        return {"state": "unreadable report"}
+    age = time.time() - float(value.get("updated_at", 0))
+    value["state"] = "stale" if age > STALE_AFTER else "ok"
+    value["age_seconds"] = round(age, 1)
+    return value
+
+
+async def collect(settings: Settings) -> Report:
+    report = Report()
+    try:
+        etcd = await EtcdClient.connect(settings.etcd)
+    except PodwireError as exc:
+        report.etcd = {"state": "unreachable", "error": str(exc)}
+        report.problems.append(f"etcd unreachable: {exc}")
+        return report
+    async with etcd:
+        report.etcd = {"state": "ok", "revision": await etcd.status()}
+        report.nodes = await collect_nodes(etcd)
+        report.leaders = await collect_leaders(etcd, ("forwarder", "controller"))
+        report.ml2 = await component_report(etcd, "ml2")
+    report.problems += _problems(report)
+    return report
+
+
+def _problems(report: Report) -> list[str]:
+    problems = [f"node {n.host} is not alive" for n in report.nodes if not n.alive]
+    problems += [
+        f"node {n.host}: {n.ports_desired - n.ports_wired} desired ports not wired"
+        for n in report.nodes
+        if n.alive and n.ports_wired < n.ports_desired
+    ]
+    problems += [
+        f"node {n.host}: {n.bad_values} unreadable state values"
+        for n in report.nodes
+        if n.bad_values
+    ]
+    if report.leaders.get("forwarder") is None:
+        problems.append(
+            "no forwarder is elected: is neutron-server with the podwire driver running?"
+        )
+    if report.ml2.get("state") == "stale":
+        problems.append("the ml2 forwarder report is stale")
+    if report.ml2.get("journal_depth", 0) and report.ml2.get("journal_lag_seconds", 0) > 30:
+        problems.append(
+            f"journal lag {report.ml2['journal_lag_seconds']} s: is etcd refusing writes?"
+        )
+    return problems
