@@ -17,7 +17,14 @@ from typing import Any
 from bench.stats import render
 from podwire.stack.client import start_background, stop_background
 
-SECTIONS = ["etcd_bench", "neutron_bench", "ml2_bench", "stack_bench", "deviceplugin_bench"]
+SECTIONS = [
+    "etcd_bench",
+    "neutron_bench",
+    "ml2_bench",
+    "controller_bench",
+    "stack_bench",
+    "deviceplugin_bench",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

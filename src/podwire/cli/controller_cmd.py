@@ -1,17 +1,38 @@
-"""``podwire controller``: not built yet; the subcommand exists so its module can grow in place."""
+"""``podwire controller --config FILE``: the pool controller (VIF API, admin API, pools)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 
-from podwire.errors import PermanentError
+from podwire.config import Settings, load_settings
+from podwire.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("controller", help="(not built yet)")
+    parser = subparsers.add_parser("controller", help="run the port pool controller")
     parser.add_argument("--config", required=True)
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    raise PermanentError("podwire controller is not built yet")
+    from podwire.log import setup_logging
+
+    settings = load_settings(args.config)
+    if not settings.controller.admin_token or not settings.controller.node_tokens:
+        raise ConfigError("controller.admin_token and controller.node_tokens are required")
+    setup_logging(settings.log)
+    asyncio.run(_serve(settings))
+    return 0
+
+
+async def _serve(settings: Settings) -> None:
+    from podwire.controller.app import Controller
+    from podwire.etcd.client import EtcdClient
+    from podwire.neutron.client import connect
+
+    etcd = await EtcdClient.connect(settings.etcd)
+    try:
+        await Controller(settings, etcd, connect(settings.neutron)).run()
+    finally:
+        await etcd.close()

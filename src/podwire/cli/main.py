@@ -18,12 +18,20 @@ Handler = Callable[[argparse.Namespace], int]
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so that `podwire --version` does not pay for every subsystem.
-    from podwire.cli import agent_cmd, controller_cmd, deviceplugin_cmd, stack_cmd, status_cmd
+    from podwire.cli import (
+        agent_cmd,
+        controller_cmd,
+        deviceplugin_cmd,
+        pools_cmd,
+        stack_cmd,
+        status_cmd,
+    )
 
     parser = argparse.ArgumentParser(prog="podwire", description=__doc__)
     parser.add_argument("--version", action="version", version=f"podwire {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (stack_cmd, status_cmd, controller_cmd, agent_cmd, deviceplugin_cmd):
+    modules = (stack_cmd, status_cmd, controller_cmd, pools_cmd, agent_cmd, deviceplugin_cmd)
+    for module in modules:
         module.register(subparsers)
     return parser
 

@@ -157,3 +157,11 @@ class NeutronClient:
     @_translated("list trunk subports")
     def trunk_subports(self, trunk_id: str) -> list[dict[str, Any]]:
         return list(self._network.get_trunk_subports(trunk_id)["sub_ports"])
+
+    @_translated("list networks")
+    def list_networks(self, **filters: Any) -> list[Any]:
+        return list(self._network.networks(**filters))
+
+    @_translated("list trunks")
+    def list_trunks(self, **filters: Any) -> list[Any]:
+        return list(self._network.trunks(**filters))

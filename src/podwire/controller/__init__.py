@@ -1,0 +1,1 @@
+"""The pool controller: pre-created, pre-bound Neutron ports handed out without a Neutron call."""

@@ -1,0 +1,207 @@
+"""The controller's HTTP face: VIF API (node tokens), admin API (admin token), OpenAPI, ops.
+
+Errors leave as JSON ``{"error": ...}`` with one status per error kind; retryable ones carry
+``"retryable": true`` and ``Retry-After`` so agents back off (and may try another controller).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from podwire import __version__
+from podwire.config import ControllerSettings
+from podwire.controller import openapi, validate
+from podwire.controller.errors import Forbidden, Unauthorized, UnknownResource
+from podwire.controller.pools import PoolKey
+from podwire.controller.service import PoolService
+from podwire.errors import PermanentError, PodwireError, ValidationError
+from podwire.log import get_logger
+from podwire.neutron.client import NeutronNotFound, NeutronRequestError
+from podwire.service.ops_http import ReadyCheck, add_ops_routes
+
+log = get_logger(__name__)
+
+MAX_BODY = 64 * 1024
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _status(exc: PodwireError) -> int:
+    if exc.retryable:
+        return 503
+    for kind, status in (
+        (Unauthorized, 401),
+        (Forbidden, 403),
+        (UnknownResource, 404),
+        (NeutronNotFound, 404),
+        (ValidationError, 400),
+    ):
+        if isinstance(exc, kind):
+            return status
+    if isinstance(exc, NeutronRequestError):
+        return exc.status if 400 <= exc.status < 500 else 400
+    return 400 if isinstance(exc, PermanentError) else 500
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except PodwireError as exc:
+        status = _status(exc)
+        body: dict[str, Any] = {"error": str(exc)}
+        headers = {}
+        if exc.retryable:
+            body["retryable"] = True
+            headers["Retry-After"] = "1"
+        return web.json_response(body, status=status, headers=headers)
+
+
+class Tokens:
+    """Who a bearer token belongs to; comparisons are constant-time."""
+
+    def __init__(self, settings: ControllerSettings) -> None:
+        self._admin = settings.admin_token
+        self._nodes = dict(settings.node_tokens)
+
+    @staticmethod
+    def _bearer(request: web.Request) -> str:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("missing bearer token")
+        return token
+
+    def check_admin(self, request: web.Request) -> None:
+        token = self._bearer(request)
+        if not self._admin or not hmac.compare_digest(token, self._admin):
+            raise Unauthorized("not the admin token")
+
+    def check_node(self, request: web.Request, node: str) -> None:
+        token = self._bearer(request)
+        owner = next((n for n, t in self._nodes.items() if hmac.compare_digest(token, t)), None)
+        if owner is None:
+            raise Unauthorized("unknown token")
+        if owner != node:
+            raise Forbidden(f"this token belongs to node {owner!r}, not {node!r}")
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except ValueError as exc:
+        raise ValidationError("body: not valid JSON") from exc
+
+
+def _pool_json(service: PoolService, key: PoolKey) -> dict[str, Any]:
+    return {
+        "key": key.to_json(),
+        "size": service.pools.size(key),
+        "waiting": service.pools.waiting(key),
+        "groups": [
+            {"security_groups": list(sgs), "ports": ports}
+            for sgs, ports in service.pools.groups(key)
+        ],
+    }
+
+
+class ControllerApi:
+    def __init__(
+        self, service: PoolService, settings: ControllerSettings, ready: ReadyCheck, registry: Any
+    ) -> None:
+        self.service = service
+        self.tokens = Tokens(settings)
+        self.app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+        add_ops_routes(self.app, ready, registry)
+        routes = [
+            web.post("/v1/nodes/{node}/vifs", self.request_vif),
+            web.get("/v1/nodes/{node}/vifs", self.list_vifs),
+            web.delete("/v1/nodes/{node}/vifs/{attachment}", self.release_vif),
+            web.get("/v1/pools", self.list_pools),
+            web.get("/v1/pools/{node}/{project_id}/{network_id}", self.show_pool),
+            web.post("/v1/pools/populate", self.populate),
+            web.post("/v1/pools/free", self.free),
+            web.delete("/v1/networks/{network_id}/pools", self.delete_network),
+            web.delete("/v1/security-groups/{sg_id}/pools", self.remove_sg),
+            web.get("/openapi.json", self.openapi),
+        ]
+        self.app.add_routes(routes)
+
+    def _node(self, request: web.Request) -> str:
+        node = validate.segment(request.match_info["node"], "node")
+        self.tokens.check_node(request, node)
+        return node
+
+    async def request_vif(self, request: web.Request) -> web.Response:
+        node = self._node(request)
+        body = validate.vif_request(await _json(request))
+        vif = await self.service.request(node, body)
+        return web.json_response({"vif": vif.to_json()})
+
+    async def release_vif(self, request: web.Request) -> web.Response:
+        node = self._node(request)
+        attachment = validate.segment(request.match_info["attachment"], "attachment")
+        await self.service.release(node, attachment)
+        return web.Response(status=204)
+
+    async def list_vifs(self, request: web.Request) -> web.Response:
+        node = self._node(request)
+        vifs = self.service.node_attachments(node)
+        return web.json_response({"attachments": {a: v.to_json() for a, v in vifs.items()}})
+
+    async def list_pools(self, request: web.Request) -> web.Response:
+        self.tokens.check_admin(request)
+        pools = [_pool_json(self.service, key) for key in self.service.pools.pool_keys()]
+        return web.json_response({"pools": pools})
+
+    async def show_pool(self, request: web.Request) -> web.Response:
+        self.tokens.check_admin(request)
+        info = request.match_info
+        key = PoolKey(
+            validate.segment(info["node"], "node"),
+            validate.ident(info["project_id"], "project_id"),
+            validate.ident(info["network_id"], "network_id"),
+        )
+        if key not in self.service.pools.pool_keys():
+            raise UnknownResource(f"no pool {key.to_json()}")
+        return web.json_response(_pool_json(self.service, key))
+
+    async def populate(self, request: web.Request) -> web.Response:
+        self.tokens.check_admin(request)
+        body = validate.object_body(
+            await _json(request), {"nodes", "network", "project_id", "security_groups", "count"}
+        )
+        nodes = validate.nodes(body.get("nodes"))
+        count = validate.count(body.get("count"))
+        created = await self.service.populate(
+            nodes,
+            validate.ref(body.get("network"), "network"),
+            validate.optional_ident(body.get("project_id"), "project_id"),
+            validate.security_groups(body.get("security_groups")),
+            count,
+        )
+        return web.json_response({"created": created})
+
+    async def free(self, request: web.Request) -> web.Response:
+        self.tokens.check_admin(request)
+        body = validate.object_body(await _json(request), {"nodes"})
+        freed = await self.service.free_nodes(validate.nodes(body.get("nodes")))
+        return web.json_response({"freed": freed})
+
+    async def delete_network(self, request: web.Request) -> web.Response:
+        self.tokens.check_admin(request)
+        network_id = validate.ident(request.match_info["network_id"], "network_id")
+        return web.json_response({"freed": await self.service.delete_network_pools(network_id)})
+
+    async def remove_sg(self, request: web.Request) -> web.Response:
+        self.tokens.check_admin(request)
+        sg_id = validate.ident(request.match_info["sg_id"], "sg_id")
+        network = validate.optional_ident(request.query.get("network_id"), "network_id")
+        moved = await self.service.remove_security_group(sg_id, network)
+        return web.json_response({"moved": moved})
+
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.json_response(openapi.document(__version__))

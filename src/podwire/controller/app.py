@@ -1,0 +1,124 @@
+"""Wires a controller together and runs it: HTTP first (not ready), then leadership, recovery,
+and the periodic recycler and node sweeper, all in one TaskGroup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from podwire.config import Settings
+from podwire.controller.api import ControllerApi
+from podwire.controller.drivers import BaremetalDriver, NodeDrivers, NoopDriver, PortDriver
+from podwire.controller.inuse import InUseStore
+from podwire.controller.leader import Leadership
+from podwire.controller.metrics import ControllerMetrics
+from podwire.controller.nested import NestedDriver, VlanAllocator
+from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.pools import Pools
+from podwire.controller.recovery import recover
+from podwire.controller.recycler import recycle_once
+from podwire.controller.service import PoolService
+from podwire.controller.sweeper import NodeSweeper
+from podwire.errors import PodwireError
+from podwire.etcd.client import EtcdClient
+from podwire.log import get_logger
+from podwire.neutron.client import NeutronClient
+
+log = get_logger(__name__)
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: Settings,
+        etcd: EtcdClient,
+        neutron: NeutronClient,
+        identity: str | None = None,
+        election_ttl: int = 10,
+    ) -> None:
+        self.settings = settings
+        self.etcd = etcd
+        self.metrics = ControllerMetrics()
+        self.leadership = Leadership(
+            etcd, identity or f"{socket.gethostname()}:{os.getpid()}", election_ttl
+        )
+        self.neutron = NeutronOps(neutron, self.metrics)
+        port_debug = settings.pool.port_debug
+        self.nested = NestedDriver(self.neutron, port_debug, VlanAllocator())
+        drivers: dict[str, PortDriver] = {
+            "neutron": BaremetalDriver(self.neutron, port_debug),
+            "nested": self.nested,
+            "noop": NoopDriver(self.neutron, port_debug),
+        }
+        self.service = PoolService(
+            settings.pool,
+            Pools(),
+            self.neutron,
+            NodeDrivers(etcd, drivers, settings.pool.default_driver),
+            InUseStore(etcd, self.leadership.fence),
+            self.metrics,
+        )
+        self.sweeper = NodeSweeper(self.service, etcd)
+        self.api = ControllerApi(
+            self.service, settings.controller, self.ready, self.metrics.registry
+        )
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def ready(self) -> tuple[bool, str]:
+        if self.service.serving:
+            return True, "leader, pools recovered"
+        return False, "standby or recovering"
+
+    async def start_http(self) -> None:
+        host, _, port = self.settings.controller.listen.rpartition(":")
+        self._runner = web.AppRunner(self.api.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, int(port))
+        await site.start()
+        server = getattr(site, "_server", None)
+        self.port = int(server.sockets[0].getsockname()[1]) if server else int(port)
+        log.info("controller.listening", host=host, port=self.port)
+
+    async def run(self) -> None:
+        """Serve until cancelled or leadership is lost (then raise, so a supervisor restarts)."""
+        await self.start_http()
+        try:
+            await self.leadership.campaign()
+            await recover(self.service, self.nested)
+            self.service.serving = True
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.leadership.hold())
+                group.create_task(self._every(self.settings.pool.update_interval, self._recycle))
+                group.create_task(
+                    self._every(self.settings.pool.node_cleanup_interval, self.sweeper.sweep_once)
+                )
+        finally:
+            self.service.serving = False
+            await self.stop()
+
+    async def _recycle(self) -> object:
+        return await recycle_once(self.service, self.settings.pool)
+
+    @staticmethod
+    async def _every(interval: float, job: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await job()
+            except PodwireError as exc:
+                log.warning("controller.periodic_failed", job=job.__name__, error=str(exc))
+
+    async def stop(self) -> None:
+        await self.service.drain()
+        with contextlib.suppress(PodwireError):
+            await self.leadership.resign()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,149 @@
+"""How ports are made for a node: baremetal (bound to the node), nested (trunk subports), noop.
+
+Each node gets one driver, chosen from its registration (the optional ``pod_driver`` field of
+its capabilities key) or the configured default; a mapping then names the pool behaviour that
+serves that pod driver, as operators may want e.g. nested pods without pooling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from podwire import keys
+from podwire.controller.netinfo import NetworkInfo, port_to_vif
+from podwire.controller.neutron_ops import DEVICE_OWNER, NeutronOps
+from podwire.controller.pools import PoolKey, SgKey
+from podwire.etcd.client import EtcdClient
+from podwire.log import get_logger
+from podwire.vif import Vif
+
+log = get_logger(__name__)
+
+POD_DRIVERS = ("baremetal", "nested", "noop")
+DEFAULT_POOL_FOR_DRIVER: Mapping[str, str] = {
+    "baremetal": "neutron",
+    "nested": "nested",
+    "noop": "noop",
+}
+AVAILABLE_NAME = "available-port"
+
+
+class PortDriver(Protocol):
+    """Makes and removes the ports of one node kind; ``pooled`` says whether they are reused."""
+
+    name: str
+    pooled: bool
+
+    async def create(
+        self, key: PoolKey, sgs: SgKey, count: int, network: NetworkInfo
+    ) -> list[Vif]: ...
+
+    async def delete(self, key: PoolKey, vifs: list[Vif]) -> None: ...
+
+
+def port_bodies(
+    key: PoolKey, sgs: SgKey, count: int, port_debug: bool, host: bool = True
+) -> list[dict[str, Any]]:
+    body: dict[str, Any] = {
+        "network_id": key.network_id,
+        "project_id": key.project_id,
+        "device_owner": DEVICE_OWNER,
+        "security_group_ids": list(sgs),
+        "name": AVAILABLE_NAME if port_debug else "",
+    }
+    if host:
+        body["binding_host_id"] = key.node
+    return [dict(body) for _ in range(count)]
+
+
+async def delete_ports(neutron: NeutronOps, port_ids: list[str], concurrency: int = 10) -> None:
+    """Delete concurrently; the first failure is raised after every deletion was tried."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(port_id: str) -> None:
+        async with gate:
+            await neutron.delete_port(port_id)
+
+    results = await asyncio.gather(*(one(p) for p in port_ids), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+class BaremetalDriver:
+    """Ports bound to the node itself (``binding:host_id``), so they are wired when handed out."""
+
+    name = "baremetal"
+    pooled = True
+
+    def __init__(self, neutron: NeutronOps, port_debug: bool) -> None:
+        self._neutron = neutron
+        self._port_debug = port_debug
+
+    async def create(self, key: PoolKey, sgs: SgKey, count: int, network: NetworkInfo) -> list[Vif]:
+        ports = await self._neutron.create_ports(port_bodies(key, sgs, count, self._port_debug))
+        return [port_to_vif(port, network) for port in ports]
+
+    async def delete(self, key: PoolKey, vifs: list[Vif]) -> None:
+        await delete_ports(self._neutron, [v.port_id for v in vifs])
+
+
+class NoopDriver(BaremetalDriver):
+    """One port created per request and deleted on release: the baseline pools are measured by."""
+
+    name = "noop"
+    pooled = False
+
+
+class NodeDrivers:
+    """Resolves a node's driver once (an etcd read) and remembers it."""
+
+    def __init__(
+        self,
+        etcd: EtcdClient,
+        drivers: Mapping[str, PortDriver],
+        default_driver: str,
+        pool_for_driver: Mapping[str, str] = DEFAULT_POOL_FOR_DRIVER,
+    ) -> None:
+        self._etcd = etcd
+        self._drivers = drivers
+        self._default = default_driver
+        self._pool_for_driver = pool_for_driver
+        self._nodes: dict[str, PortDriver] = {}
+
+    def cached(self, node: str) -> PortDriver | None:
+        return self._nodes.get(node)
+
+    def all(self) -> list[PortDriver]:
+        return list(self._drivers.values())
+
+    def by_name(self, name: str) -> PortDriver:
+        return self._drivers[name]
+
+    async def for_node(self, node: str) -> PortDriver:
+        driver = self._nodes.get(node)
+        if driver is None:
+            pod_driver = await self._registered_driver(node)
+            driver = self._drivers[self._pool_for_driver.get(pod_driver, "neutron")]
+            self._nodes[node] = driver
+        return driver
+
+    def forget(self, node: str) -> None:
+        self._nodes.pop(node, None)
+
+    async def _registered_driver(self, node: str) -> str:
+        kv = await self._etcd.get(keys.state_capabilities(node))
+        if kv is None:
+            return self._default
+        try:
+            value = json.loads(kv.value)
+            name = value.get("pod_driver", self._default) if isinstance(value, dict) else None
+        except ValueError:
+            name = None
+        if name not in POD_DRIVERS:
+            log.warning("controller.node.bad_driver", node=node, value=kv.value[:200])
+            return self._default
+        return str(name)

@@ -1,0 +1,119 @@
+"""In-use attachments in etcd (``/podwire/vifs/<node>/<attachment>``), written in groups.
+
+The record is what tells a restarted (or newly elected) controller that a port belongs to a
+pod and must not go back to a pool. Writes are coalesced: every write waiting while one etcd
+transaction is in flight goes into the next one, so a burst of requests costs a few round
+trips instead of one each. Each transaction is fenced by the leader key, so a deposed leader
+cannot record anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from podwire import keys
+from podwire.controller.pools import PoolKey
+from podwire.errors import NotLeader, ValidationError
+from podwire.etcd.client import Compare, EtcdClient, Op, delete_op, put_op
+from podwire.log import get_logger
+from podwire.vif import Vif
+
+log = get_logger(__name__)
+
+MAX_TXN_OPS = 100  # etcd's default limit is 128 operations per transaction
+
+
+@dataclass(frozen=True)
+class InUse:
+    node: str
+    attachment: str
+    key: PoolKey
+    vif: Vif
+
+    def encode(self) -> bytes:
+        body = {
+            "v": 1,
+            "port_id": self.vif.port_id,
+            "project_id": self.key.project_id,
+            "network_id": self.key.network_id,
+            "vif": self.vif.to_json(),
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def parse_record(etcd_key: str, raw: bytes) -> InUse:
+    """Rebuild a record from etcd; raises ValidationError for anything malformed."""
+    prefix = keys.vifs_prefix()
+    parts = etcd_key[len(prefix) :].split("/") if etcd_key.startswith(prefix) else []
+    if len(parts) != 2:
+        raise ValidationError(f"{etcd_key}: not a /podwire/vifs/<node>/<attachment> key")
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{etcd_key}: not JSON") from exc
+    if not isinstance(value, dict) or value.get("v") != 1:
+        raise ValidationError(f"{etcd_key}: unsupported value")
+    vif = Vif.from_json(value.get("vif"))
+    project, network = value.get("project_id"), value.get("network_id")
+    if not isinstance(project, str) or network != vif.network_id:
+        raise ValidationError(f"{etcd_key}: project or network missing")
+    return InUse(parts[0], parts[1], PoolKey(parts[0], project, vif.network_id), vif)
+
+
+class InUseStore:
+    def __init__(self, etcd: EtcdClient, fence: Callable[[], Sequence[Compare]]) -> None:
+        self._etcd = etcd
+        self._fence = fence
+        self._queue: list[tuple[Op, asyncio.Future[None]]] = []
+        self._flushing = False
+
+    async def load(self) -> tuple[list[InUse], int]:
+        """Every parseable record (bad ones are logged and skipped) and how many were bad."""
+        items, _ = await self._etcd.get_prefix(keys.vifs_prefix())
+        records, bad = [], 0
+        for kv in items:
+            try:
+                records.append(parse_record(kv.key, kv.value))
+            except ValidationError as exc:
+                bad += 1
+                log.warning("controller.inuse.bad_record", key=kv.key, error=str(exc))
+        return records, bad
+
+    async def put(self, record: InUse) -> None:
+        await self._submit(put_op(keys.vif(record.node, record.attachment), record.encode()))
+
+    async def delete(self, node: str, attachment: str) -> None:
+        await self._submit(delete_op(keys.vif(node, attachment)))
+
+    async def _submit(self, op: Op) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((op, done))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.create_task(self._flush())  # noqa: RUF006 - it finishes every future it takes
+        await done
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                chunk, self._queue = self._queue[:MAX_TXN_OPS], self._queue[MAX_TXN_OPS:]
+                await self._commit(chunk)
+        finally:
+            self._flushing = False
+
+    async def _commit(self, chunk: list[tuple[Op, asyncio.Future[None]]]) -> None:
+        try:
+            held, _ = await self._etcd.txn(self._fence(), [op for op, _ in chunk])
+            error: BaseException | None = None if held else NotLeader("leadership lost")
+        except Exception as exc:  # handed to every waiting caller, who re-raises it
+            error = exc
+        for _, done in chunk:
+            if done.done():
+                continue
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)

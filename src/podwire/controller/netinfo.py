@@ -1,0 +1,83 @@
+"""What a VIF needs besides the port: the network's MTU/type and its subnets' CIDR/gateway.
+
+Looked up once per network and cached, so building a VIF for a pooled port costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from podwire.errors import ValidationError
+from podwire.vif import FixedIp, Vif
+
+
+@dataclass(frozen=True)
+class Subnet:
+    id: str
+    cidr: str
+    gateway_ip: str | None
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    id: str
+    project_id: str
+    shared: bool
+    mtu: int
+    network_type: str
+    segmentation_id: int | None
+    subnets: dict[str, Subnet]
+
+    @classmethod
+    def from_neutron(cls, network: Any, subnets: list[Any]) -> NetworkInfo:
+        return cls(
+            id=str(network.id),
+            project_id=str(network.project_id or ""),
+            shared=bool(getattr(network, "is_shared", False)),
+            mtu=int(network.mtu or 1500),
+            network_type=str(getattr(network, "provider_network_type", None) or "vxlan"),
+            segmentation_id=_opt_int(getattr(network, "provider_segmentation_id", None)),
+            subnets={
+                str(s.id): Subnet(str(s.id), str(s.cidr), s.gateway_ip or None) for s in subnets
+            },
+        )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def port_to_vif(port: Any, network: NetworkInfo, vlan_id: int | None = None) -> Vif:
+    """Build the agent's VIF from a Neutron port; rejects a port on a subnet we do not know."""
+    fixed_ips = []
+    for item in port.fixed_ips or []:
+        subnet = network.subnets.get(item["subnet_id"])
+        if subnet is None:
+            raise ValidationError(
+                f"port {port.id}: subnet {item['subnet_id']} is not on its network"
+            )
+        fixed_ips.append(FixedIp(item["ip_address"], subnet.id, subnet.cidr, subnet.gateway_ip))
+    vif_type = str(getattr(port, "binding_vif_type", None) or "veth")
+    return Vif(
+        port_id=str(port.id),
+        network_id=network.id,
+        project_id=str(port.project_id),
+        mac_address=str(port.mac_address).lower(),
+        mtu=network.mtu,
+        fixed_ips=fixed_ips,
+        network_type=network.network_type,
+        segmentation_id=network.segmentation_id,
+        vif_type=vif_type if vif_type not in ("unbound", "binding_failed") else "veth",
+        security_groups=sorted(port.security_group_ids or []),
+        vlan_id=vlan_id,
+    )
+
+
+def is_bound(port: Any) -> bool:
+    return bool(port.binding_host_id) and port.binding_vif_type not in (
+        None,
+        "",
+        "unbound",
+        "binding_failed",
+    )

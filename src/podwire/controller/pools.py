@@ -1,0 +1,224 @@
+"""In-memory pools of ready ports: pure, synchronous bookkeeping with no I/O.
+
+Everything that talks to Neutron or etcd lives elsewhere; this module only decides *which*
+port goes where, so its rules (exact SG match first, reuse of the least recently refreshed
+group, first-come-first-served waiters, recyclable ports, max size) can be unit tested exactly.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from podwire.vif import Vif
+
+SgKey = tuple[str, ...]
+
+
+class PoolKey(NamedTuple):
+    node: str
+    project_id: str
+    network_id: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"node": self.node, "project_id": self.project_id, "network_id": self.network_id}
+
+
+def sg_key(security_groups: Iterable[str]) -> SgKey:
+    """The group a port belongs to: order and duplicates of SG ids must not matter."""
+    return tuple(sorted(set(security_groups)))
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A port leaving a pool; ``sg_update`` is set when its SGs must be changed first."""
+
+    vif: Vif
+    key: PoolKey
+    wanted: SgKey
+    sg_update: bool
+
+
+@dataclass
+class Waiter:
+    """A request that found its pool empty; served in arrival order when ports arrive."""
+
+    wanted: SgKey
+    deliver: Callable[[Taken], None]
+    cancelled: bool = False
+
+
+@dataclass
+class _Pool:
+    groups: OrderedDict[SgKey, list[str]] = field(default_factory=OrderedDict)
+    waiters: deque[Waiter] = field(default_factory=deque)
+
+    def size(self) -> int:
+        return sum(len(ports) for ports in self.groups.values())
+
+
+class Pools:
+    """All pools of one controller. Ports are known by id; their VIF is kept with them."""
+
+    def __init__(self) -> None:
+        self._pools: dict[PoolKey, _Pool] = {}
+        self._vifs: dict[str, Vif] = {}
+        self._owner: dict[str, PoolKey] = {}
+        self._recyclable: dict[str, PoolKey] = {}
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def pool_keys(self) -> list[PoolKey]:
+        return list(self._pools)
+
+    def size(self, key: PoolKey) -> int:
+        pool = self._pools.get(key)
+        return pool.size() if pool else 0
+
+    def waiting(self, key: PoolKey) -> int:
+        pool = self._pools.get(key)
+        return sum(not w.cancelled for w in pool.waiters) if pool else 0
+
+    def groups(self, key: PoolKey) -> list[tuple[SgKey, list[str]]]:
+        """The SG groups, least recently refreshed first (the order reuse picks from)."""
+        pool = self._pools.get(key)
+        return [(sgs, list(ports)) for sgs, ports in pool.groups.items()] if pool else []
+
+    def vif(self, port_id: str) -> Vif | None:
+        return self._vifs.get(port_id)
+
+    def recyclable(self) -> dict[str, PoolKey]:
+        return dict(self._recyclable)
+
+    def known(self, port_id: str) -> bool:
+        return port_id in self._vifs
+
+    # --- taking ----------------------------------------------------------------------------
+
+    def take(self, key: PoolKey, wanted: SgKey) -> Taken | None:
+        """A port for ``wanted``: exact group first, else another group's oldest-refreshed one.
+
+        Returns None when the pool is empty or earlier requests are still waiting (they go
+        first, so a newcomer never overtakes them).
+        """
+        pool = self._pools.get(key)
+        if pool is None or self._has_waiters(pool):
+            return None
+        return self._pop(key, pool, wanted)
+
+    def wait(self, key: PoolKey, waiter: Waiter) -> None:
+        self._pools.setdefault(key, _Pool()).waiters.append(waiter)
+
+    def _has_waiters(self, pool: _Pool) -> bool:
+        while pool.waiters and pool.waiters[0].cancelled:
+            pool.waiters.popleft()
+        return bool(pool.waiters)
+
+    def _pop(self, key: PoolKey, pool: _Pool, wanted: SgKey) -> Taken | None:
+        ports = pool.groups.get(wanted)
+        if ports:
+            return self._taken(ports.pop(), key, wanted, sg_update=False)
+        for sgs, others in pool.groups.items():
+            if others and sgs != wanted:
+                return self._taken(others.pop(0), key, wanted, sg_update=True)
+        return None
+
+    def _taken(self, port_id: str, key: PoolKey, wanted: SgKey, sg_update: bool) -> Taken:
+        self._owner.pop(port_id, None)
+        return Taken(self._vifs[port_id], key, wanted, sg_update)
+
+    # --- adding ----------------------------------------------------------------------------
+
+    def add(self, key: PoolKey, vifs: Iterable[Vif], oldest: bool = False) -> int:
+        """Put ports into their SG groups, then hand them to waiters in arrival order.
+
+        The receiving group becomes the most recently refreshed, unless ``oldest`` (ports that
+        should be reused first, e.g. stripped of a removed SG). Returns how many stayed pooled.
+        """
+        pool = self._pools.setdefault(key, _Pool())
+        for vif in vifs:
+            group = sg_key(vif.security_groups)
+            self._vifs[vif.port_id] = vif
+            self._owner[vif.port_id] = key
+            pool.groups.setdefault(group, []).append(vif.port_id)
+            pool.groups.move_to_end(group, last=not oldest)
+        self._serve_waiters(key, pool)
+        return pool.size()
+
+    def _serve_waiters(self, key: PoolKey, pool: _Pool) -> None:
+        while self._has_waiters(pool):
+            taken = self._pop(key, pool, pool.waiters[0].wanted)
+            if taken is None:
+                return
+            pool.waiters.popleft().deliver(taken)
+
+    # --- releasing, recycling, removing -----------------------------------------------------
+
+    def adopt(self, key: PoolKey, vif: Vif) -> None:
+        """Remember a port that is in use (recovered) so its release can be recycled."""
+        self._vifs[vif.port_id] = vif
+
+    def release(self, key: PoolKey, port_id: str) -> None:
+        if port_id in self._vifs:
+            self._recyclable[port_id] = key
+
+    def finish_recycle(self, port_id: str) -> None:
+        self._recyclable.pop(port_id, None)
+
+    def forget(self, port_id: str) -> None:
+        """Drop every trace of a port (it was deleted in Neutron or handed to noop)."""
+        self._recyclable.pop(port_id, None)
+        self._vifs.pop(port_id, None)
+        key = self._owner.pop(port_id, None)
+        pool = self._pools.get(key) if key else None
+        if pool is None:
+            return
+        for sgs, ports in list(pool.groups.items()):
+            if port_id in ports:
+                ports.remove(port_id)
+            if not ports:
+                del pool.groups[sgs]
+
+    def remove_key(self, key: PoolKey) -> list[Vif]:
+        """Empty one pool completely; returns its ports (the caller deletes them)."""
+        pool = self._pools.pop(key, None)
+        if pool is None:
+            return []
+        for waiter in pool.waiters:
+            waiter.cancelled = True
+        port_ids = [p for ports in pool.groups.values() for p in ports]
+        port_ids += [p for p, k in self._recyclable.items() if k == key]
+        vifs = [self._vifs[p] for p in port_ids if p in self._vifs]
+        for port_id in port_ids:
+            self.forget(port_id)
+        return vifs
+
+    def strip_sg(self, sg_id: str, network_id: str | None) -> list[Vif]:
+        """Move ports of groups containing ``sg_id`` to the no-SG group, to be reused first.
+
+        Returns the moved ports; the caller clears their SGs in Neutron.
+        """
+        moved: list[Vif] = []
+        for key, pool in self._pools.items():
+            if network_id is not None and key.network_id != network_id:
+                continue
+            for sgs in [s for s in pool.groups if sg_id in s]:
+                for port_id in pool.groups.pop(sgs):
+                    vif = _with_sgs(self._vifs[port_id], [])
+                    self._vifs[port_id] = vif
+                    moved.append(vif)
+                    pool.groups.setdefault((), []).append(port_id)
+            if () in pool.groups:
+                pool.groups.move_to_end((), last=False)
+        return moved
+
+
+def _with_sgs(vif: Vif, security_groups: list[str]) -> Vif:
+    return replace(vif, security_groups=list(security_groups))
+
+
+def with_sgs(vif: Vif, security_groups: Iterable[str]) -> Vif:
+    """The same VIF carrying another SG set (after a re-SG in Neutron)."""
+    return _with_sgs(vif, list(sg_key(security_groups)))

@@ -1,0 +1,103 @@
+"""Filling pools: one refill at a time per pool, bulk creates in batches, bounded globally.
+
+Neutron creates ports slowly (~100+ ms each), so a refill asks for a whole batch per bulk
+request and several batches at once, but never more than ``bulk_concurrency`` bulk requests
+in flight across all pools, so a burst on many nodes cannot overload Neutron.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+from podwire.config import PoolSettings
+from podwire.controller.drivers import PortDriver
+from podwire.controller.errors import PoolNotReady
+from podwire.controller.metrics import ControllerMetrics
+from podwire.controller.netinfo import NetworkInfo
+from podwire.controller.pools import PoolKey, Pools, SgKey
+from podwire.log import get_logger
+from podwire.vif import Vif
+
+log = get_logger(__name__)
+
+
+def refill_count(size: int, waiting: int, settings: PoolSettings) -> int:
+    """How many ports to create so the pool reaches ``min`` after serving who is waiting."""
+    target = settings.min + waiting
+    if size >= target:
+        return 0
+    count = max(settings.batch, target - size)
+    if settings.max:
+        count = min(count, max(settings.max - size, waiting))
+    return count
+
+
+def batches(count: int, batch: int) -> list[int]:
+    return [min(batch, count - start) for start in range(0, count, batch)]
+
+
+class Refiller:
+    def __init__(self, pools: Pools, settings: PoolSettings, metrics: ControllerMetrics) -> None:
+        self._pools = pools
+        self._settings = settings
+        self._metrics = metrics
+        self._locks: defaultdict[PoolKey, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._gate = asyncio.Semaphore(settings.bulk_concurrency)
+
+    def busy(self, key: PoolKey) -> bool:
+        return self._locks[key].locked()
+
+    async def refill(
+        self,
+        key: PoolKey,
+        sgs: SgKey,
+        driver: PortDriver,
+        network: NetworkInfo,
+        count: int | None = None,
+    ) -> int:
+        """Top the pool up (or add exactly ``count``); returns how many ports were created."""
+        lock = self._locks[key]
+        try:
+            await asyncio.wait_for(lock.acquire(), self._settings.populate_timeout)
+        except TimeoutError as exc:
+            raise PoolNotReady(f"pool {key} is still being filled; retry later") from exc
+        try:
+            if count is None:
+                count = refill_count(
+                    self._pools.size(key), self._pools.waiting(key), self._settings
+                )
+            if count <= 0:
+                return 0
+            return await self._create(key, sgs, driver, network, count)
+        finally:
+            lock.release()
+
+    async def _create(
+        self, key: PoolKey, sgs: SgKey, driver: PortDriver, network: NetworkInfo, count: int
+    ) -> int:
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(
+                self._one_batch(key, sgs, driver, network, n)
+                for n in batches(count, self._settings.batch)
+            ),
+            return_exceptions=True,
+        )
+        created = sum(len(r) for r in results if isinstance(r, list))
+        self._metrics.refill_seconds.observe(time.monotonic() - started)
+        self._metrics.pool_size.labels(*key).set(self._pools.size(key))
+        log.info("pool.refilled", key=key, created=created, wanted=count)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return created
+
+    async def _one_batch(
+        self, key: PoolKey, sgs: SgKey, driver: PortDriver, network: NetworkInfo, count: int
+    ) -> list[Vif]:
+        async with self._gate:
+            vifs = await driver.create(key, sgs, count, network)
+        self._pools.add(key, vifs)
+        return vifs

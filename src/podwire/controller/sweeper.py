@@ -1,0 +1,61 @@
+"""Removed-node cleanup: pools of nodes that stopped reporting alive are freed, with a grace.
+
+A node is only freed when it was found dead on two consecutive passes, and an unbound port of
+ours only deleted when seen unbound twice: a node restarting, or a port being created right
+now, must not lose its ports to one unlucky pass.
+"""
+
+from __future__ import annotations
+
+from podwire import keys
+from podwire.controller.netinfo import is_bound
+from podwire.controller.neutron_ops import DEVICE_OWNER
+from podwire.controller.service import PoolService
+from podwire.etcd.client import EtcdClient
+from podwire.log import get_logger
+
+log = get_logger(__name__)
+
+
+class NodeSweeper:
+    def __init__(self, service: PoolService, etcd: EtcdClient) -> None:
+        self._service = service
+        self._etcd = etcd
+        self._dead_before: set[str] = set()
+        self._unbound_before: set[str] = set()
+
+    async def alive_nodes(self) -> set[str]:
+        items, _ = await self._etcd.get_prefix(f"{keys.ROOT}/state/nodes/")
+        alive = set()
+        for kv in items:
+            parsed = keys.parse_state_key(kv.key)
+            if parsed is not None and parsed[1] == "alive":
+                alive.add(parsed[0])
+        return alive
+
+    async def sweep_once(self) -> tuple[set[str], int]:
+        """One pass; returns the nodes freed and the unbound ports deleted."""
+        alive = await self.alive_nodes()
+        pool_nodes = {key.node for key in self._service.pools.pool_keys()}
+        dead = pool_nodes - alive
+        freeing = dead & self._dead_before
+        self._dead_before = dead - freeing
+        if freeing:
+            await self._service.free_nodes(freeing)
+            for node in freeing:
+                self._service.drivers.forget(node)
+            log.info("controller.nodes_removed", nodes=sorted(freeing))
+        return freeing, await self._sweep_unbound()
+
+    async def _sweep_unbound(self) -> int:
+        ports = await self._service.neutron.list_ports(device_owner=DEVICE_OWNER)
+        unbound = {
+            str(p.id) for p in ports if not is_bound(p) and not self._service.pools.known(str(p.id))
+        }
+        doomed = unbound & self._unbound_before
+        self._unbound_before = unbound - doomed
+        for port_id in doomed:
+            await self._service.neutron.delete_port(port_id)
+        if doomed:
+            log.info("controller.unbound_ports_deleted", count=len(doomed))
+        return len(doomed)
