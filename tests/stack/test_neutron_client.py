@@ -32,6 +32,13 @@ def test_bulk_create_list_and_errors(neutron_endpoint: str, neutron: Any, projec
         client.get_port(str(uuid.uuid4()))
     with pytest.raises(NeutronRequestError, match="HTTP 400"):
         client.create_ports([{"network_id": "not-a-network", "project_id": project_id}])
+    summaries = {p.id: p for p in client.list_port_summaries(project_id=project_id)}
+    for port in created:
+        summary = summaries[port.id]
+        assert (summary.mac_address, summary.network_id) == (port.mac_address, network.id)
+        assert summary.fixed_ips == port.fixed_ips
+        assert summary.security_group_ids == port.security_group_ids
+        assert (summary.binding_host_id, summary.project_id) == ("", project_id)
     client.delete_port(created[0].id)
     client.delete_port(created[0].id)  # idempotent
 

@@ -15,7 +15,7 @@ from podwire.controller.errors import UnknownResource
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netinfo import NetworkInfo
 from podwire.errors import PodwireError
-from podwire.neutron.client import NeutronClient
+from podwire.neutron.client import NeutronClient, PortSummary
 
 T = TypeVar("T")
 DEVICE_OWNER = "compute:podwire"
@@ -96,6 +96,9 @@ class NeutronOps:
 
     async def list_ports(self, **filters: Any) -> list[Any]:
         return await self._call("list_ports", self._client.list_ports, **filters)
+
+    async def list_port_summaries(self, **filters: str) -> list[PortSummary]:
+        return await self._call("list_ports", self._client.list_port_summaries, **filters)
 
     async def list_trunks(self, **filters: Any) -> list[Any]:
         return await self._call("list_trunks", self._client.list_trunks, **filters)

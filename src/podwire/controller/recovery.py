@@ -42,7 +42,7 @@ async def recover(service: PoolService, nested: NestedDriver | None) -> Recovery
         service.attachments[(record.node, record.attachment)] = record
         service.pools.adopt(record.key, record.vif)
     report.in_use = len(records)
-    ports = await service.neutron.list_ports(device_owner=DEVICE_OWNER)
+    ports = await service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
     free = [p for p in ports if str(p.id) not in in_use]
     leftovers = [str(p.id) for p in free if not is_bound(p)]
     await delete_ports(service.neutron, leftovers)
@@ -93,6 +93,6 @@ async def _recover_subports(service: PoolService, nested: NestedDriver, in_use: 
             node_of[str(sub["port_id"])] = str(trunk.name)
     if not vlans:
         return 0
-    ports = await service.neutron.list_ports(device_owner=SUBPORT_OWNER)
+    ports = await service.neutron.list_port_summaries(device_owner=SUBPORT_OWNER)
     free = [p for p in ports if str(p.id) in vlans and str(p.id) not in in_use]
     return await _pool_ports(free, service, lambda p: node_of[str(p.id)], vlans)

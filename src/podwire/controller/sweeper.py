@@ -48,7 +48,7 @@ class NodeSweeper:
         return freeing, await self._sweep_unbound()
 
     async def _sweep_unbound(self) -> int:
-        ports = await self._service.neutron.list_ports(device_owner=DEVICE_OWNER)
+        ports = await self._service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
         unbound = {
             str(p.id) for p in ports if not is_bound(p) and not self._service.pools.known(str(p.id))
         }
