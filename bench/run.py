@@ -22,6 +22,7 @@ SECTIONS = [
     "neutron_bench",
     "ml2_bench",
     "controller_bench",
+    "cni_bench",
     "stack_bench",
     "deviceplugin_bench",
 ]

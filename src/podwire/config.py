@@ -109,8 +109,30 @@ class AgentSettings:
     heartbeat_ttl: int = 30
     host_netns: str = ""
     dataplane: str = "linux"
+    # Where CNI ADD gets a pod's port: "controller" (the VIF API, pools) or "neutron" (the agent
+    # creates and deletes one Neutron port per attachment itself; needs [neutron]).
+    vif_source: str = "controller"
+    # HOST:PORT for /healthz, /readyz, /metrics; empty: no ops endpoint.
+    ops_listen: str = ""
+    # Seconds an ADD may wait for a VIF and for the binder to wire its port.
+    cni_timeout: float = 60.0
+    # Seconds between a pod's last DEL and releasing its device-plugin grant (a sandbox
+    # re-creation ADDs again within this time and keeps the grant).
+    pod_release_grace: float = 30.0
+    # Nested mode (the node is a VM on a Neutron trunk): pods whose VIF carries a vlan_id get a
+    # VLAN sub-interface of this uplink. Empty: not nested.
+    nested_uplink: str = ""
 
     def validate(self) -> None:
+        if self.vif_source not in ("controller", "neutron"):
+            raise ConfigError("agent.vif_source: must be 'controller' or 'neutron'")
+        if self.ops_listen:
+            _check_host_port(self.ops_listen, "agent.ops_listen")
+        _check_positive(self.cni_timeout, "agent.cni_timeout")
+        if self.pod_release_grace < 0:
+            raise ConfigError("agent.pod_release_grace: must be 0 or more")
+        if self.host_netns and ("/" in self.host_netns or self.host_netns in (".", "..")):
+            raise ConfigError("agent.host_netns: must be a name from 'ip netns list'")
         if self.host:
             _check_name(self.host, "agent.host")
         _check_url(self.controller_url, "agent.controller_url")

@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Imported here so that `podwire --version` does not pay for every subsystem.
     from podwire.cli import (
         agent_cmd,
+        cni_cmd,
         controller_cmd,
         deviceplugin_cmd,
         pools_cmd,
@@ -30,7 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="podwire", description=__doc__)
     parser.add_argument("--version", action="version", version=f"podwire {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = (stack_cmd, status_cmd, controller_cmd, pools_cmd, agent_cmd, deviceplugin_cmd)
+    modules = (
+        stack_cmd,
+        status_cmd,
+        controller_cmd,
+        pools_cmd,
+        agent_cmd,
+        cni_cmd,
+        deviceplugin_cmd,
+    )
     for module in modules:
         module.register(subparsers)
     return parser

@@ -1,0 +1,316 @@
+"""CNI ADD/DEL wall time, exec to exit: podwire vs Debian's ``bridge`` + ``host-local``.
+
+Both run in the same simulated host namespace in the same run. podwire is measured on its warm
+path: ports are pre-created, pre-bound and their desired keys already in etcd (pools are not
+wired to the agent yet), so ADD measures the agent's work only, not Neutron. Every plugin is
+exec'd from a thread that sits in the host namespace, so the reference plugins create their
+bridge there without paying for ``ip netns exec``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.stats import row
+from podwire import keys
+from podwire.agent.service import Agent
+from podwire.agent.vifsource import VifRequest
+from podwire.config import AgentSettings, EtcdSettings, Settings
+from podwire.etcd import EtcdClient
+from podwire.stack.client import neutron_connection
+from podwire.vif import FixedIp, Vif
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / ".venv" / "bin" / "podwire-cni"
+REFERENCE_DIR = Path("/usr/lib/cni")
+BURST = 30
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class PrebuiltVifs:
+    """A VIF source over ports created before the clock starts (what a warm pool hands out)."""
+
+    def __init__(self, vifs: list[Vif]) -> None:
+        self._free = list(vifs)
+        self._used: dict[str, Vif] = {}
+
+    async def request(self, req: VifRequest, deadline: float) -> Vif:
+        if req.attachment not in self._used:
+            self._used[req.attachment] = self._free.pop()
+        return self._used[req.attachment]
+
+    async def release(self, attachment: str, vif: Vif | None) -> None:
+        taken = self._used.pop(attachment, None)
+        if taken is not None:
+            self._free.append(taken)
+
+    async def healthy(self) -> tuple[bool, str]:
+        return True, "prebuilt"
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True)
+
+
+class HostThreadRunner:
+    """Execs plugins from a thread that has entered the host namespace (children inherit it)."""
+
+    def __init__(self, host_ns: str, threads: int) -> None:
+        self._ns = host_ns
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads, initializer=self._enter)
+
+    def _enter(self) -> None:
+        fd = os.open(f"/run/netns/{self._ns}", os.O_RDONLY)
+        try:
+            if _libc.setns(fd, 0x40000000) != 0:
+                raise OSError(ctypes.get_errno(), "setns")
+        finally:
+            os.close(fd)
+
+    def timed(self, binary: Path, env: dict[str, str], conf: dict[str, Any]) -> float:
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [str(binary)], input=json.dumps(conf).encode(), env=env, capture_output=True
+        )
+        elapsed = (time.perf_counter() - started) * 1000
+        if proc.returncode != 0:
+            raise RuntimeError(f"{binary.name} {env['CNI_COMMAND']}: {proc.stdout!r}")
+        return elapsed
+
+    def many(self, jobs: list[tuple[Path, dict[str, str], dict[str, Any]]]) -> list[float]:
+        futures = [self.pool.submit(self.timed, *job) for job in jobs]
+        return [f.result() for f in futures]
+
+
+def _env(command: str, cid: str, pod: str, ifname: str) -> dict[str, str]:
+    return {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": f"/run/netns/{pod}",
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": str(REFERENCE_DIR),
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+
+
+def _prepare_ports(conn: Any, project: str, host: str, count: int) -> tuple[Any, list[Any]]:
+    network = conn.network.create_network(name="pw-bench-cni", project_id=project)
+    subnet = conn.network.create_subnet(
+        network_id=network.id, cidr="10.66.0.0/22", ip_version=4, project_id=project
+    )
+    bodies = [
+        {
+            "network_id": network.id,
+            "project_id": project,
+            "device_owner": "compute:podwire",
+            "binding_host_id": host,
+        }
+        for _ in range(count)
+    ]
+    ports = list(conn.network.create_ports(bodies))
+    return (network, subnet), ports
+
+
+def _vif(port: Any, network: Any, subnet: Any) -> Vif:
+    fixed = [
+        FixedIp(ip["ip_address"], subnet.id, subnet.cidr, subnet.gateway_ip)
+        for ip in port.fixed_ips
+    ]
+    return Vif(
+        port.id,
+        network.id,
+        port.project_id,
+        port.mac_address,
+        network.mtu,
+        fixed,
+        segmentation_id=network.provider_segmentation_id,
+    )
+
+
+def _desired(vif: Vif, network: Any) -> bytes:
+    return json.dumps(
+        {
+            "v": 1,
+            "port_id": vif.port_id,
+            "network_id": vif.network_id,
+            "mac_address": vif.mac_address,
+            "mtu": vif.mtu,
+            "network_type": "vxlan",
+            "physnet": None,
+            "segmentation_id": network.provider_segmentation_id,
+            "vif_type": "veth",
+            "vif_details": {},
+            "fixed_ips": [vars(ip) for ip in vif.fixed_ips],
+            "security_groups": [],
+            "device_owner": "compute:podwire",
+            "device_id": "",
+            "trunk": None,
+        }
+    ).encode()
+
+
+class AgentThread:
+    """The agent on its own loop in its own thread, as it would run as its own process."""
+
+    def __init__(self, settings: Settings, vifs: PrebuiltVifs) -> None:
+        self._agent = Agent(settings, vifs)
+        self._loop = asyncio.new_event_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._ready = threading.Event()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._task = self._loop.create_task(self._agent.run())
+        self._loop.create_task(self._signal())
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(self._task)
+
+    async def _signal(self) -> None:
+        await self._agent.parts.started.wait()
+        self._ready.set()
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._ready.wait(60):
+            raise RuntimeError("agent did not start")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(30)
+
+
+def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    tag = f"pwt-{uuid.uuid4().hex[:6]}"
+    host_ns, host = f"{tag}-h", f"{tag}-host"
+    pods = [f"{tag}-p{i}" for i in range(BURST)]
+    conn = neutron_connection(stack["neutron"])
+    project = uuid.uuid4().hex
+    created: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="pwb-cni-", dir="/tmp"))
+    agent: AgentThread | None = None
+    try:
+        for ns in [host_ns, *pods]:
+            _sh("ip", "netns", "add", ns)
+            created.append(ns)
+        _sh("ip", "netns", "exec", host_ns, "ip", "link", "set", "lo", "up")
+        (network, subnet), ports = _prepare_ports(conn, project, host, BURST)
+        vifs = [_vif(p, network, subnet) for p in ports]
+        asyncio.run(_publish(stack, host, vifs, network))
+        settings = Settings(
+            etcd=EtcdSettings(endpoints=[stack["etcd"]]),
+            agent=AgentSettings(
+                host=host,
+                cni_socket=str(work / "agent.sock"),
+                state_dir=str(work / "state"),
+                vtep_ip="192.0.2.1",
+                host_netns=host_ns,
+            ),
+        )
+        agent = AgentThread(settings, PrebuiltVifs(vifs))
+        agent.start()
+        runner = HostThreadRunner(host_ns, BURST)
+        return _measure(
+            runner, work, settings.agent.cni_socket, network.id, pods, min(samples, 100)
+        )
+    finally:
+        if agent is not None:
+            agent.stop()
+        asyncio.run(_unpublish(stack, host))
+        for port in conn.network.ports(project_id=project):
+            conn.network.delete_port(port)
+        for net in conn.network.networks(project_id=project):
+            conn.network.delete_network(net)
+        for ns in reversed(created):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+async def _publish(stack: dict[str, Any], host: str, vifs: list[Vif], network: Any) -> None:
+    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    try:
+        for vif in vifs:
+            await etcd.put(keys.node_port(host, vif.port_id), _desired(vif, network))
+    finally:
+        await etcd.close()
+
+
+async def _unpublish(stack: dict[str, Any], host: str) -> None:
+    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    try:
+        await etcd.delete_prefix(keys.node_ports_prefix(host))
+        await etcd.delete_prefix(keys.state_node_prefix(host))
+    finally:
+        await etcd.close()
+
+
+def _measure(
+    runner: HostThreadRunner, work: Path, socket: str, network: str, pods: list[str], samples: int
+) -> list[dict[str, Any]]:
+    ours_conf = {
+        "cniVersion": "1.0.0",
+        "name": "pw",
+        "type": "podwire",
+        "network": network,
+        "agentSocket": socket,
+    }
+    ref_conf = {
+        "cniVersion": "1.0.0",
+        "name": "ref",
+        "type": "bridge",
+        "bridge": "pwbref0",
+        "ipam": {"type": "host-local", "subnet": "10.99.0.0/16", "dataDir": str(work / "ipam")},
+    }
+    bridge = REFERENCE_DIR / "bridge"
+    times: dict[str, list[float]] = {k: [] for k in ("add", "del", "ref_add", "ref_del")}
+    burst: dict[str, list[float]] = {k: [] for k in times}
+    for i in range(samples):
+        pod, cid = pods[i % len(pods)], f"s{i}"
+        times["add"].append(runner.timed(PLUGIN, _env("ADD", cid, pod, "eth0"), ours_conf))
+        times["del"].append(runner.timed(PLUGIN, _env("DEL", cid, pod, "eth0"), ours_conf))
+        times["ref_add"].append(runner.timed(bridge, _env("ADD", cid, pod, "ref0"), ref_conf))
+        times["ref_del"].append(runner.timed(bridge, _env("DEL", cid, pod, "ref0"), ref_conf))
+    for round_ in range(max(1, samples // 30)):
+        for kind, binary, conf, ifname in (
+            ("", PLUGIN, ours_conf, "eth0"),
+            ("ref_", bridge, ref_conf, "ref0"),
+        ):
+            for verb in ("ADD", "DEL"):
+                jobs = [
+                    (binary, _env(verb, f"b{round_}-{j}", pod, ifname), conf)
+                    for j, pod in enumerate(pods)
+                ]
+                burst[f"{kind}{verb.lower()}"].extend(runner.many(jobs))
+    return [
+        row(
+            "cni ADD, warm port (podwire, C plugin)",
+            times["add"],
+            "bridge+host-local ADD",
+            times["ref_add"],
+        ),
+        row("cni DEL (podwire)", times["del"], "bridge+host-local DEL", times["ref_del"]),
+        row(
+            f"cni ADD, {BURST} at once (podwire)",
+            burst["add"],
+            f"bridge+host-local {BURST} at once",
+            burst["ref_add"],
+        ),
+        row(
+            f"cni DEL, {BURST} at once (podwire)",
+            burst["del"],
+            f"bridge+host-local {BURST} at once",
+            burst["ref_del"],
+        ),
+    ]

@@ -1,0 +1,202 @@
+"""Binder: desired ports in etcd -> shared plumbing in the kernel -> port state in etcd.
+
+One task consumes the list-then-watch of ``/podwire/nodes/<host>/ports/`` in order; kernel
+work goes to the host netlink workers. CNI ADDs wait here (``wait_wired``) until the port they
+were handed is wired, so a pod is never plugged into a bridge that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from podwire import keys
+from podwire.agent import metrics, plumbing
+from podwire.agent.desired import DesiredPort, parse_desired
+from podwire.agent.plumbing import NetworkPlan
+from podwire.errors import PermanentError, PodwireError, RetryableError
+from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch
+from podwire.log import get_logger
+from podwire.ml2 import values
+from podwire.netlink import HostNetlink
+
+log = get_logger(__name__)
+
+
+class PortNotWired(RetryableError):
+    """The port is not wired on this host (yet): the forwarder has not sent it, or it failed."""
+
+
+class PortNotWiredPermanent(PermanentError):
+    """The binder tried and failed for a reason retrying will not fix."""
+
+
+@dataclass(frozen=True)
+class BinderSettings:
+    host: str
+    vtep_ip: str
+    physnet_mappings: dict[str, str]
+    vlan_capable: bool
+    retry_interval: float = 5.0
+
+
+class Binder:
+    def __init__(self, etcd: EtcdClient, host_nl: HostNetlink, settings: BinderSettings) -> None:
+        self._etcd = etcd
+        self._nl = host_nl
+        self._settings = settings
+        self._desired: dict[str, bytes] = {}
+        self.wired: dict[str, DesiredPort] = {}
+        self.failed: dict[str, str] = {}
+        self._plans: dict[str, NetworkPlan] = {}  # network id -> plumbing ensured on the host
+        self._peers: set[str] = set()
+        self._kernel = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self.synced = asyncio.Event()
+
+    # -- running -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._follow())
+            tg.create_task(self._retry_failed())
+
+    async def _follow(self) -> None:
+        watcher = PrefixWatcher(self._etcd, keys.node_ports_prefix(self._settings.host))
+        first = True
+        async for batch in watcher.batches():
+            await self._apply(batch)
+            if first or batch.relisted:
+                await self._reconcile_leftovers()
+                first = False
+                self.synced.set()
+
+    async def _retry_failed(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.retry_interval)
+            for port_id in list(self.failed):
+                raw = self._desired.get(port_id)
+                if raw is not None:
+                    await self._bind(port_id, raw)
+
+    async def _apply(self, batch: WatchBatch) -> None:
+        prefix = keys.node_ports_prefix(self._settings.host)
+        for event in batch.events:
+            port_id = event.key[len(prefix) :]
+            if event.kind == "put":
+                self._desired[port_id] = event.value
+                await self._bind(port_id, event.value)
+            else:
+                self._desired.pop(port_id, None)
+                await self._unbind(port_id)
+
+    # -- binding -------------------------------------------------------------------------
+
+    async def _bind(self, port_id: str, raw: bytes) -> None:
+        try:
+            port = parse_desired(raw, port_id)
+            plan = plumbing.plan_network(
+                port,
+                self._settings.vtep_ip,
+                self._settings.physnet_mappings,
+                self._settings.vlan_capable,
+            )
+            await self._ensure_plan(plan)
+            await self._etcd.put(
+                keys.state_port(self._settings.host, port_id), values.port_state_value(time.time())
+            )
+        except PodwireError as exc:
+            log.warning("agent.port.not_wired", port=port_id, error=str(exc))
+            metrics.BIND_FAILURES.inc()
+            await self._set(port_id, None, str(exc))
+            return
+        log.info("agent.port.wired", port=port_id, network=port.network_id, bridge=plan.bridge)
+        metrics.PORTS_WIRED.inc()
+        await self._set(port_id, port, None)
+
+    async def _ensure_plan(self, plan: NetworkPlan) -> None:
+        if self._plans.get(plan.network_id) == plan:
+            return
+        async with self._kernel:
+            await self._nl.run(plumbing.ensure_network, plan, set(self._peers))
+            self._plans[plan.network_id] = plan
+
+    async def _unbind(self, port_id: str) -> None:
+        port = self.wired.get(port_id)
+        await self._set(port_id, None, None)
+        await self._etcd.delete(keys.state_port(self._settings.host, port_id))
+        log.info("agent.port.unwired", port=port_id)
+        if port is not None and not self._network_in_use(port.network_id):
+            await self._remove_network(port.network_id)
+
+    def _network_in_use(self, network_id: str) -> bool:
+        return any(p.network_id == network_id for p in self.wired.values())
+
+    async def _remove_network(self, network_id: str) -> None:
+        plan = self._plans.get(network_id)
+        if plan is None:
+            return
+        async with self._kernel:
+            removed = await self._nl.run(plumbing.remove_network, plan)
+            if removed:
+                self._plans.pop(network_id, None)
+        log.info("agent.network.removed" if removed else "agent.network.kept", bridge=plan.bridge)
+
+    async def _reconcile_leftovers(self) -> None:
+        """After a (re-)list: drop state keys and plumbing of ports that went away meanwhile."""
+        prefix = keys.state_node_prefix(self._settings.host) + "ports/"
+        items, _ = await self._etcd.get_prefix(prefix)
+        for kv in items:
+            port_id = kv.key[len(prefix) :]
+            if port_id not in self._desired:
+                await self._etcd.delete(kv.key)
+        keep = {plan.bridge for plan in self._plans.values()}
+        async with self._kernel:
+            removed = await self._nl.run(plumbing.sweep_unused, keep)
+        if removed:
+            log.info("agent.network.swept", bridges=removed)
+
+    async def _set(self, port_id: str, port: DesiredPort | None, error: str | None) -> None:
+        async with self._changed:
+            if port is None:
+                self.wired.pop(port_id, None)
+            else:
+                self.wired[port_id] = port
+            if error is None:
+                self.failed.pop(port_id, None)
+            else:
+                self.failed[port_id] = error
+            self._changed.notify_all()
+
+    # -- peers and waiting ---------------------------------------------------------------
+
+    async def set_peers(self, peers: set[str]) -> None:
+        """New flood list for every VXLAN network (called by the peer tracker)."""
+        async with self._kernel:
+            self._peers = set(peers)
+            for plan in list(self._plans.values()):
+                if plan.network_type == "vxlan" and plan.uplink:
+                    await self._nl.run(plumbing.sync_peers, plan.uplink, set(peers))
+
+    async def wait_wired(self, port_id: str, within: float) -> DesiredPort:
+        """The wired port, once it is; PortNotWired after ``within`` seconds."""
+
+        def ready() -> bool:
+            return port_id in self.wired or port_id in self.failed
+
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(ready), within)
+            except TimeoutError as exc:
+                raise PortNotWired(
+                    f"port {port_id} is not wired on host {self._settings.host} after"
+                    f" {within:.0f} s: its binding has not reached etcd (is the ml2 forwarder"
+                    " running?)"
+                ) from exc
+            if port_id in self.wired:
+                return self.wired[port_id]
+            raise PortNotWiredPermanent(f"port {port_id} cannot be wired: {self.failed[port_id]}")
+
+    def plan_for(self, network_id: str) -> NetworkPlan | None:
+        return self._plans.get(network_id)

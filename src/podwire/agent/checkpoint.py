@@ -1,0 +1,136 @@
+"""The agent's local record of pod attachments; it survives agent restarts.
+
+DEL must work after a restart (and with the pod's namespace gone), and a repeated ADD must
+return the same result, so every attachment is written here before ADD answers. Writes go to a
+temp file renamed over the old one: the file is always the old or the new state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from podwire.cni.result import Attached
+from podwire.errors import ConfigError, ValidationError
+from podwire.log import get_logger
+from podwire.vif import Vif
+
+log = get_logger(__name__)
+
+FILE_NAME = "cni-attachments.json"
+
+
+@dataclass(frozen=True)
+class Attachment:
+    attachment: str
+    container_id: str
+    ifname: str
+    network_name: str
+    netns: str
+    pod: dict[str, str] | None
+    vif: Vif
+    attached: Attached
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "container_id": self.container_id,
+            "ifname": self.ifname,
+            "network_name": self.network_name,
+            "netns": self.netns,
+            "pod": self.pod,
+            "vif": self.vif.to_json(),
+            "attached": self.attached.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, attachment: str, raw: Any) -> Attachment:
+        if not isinstance(raw, dict):
+            raise ValidationError(f"checkpoint entry {attachment}: expected an object")
+        try:
+            return cls(
+                attachment=attachment,
+                container_id=str(raw["container_id"]),
+                ifname=str(raw["ifname"]),
+                network_name=str(raw["network_name"]),
+                netns=str(raw["netns"]),
+                pod=raw.get("pod"),
+                vif=Vif.from_json(raw["vif"]),
+                attached=Attached.from_json(raw["attached"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValidationError(f"checkpoint entry {attachment}: {exc}") from exc
+
+
+class Checkpoint:
+    def __init__(self, state_dir: str) -> None:
+        self.path = Path(state_dir) / FILE_NAME
+        self.entries: dict[str, Attachment] = {}
+        self._lock = asyncio.Lock()
+        self._changes = 0  # bumped by every change
+        self._written = 0  # the change count the file on disk reflects
+
+    def load(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ConfigError(f"agent.state_dir: cannot read {self.path}: {exc}") from exc
+        try:
+            body = json.loads(text)
+            if not isinstance(body, dict) or body.get("v") != 1:
+                raise ValidationError("expected an object with v=1")
+            items = body.get("attachments", {})
+            if not isinstance(items, dict):
+                raise ValidationError("'attachments' must be an object")
+        except (ValueError, ValidationError) as exc:
+            raise ConfigError(
+                f"checkpoint {self.path} is damaged ({exc}); move it away to start empty"
+            ) from exc
+        for key, raw in items.items():
+            try:
+                self.entries[key] = Attachment.from_json(key, raw)
+            except ValidationError as exc:
+                log.error("agent.checkpoint.bad_entry", entry=key, error=str(exc))
+
+    def get(self, attachment: str) -> Attachment | None:
+        return self.entries.get(attachment)
+
+    async def put(self, entry: Attachment) -> None:
+        self.entries[entry.attachment] = entry
+        await self._persist()
+
+    async def remove(self, attachment: str) -> None:
+        if self.entries.pop(attachment, None) is not None:
+            await self._persist()
+
+    async def _persist(self) -> None:
+        """Return once the file holds this change. Group commit: changes made while a write
+        is in flight share the next write, so a burst of ADDs pays a few fsyncs, not one each."""
+        self._changes += 1
+        mine = self._changes
+        async with self._lock:
+            if self._written >= mine:
+                return
+            covered, data = self._changes, self._snapshot()
+            await asyncio.to_thread(self._write, data)
+            self._written = covered
+
+    def _snapshot(self) -> bytes:
+        body = {"v": 1, "attachments": {k: e.to_json() for k, e in self.entries.items()}}
+        return json.dumps(body, sort_keys=True).encode()
+
+    def _write(self, data: bytes) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)

@@ -1,0 +1,273 @@
+"""The agent's CNI verbs: ADD, DEL, CHECK, VERSION, STATUS, GC (CNI 1.1).
+
+Every failure leaves as a ``CniError`` with the spec's code and a message that says what to
+fix. ADD is all-or-nothing: what it created (the veth, a VIF it requested) is removed before
+the error goes back. Requests for one attachment are serialised; different attachments run
+concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from podwire.agent import metrics, naming
+from podwire.agent.attach import Plugger, PlugSpec
+from podwire.agent.binder import Binder
+from podwire.agent.checkpoint import Attachment, Checkpoint
+from podwire.agent.podrelease import PodReleaser
+from podwire.agent.vifsource import VifRequest, VifSource
+from podwire.cni import spec
+from podwire.cni.request import CniRequest, parse_command, parse_request, valid_attachments
+from podwire.cni.result import Address, render
+from podwire.cni.spec import CniError
+from podwire.errors import PermanentError, PodwireError, RetryableError
+from podwire.log import get_logger
+from podwire.netlink import NotANamespace, is_netns
+from podwire.vif import Vif
+
+log = get_logger(__name__)
+
+ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+@dataclass(frozen=True)
+class HandlerSettings:
+    host: str
+    add_timeout: float = 60.0
+    nested_uplink: str = ""  # nested mode: VIFs with a vlan_id become VLANs of this interface
+
+
+class CniHandler:
+    def __init__(
+        self,
+        settings: HandlerSettings,
+        vifs: VifSource,
+        binder: Binder,
+        plugger: Plugger,
+        checkpoint: Checkpoint,
+        ready: ReadyCheck,
+        pods: PodReleaser | None = None,
+    ) -> None:
+        self._settings = settings
+        self._vifs = vifs
+        self._binder = binder
+        self._plugger = plugger
+        self._checkpoint = checkpoint
+        self._ready = ready
+        self._pods = pods
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiters: dict[str, int] = {}
+
+    async def __call__(self, env: dict[str, str], stdin: str) -> tuple[int, str]:
+        command = env.get("CNI_COMMAND", "?")
+        started = time.perf_counter()
+        try:
+            out = await self._handle(env, stdin)
+        except CniError as exc:
+            metrics.CNI_REQUESTS.labels(command, str(exc.code)).inc()
+            log.warning("agent.cni.error", command=command, code=exc.code, msg=exc.msg)
+            return exc.code, exc.to_json(_version_of(stdin))
+        metrics.CNI_REQUESTS.labels(command, "0").inc()
+        metrics.CNI_SECONDS.labels(command).observe(time.perf_counter() - started)
+        return 0, out
+
+    async def _handle(self, env: dict[str, str], stdin: str) -> str:
+        if parse_command(env) == "VERSION":
+            return spec.version_result()
+        req = parse_request(env, stdin)
+        try:
+            if req.command == "STATUS":
+                return await self._status()
+            if req.command == "GC":
+                return await self._gc(req)
+            async with self._lock(req.attachment):
+                if req.command == "ADD":
+                    return await self._add(req)
+                if req.command == "DEL":
+                    return await self._del(req.attachment, req)
+                return await self._check(req)
+        except CniError:
+            raise
+        except NotANamespace as exc:
+            raise CniError(spec.INVALID_ENV, f"CNI_NETNS: {exc}") from exc
+        except RetryableError as exc:
+            raise CniError(spec.TRY_AGAIN, str(exc)) from exc
+        except PermanentError as exc:
+            raise CniError(spec.INVALID_CONFIG, str(exc)) from exc
+
+    @asynccontextmanager
+    async def _lock(self, key: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._waiters[key] = self._waiters.get(key, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._waiters[key] -= 1
+            if not self._waiters[key]:
+                del self._waiters[key], self._locks[key]
+
+    # -- ADD -----------------------------------------------------------------------------
+
+    async def _add(self, req: CniRequest) -> str:
+        existing = self._checkpoint.get(req.attachment)
+        if (
+            existing is not None
+            and existing.netns == req.netns
+            and await self._plugger.check(existing.attached, _bridge(existing.vif)) is None
+        ):
+            return _dump(render(existing.attached, req.conf.cni_version, req.conf.prev_result))
+        if not is_netns(req.netns):
+            raise CniError(
+                spec.INVALID_ENV,
+                f"CNI_NETNS {req.netns} does not exist or is not a network namespace",
+            )
+        if req.pod is not None and self._pods is not None:
+            self._pods.cancel(req.pod.namespace, req.pod.name)
+        deadline = asyncio.get_running_loop().time() + self._settings.add_timeout
+        vif = existing.vif if existing is not None else await self._request_vif(req, deadline)
+        try:
+            entry = await self._wire(req, vif, deadline)
+        except BaseException:
+            await self._rollback(req.attachment, vif if existing is None else None)
+            raise
+        log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
+        return _dump(render(entry.attached, req.conf.cni_version, req.conf.prev_result))
+
+    async def _rollback(self, attachment: str, vif: Vif | None) -> None:
+        """Undo a failed ADD; a failure here is logged so the original error is what the
+        runtime sees (its DEL will retry the release)."""
+        try:
+            await self._plugger.unplug(attachment)
+            if vif is not None:
+                await self._vifs.release(attachment, vif)
+        except PodwireError as exc:
+            log.warning("agent.cni.rollback_failed", attachment=attachment, error=str(exc))
+
+    async def _request_vif(self, req: CniRequest, deadline: float) -> Vif:
+        conf = req.conf
+        vif_req = VifRequest(
+            req.attachment, conf.network, conf.project, conf.security_groups, req.pod
+        )
+        return await self._vifs.request(vif_req, deadline)
+
+    async def _wire(self, req: CniRequest, vif: Vif, deadline: float) -> Attachment:
+        addresses = tuple(
+            Address(f"{ip.ip_address}/{ip.cidr.rpartition('/')[2]}", ip.gateway_ip)
+            for ip in vif.fixed_ips
+        )
+        uplink = self._settings.nested_uplink
+        if uplink and vif.vlan_id is not None:
+            # The subport is wired by the trunk's host (the hypervisor), not by this binder.
+            plug = PlugSpec(
+                req.attachment, req.netns, req.ifname, vif.mac_address, vif.mtu, "", addresses
+            )
+            attached = await self._plugger.plug_nested(plug, uplink, vif.vlan_id)
+        else:
+            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            port = await self._binder.wait_wired(vif.port_id, remaining)
+            plan = self._binder.plan_for(port.network_id)
+            bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
+            mtu = min(port.mtu, vif.mtu)
+            plug = PlugSpec(
+                req.attachment, req.netns, req.ifname, vif.mac_address, mtu, bridge, addresses
+            )
+            attached = await self._plugger.plug(plug)
+        entry = Attachment(
+            attachment=req.attachment,
+            container_id=req.container_id,
+            ifname=req.ifname,
+            network_name=req.conf.name,
+            netns=req.netns,
+            pod=None if req.pod is None else vars(req.pod),
+            vif=vif,
+            attached=attached,
+        )
+        await self._checkpoint.put(entry)
+        metrics.ATTACHMENTS.set(len(self._checkpoint.entries))
+        return entry
+
+    # -- DEL, CHECK, GC, STATUS ----------------------------------------------------------
+
+    async def _del(self, attachment: str, req: CniRequest | None) -> str:
+        entry = self._checkpoint.get(attachment)
+        await self._plugger.unplug(attachment, entry.attached if entry else None)
+        await self._vifs.release(attachment, entry.vif if entry else None)
+        await self._checkpoint.remove(attachment)
+        metrics.ATTACHMENTS.set(len(self._checkpoint.entries))
+        pod = entry.pod if entry else None
+        if pod and self._pods is not None and not self._pod_attached(pod):
+            self._pods.schedule(pod["namespace"], pod["name"])
+        log.info("agent.cni.deleted", attachment=attachment, known=entry is not None)
+        return ""
+
+    def _pod_attached(self, pod: dict[str, str]) -> bool:
+        return any(
+            e.pod
+            and e.pod.get("namespace") == pod["namespace"]
+            and e.pod.get("name") == pod["name"]
+            for e in self._checkpoint.entries.values()
+        )
+
+    async def _check(self, req: CniRequest) -> str:
+        entry = self._checkpoint.get(req.attachment)
+        if entry is None:
+            raise CniError(
+                spec.CONTAINER_UNKNOWN, f"no podwire attachment {req.attachment}: ADD it first"
+            )
+        problem = await self._plugger.check(entry.attached, _bridge(entry.vif))
+        if problem is None:
+            problem = _prev_result_problem(req, entry)
+        if problem is not None:
+            raise CniError(spec.CHECK_FAILED, f"CHECK {req.attachment}: {problem}")
+        return ""
+
+    async def _gc(self, req: CniRequest) -> str:
+        keep = valid_attachments(req.conf)
+        stale = [
+            e.attachment
+            for e in list(self._checkpoint.entries.values())
+            if e.network_name == req.conf.name and (e.container_id, e.ifname) not in keep
+        ]
+        for attachment in stale:
+            async with self._lock(attachment):
+                await self._del(attachment, None)
+        log.info("agent.cni.gc", network=req.conf.name, released=len(stale))
+        return ""
+
+    async def _status(self) -> str:
+        ready, detail = await self._ready()
+        if not ready:
+            raise CniError(spec.NOT_AVAILABLE, f"podwire agent not ready: {detail}")
+        return ""
+
+
+def _bridge(vif: Vif) -> str:
+    return naming.bridge(vif.network_id)
+
+
+def _prev_result_problem(req: CniRequest, entry: Attachment) -> str | None:
+    prev = req.conf.prev_result
+    if prev is None:
+        return None
+    for iface in prev.get("interfaces", []):
+        if isinstance(iface, dict) and iface.get("name") == entry.ifname:
+            return None
+    return f"prevResult does not list interface {entry.ifname}"
+
+
+def _dump(result: dict[str, object]) -> str:
+    return json.dumps(result)
+
+
+def _version_of(stdin: str) -> str:
+    try:
+        version = json.loads(stdin).get("cniVersion")
+    except (ValueError, AttributeError):
+        return spec.LATEST
+    return version if version in spec.SUPPORTED_VERSIONS else spec.LATEST

@@ -1,0 +1,153 @@
+"""The VIF source that asks the podwire controller (docs/vif-api.md) for a pooled port.
+
+503 + ``Retry-After`` means "no port ready yet": retried until the ADD's deadline, then the
+runtime gets "try again" (11). 4xx answers are permanent and their message is passed on,
+because it names what to fix (network, project, SG, token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from podwire.agent.vifsource import VifRequest
+from podwire.errors import ConfigError, PermanentError, RetryableError, ValidationError
+from podwire.log import get_logger
+from podwire.vif import Vif
+
+log = get_logger(__name__)
+
+MAX_RETRY_AFTER = 5.0
+
+
+class ControllerUnavailable(RetryableError):
+    """The controller did not answer, answered 5xx, or had no port ready in time."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ControllerRefused(PermanentError):
+    """The controller refused the request (4xx); the message names the problem."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ControllerVifSource:
+    def __init__(
+        self, base_url: str, node: str, token: str, timeout: float = 10.0, retry_delay: float = 0.2
+    ) -> None:
+        self._base = base_url.rstrip("/") + f"/v1/nodes/{quote(node, safe='')}/vifs"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._retry_delay = retry_delay
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(self, req: VifRequest, deadline: float) -> Vif:
+        body = {
+            "attachment": req.attachment,
+            "network": req.network,
+            "project_id": req.project_id,
+            "security_groups": list(req.security_groups),
+            "pod": None if req.pod is None else vars(req.pod),
+        }
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return await self._post(body)
+            except ControllerUnavailable as exc:
+                delay = min(exc.retry_after or self._retry_delay, MAX_RETRY_AFTER)
+                if loop.time() + delay >= deadline:
+                    raise
+                log.info("agent.vif.retry", attachment=req.attachment, error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
+
+    async def _post(self, body: dict[str, Any]) -> Vif:
+        try:
+            async with self._client().post(self._base, json=body) as resp:
+                payload = await _json(resp)
+                if resp.status == 200:
+                    return _vif(payload)
+                raise _error(resp, payload)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ControllerUnavailable(f"controller at {self._base}: {exc}") from exc
+
+    async def release(self, attachment: str, vif: Vif | None) -> None:
+        url = f"{self._base}/{quote(attachment, safe='')}"
+        try:
+            async with self._client().delete(url) as resp:
+                if resp.status in (200, 204, 404):
+                    return
+                raise _error(resp, await _json(resp))
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ControllerUnavailable(f"controller at {url}: {exc}") from exc
+
+    async def attachments(self) -> dict[str, Vif]:
+        try:
+            async with self._client().get(self._base) as resp:
+                payload = await _json(resp)
+                if resp.status != 200:
+                    raise _error(resp, payload)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ControllerUnavailable(f"controller at {self._base}: {exc}") from exc
+        items = payload.get("attachments")
+        if not isinstance(items, dict):
+            raise ControllerUnavailable("controller: 'attachments' missing from the answer")
+        return {key: Vif.from_json(value) for key, value in items.items()}
+
+    async def healthy(self) -> tuple[bool, str]:
+        try:
+            await self.attachments()
+        except ControllerRefused as exc:
+            return False, f"controller refused us: {exc}"
+        except (ControllerUnavailable, ValidationError) as exc:
+            return False, f"controller: {exc}"
+        return True, "controller reachable"
+
+
+async def _json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    try:
+        payload = await resp.json(content_type=None)
+    except (ValueError, aiohttp.ContentTypeError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def _vif(payload: dict[str, Any]) -> Vif:
+    try:
+        return Vif.from_json(payload.get("vif"))
+    except ValidationError as exc:
+        raise ControllerUnavailable(f"controller sent a malformed VIF: {exc}") from exc
+
+
+def _error(resp: aiohttp.ClientResponse, payload: dict[str, Any]) -> Exception:
+    message = str(payload.get("error") or resp.reason or "no message")
+    if resp.status in (401, 403):
+        return ConfigError(f"controller refused agent.token (HTTP {resp.status}): {message}")
+    if resp.status >= 500 or resp.status in (408, 429):
+        return ControllerUnavailable(
+            f"controller: HTTP {resp.status}: {message}", _retry_after(resp)
+        )
+    return ControllerRefused(f"controller: HTTP {resp.status}: {message}", resp.status)
+
+
+def _retry_after(resp: aiohttp.ClientResponse) -> float:
+    try:
+        return max(0.0, float(resp.headers.get("Retry-After", "0.2")))
+    except ValueError:
+        return 0.2

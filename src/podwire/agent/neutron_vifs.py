@@ -1,0 +1,118 @@
+"""The ``noop`` VIF source: a Neutron port per attachment, created and deleted by the agent.
+
+Slow (a port create is ~100 ms plus binding) but needs nothing besides Neutron; the port's
+name carries the attachment so a retried ADD finds the port an interrupted one created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from podwire.agent.vifsource import VifRequest
+from podwire.errors import PermanentError, RetryableError
+from podwire.log import get_logger
+from podwire.neutron.client import NeutronClient, NeutronNotFound, NeutronRequestError
+from podwire.vif import FixedIp, Vif
+
+log = get_logger(__name__)
+
+DEVICE_OWNER = "compute:podwire"
+
+
+class UnknownNetworkError(PermanentError):
+    """The CNI config names a network Neutron does not know (for this project)."""
+
+
+class NeutronVifSource:
+    def __init__(self, client: NeutronClient, host: str) -> None:
+        self._client = client
+        self._host = host
+        self._networks: dict[tuple[str, str | None], Any] = {}
+
+    @staticmethod
+    def port_name(attachment: str) -> str:
+        return f"podwire-{attachment}"
+
+    async def request(self, req: VifRequest, deadline: float) -> Vif:
+        network = await self._network(req.network, req.project_id)
+        port = await self._existing(req.attachment)
+        if port is None:
+            port = await self._create(req, network)
+        subnets = await asyncio.to_thread(self._client.list_subnets, network_id=network.id)
+        return _vif(port, network, {s.id: s for s in subnets})
+
+    async def _network(self, name_or_id: str, project_id: str | None) -> Any:
+        key = (name_or_id, project_id)
+        if key not in self._networks:
+            found = await asyncio.to_thread(self._client.find_network, name_or_id, project_id)
+            if found is None:
+                scope = f" in project {project_id}" if project_id else ""
+                raise UnknownNetworkError(
+                    f"network {name_or_id!r} does not exist{scope}: fix 'network' (or"
+                    " 'project') in the CNI network config"
+                )
+            self._networks[key] = found
+        return self._networks[key]
+
+    async def _existing(self, attachment: str) -> Any | None:
+        ports = await asyncio.to_thread(
+            self._client.list_ports, name=self.port_name(attachment), device_owner=DEVICE_OWNER
+        )
+        return ports[0] if ports else None
+
+    async def _create(self, req: VifRequest, network: Any) -> Any:
+        body: dict[str, Any] = {
+            "name": self.port_name(req.attachment),
+            "network_id": network.id,
+            "project_id": req.project_id or network.project_id,
+            "device_owner": DEVICE_OWNER,
+            "device_id": req.pod.uid if req.pod and req.pod.uid else req.attachment,
+            "binding_host_id": self._host,
+        }
+        if req.security_groups:
+            body["security_group_ids"] = list(req.security_groups)
+        try:
+            (port,) = await asyncio.to_thread(self._client.create_ports, [body])
+        except NeutronNotFound as exc:
+            raise UnknownNetworkError(f"{exc}: check 'securityGroups' in the CNI config") from exc
+        except NeutronRequestError as exc:
+            raise PermanentError(f"Neutron refused the port: {exc}") from exc
+        log.info("agent.vif.created", attachment=req.attachment, port=port.id)
+        return port
+
+    async def release(self, attachment: str, vif: Any) -> None:
+        if vif is not None:
+            await asyncio.to_thread(self._client.delete_port, vif.port_id)
+            return
+        for port in await asyncio.to_thread(
+            self._client.list_ports, name=self.port_name(attachment), device_owner=DEVICE_OWNER
+        ):
+            await asyncio.to_thread(self._client.delete_port, port.id)
+
+    async def healthy(self) -> tuple[bool, str]:
+        try:
+            await asyncio.to_thread(self._client.list_networks, limit=1)
+        except RetryableError as exc:
+            return False, f"neutron: {exc}"
+        return True, "neutron reachable"
+
+
+def _vif(port: Any, network: Any, subnets: dict[str, Any]) -> Vif:
+    fixed = []
+    for item in port.fixed_ips or []:
+        subnet = subnets.get(item["subnet_id"])
+        if subnet is None:
+            continue
+        fixed.append(FixedIp(item["ip_address"], subnet.id, subnet.cidr, subnet.gateway_ip))
+    return Vif(
+        port_id=port.id,
+        network_id=network.id,
+        project_id=port.project_id or "",
+        mac_address=port.mac_address,
+        mtu=int(network.mtu or 1500),
+        fixed_ips=fixed,
+        network_type=network.provider_network_type or "vxlan",
+        segmentation_id=network.provider_segmentation_id,
+        security_groups=list(port.security_group_ids or []),
+    )

@@ -1,0 +1,98 @@
+"""The agent's presence in etcd: heartbeat on a lease, physnets, VTEP and capabilities.
+
+The ml2 driver binds a port to this host only while ``alive`` exists, so the heartbeat is
+what makes the host schedulable; losing the lease re-registers instead of silently running on
+as a host Neutron believes dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from podwire import __version__, keys
+from podwire.agent import metrics
+from podwire.errors import EtcdUnavailable
+from podwire.etcd import EtcdClient, Lease
+from podwire.etcd.client import LeaseLost
+from podwire.log import get_logger
+from podwire.ml2 import values
+
+log = get_logger(__name__)
+
+VIF_TYPES = ["veth"]
+
+
+@dataclass(frozen=True)
+class Registration:
+    host: str
+    ttl: int
+    vtep_ip: str
+    physnets: dict[str, str]
+    network_types: list[str]
+
+
+class Heartbeat:
+    def __init__(self, etcd: EtcdClient, reg: Registration) -> None:
+        self._etcd = etcd
+        self._reg = reg
+        self._lease: Lease | None = None
+        self.started_at = time.time()
+        self.healthy = False
+
+    async def publish(self) -> None:
+        """Write the static keys, then the leased ``alive`` key last (it makes us bindable)."""
+        reg = self._reg
+        for name, interface in reg.physnets.items():
+            await self._etcd.put(
+                keys.state_physnet(reg.host, name), values.physnet_value(interface)
+            )
+        if reg.vtep_ip:
+            await self._etcd.put(keys.state_vtep(reg.host), values.vtep_value(reg.vtep_ip))
+        await self._etcd.put(
+            keys.state_capabilities(reg.host),
+            values.capabilities_value(VIF_TYPES, reg.network_types),
+        )
+        await self._put_alive()
+
+    async def _put_alive(self) -> None:
+        self._lease = await self._etcd.grant_lease(self._reg.ttl)
+        await self._etcd.put(
+            keys.state_alive(self._reg.host),
+            values.alive_value(self.started_at, __version__),
+            lease=self._lease.id,
+        )
+        self.healthy = True
+        log.info("agent.registered", host=self._reg.host, lease=hex(self._lease.id))
+
+    async def run(self) -> None:
+        """Keep the lease alive; when it is lost, grant a new one and re-publish."""
+        while True:
+            assert self._lease is not None
+            try:
+                await self._lease.keepalive()
+            except LeaseLost:
+                metrics.HEARTBEAT_LOST.inc()
+                self.healthy = False
+                log.warning("agent.lease.lost", host=self._reg.host)
+                await self._republish()
+
+    async def _republish(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self.publish()
+                return
+            except EtcdUnavailable as exc:
+                log.warning("agent.register.retry", error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def revoke(self) -> None:
+        """On shutdown: the alive key goes at once instead of after the TTL."""
+        if self._lease is not None:
+            await self._lease.revoke()
+            self._lease = None
+            self.healthy = False
+            log.info("agent.deregistered", host=self._reg.host)

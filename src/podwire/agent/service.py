@@ -1,0 +1,170 @@
+"""``podwire agent``: every part of the node agent under one TaskGroup.
+
+Start order matters: the heartbeat goes first (Neutron binds ports to this host only while it
+is alive), then the binder's first listing, then the CNI socket opens, so the first ADD finds
+the host registered and the plumbing adopted. Shutdown revokes the heartbeat at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+from podwire.agent.attach import Plugger
+from podwire.agent.binder import Binder, BinderSettings
+from podwire.agent.checkpoint import Checkpoint
+from podwire.agent.cni_handler import CniHandler, HandlerSettings
+from podwire.agent.peers import PeerTracker
+from podwire.agent.podrelease import PodReleaser
+from podwire.agent.registration import Heartbeat, Registration
+from podwire.agent.vifsource import VifSource
+from podwire.cni.server import CniServer
+from podwire.config import Settings
+from podwire.deviceplugin import DevicePlugin
+from podwire.errors import ConfigError, EtcdUnavailable
+from podwire.etcd import EtcdClient
+from podwire.log import get_logger
+from podwire.netlink import HostNetlink, PodNetlink
+from podwire.service.ops_http import OpsServer
+
+log = get_logger(__name__)
+
+
+def vlan_capable() -> bool:
+    """Whether this kernel can make VLAN sub-interfaces (the 8021q module is loaded)."""
+    return os.path.exists("/proc/net/vlan") or os.path.exists("/sys/module/8021q")
+
+
+def network_types() -> list[str]:
+    return ["flat", "vlan", "vxlan"] if vlan_capable() else ["flat", "vxlan"]
+
+
+@dataclass
+class AgentParts:
+    """What a running agent exposes to tests and the CLI."""
+
+    binder: Binder | None = None
+    heartbeat: Heartbeat | None = None
+    handler: CniHandler | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Agent:
+    def __init__(self, settings: Settings, vifs: VifSource | None = None) -> None:
+        agent = settings.agent
+        if not agent.host:
+            raise ConfigError("agent.host: required (this node's name as Neutron knows it)")
+        self.settings = settings
+        self._vifs = vifs
+        self.parts = AgentParts()
+
+    async def run(self) -> None:
+        """Run until cancelled; raises ConfigError/EtcdUnavailable when start-up fails."""
+        settings = self.settings
+        agent = settings.agent
+        etcd = await EtcdClient.connect(settings.etcd)
+        host_nl = HostNetlink(agent.host_netns)
+        pod_nl = PodNetlink()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                stack.callback(host_nl.close)
+                stack.callback(pod_nl.close)
+                await self._serve(stack, etcd, host_nl, pod_nl)
+        finally:
+            await etcd.close()
+
+    async def _serve(
+        self,
+        stack: contextlib.AsyncExitStack,
+        etcd: EtcdClient,
+        host_nl: HostNetlink,
+        pod_nl: PodNetlink,
+    ) -> None:
+        agent = self.settings.agent
+        vifs = self._vifs or await _default_vifs(self.settings)
+        heartbeat = Heartbeat(
+            etcd,
+            Registration(
+                agent.host,
+                agent.heartbeat_ttl,
+                agent.vtep_ip,
+                agent.physnet_mappings,
+                network_types(),
+            ),
+        )
+        await heartbeat.publish()
+        stack.push_async_callback(heartbeat.revoke)
+        binder = Binder(
+            etcd,
+            host_nl,
+            BinderSettings(agent.host, agent.vtep_ip, agent.physnet_mappings, vlan_capable()),
+        )
+        peers = PeerTracker(etcd, agent.host, binder.set_peers)
+        checkpoint = Checkpoint(agent.state_dir)
+        checkpoint.load()
+        plugin = _device_plugin(self.settings)
+        releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
+        if releaser is not None:
+            stack.push_async_callback(releaser.close)
+
+        async def ready() -> tuple[bool, str]:
+            return await _readiness(etcd, heartbeat, binder, vifs)
+
+        handler = CniHandler(
+            HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
+            vifs,
+            binder,
+            Plugger(host_nl, pod_nl),
+            checkpoint,
+            ready,
+            releaser,
+        )
+        self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(heartbeat.run())
+            tg.create_task(binder.run())
+            tg.create_task(peers.run())
+            if plugin is not None:
+                tg.create_task(plugin.run())
+            await binder.synced.wait()
+            server = CniServer(agent.cni_socket, handler)
+            await server.start()
+            stack.push_async_callback(server.stop)
+            if agent.ops_listen:
+                ops = OpsServer(agent.ops_listen, ready)
+                await ops.start()
+                stack.push_async_callback(ops.stop)
+            log.info("agent.started", host=agent.host, socket=agent.cni_socket)
+            self.parts.started.set()
+
+
+async def _readiness(
+    etcd: EtcdClient, heartbeat: Heartbeat, binder: Binder, vifs: VifSource
+) -> tuple[bool, str]:
+    try:
+        await etcd.status()
+    except EtcdUnavailable as exc:
+        return False, f"etcd: {exc}"
+    if not heartbeat.healthy:
+        return False, "heartbeat lease lost; re-registering"
+    if not binder.synced.is_set():
+        return False, "binder has not listed the desired ports yet"
+    return await vifs.healthy()
+
+
+async def _default_vifs(settings: Settings) -> VifSource:
+    agent = settings.agent
+    if agent.vif_source == "neutron":
+        from podwire.agent.neutron_vifs import NeutronVifSource
+        from podwire.neutron.client import connect
+
+        return NeutronVifSource(connect(settings.neutron), agent.host)
+    from podwire.agent.controller_vifs import ControllerVifSource
+
+    return ControllerVifSource(agent.controller_url, agent.host, agent.token)
+
+
+def _device_plugin(settings: Settings) -> DevicePlugin | None:
+    return DevicePlugin(settings.deviceplugin) if settings.deviceplugin.enabled else None

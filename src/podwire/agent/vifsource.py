@@ -1,0 +1,35 @@
+"""Where the agent gets a pod's VIF: one narrow seam, two implementations.
+
+``ControllerVifSource`` calls the controller's VIF API (pools, the normal path);
+``NeutronVifSource`` creates and deletes a Neutron port itself (the ``noop`` path, and the
+way to run without a controller). The CNI handler only sees this Protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from podwire.cni.request import PodRef
+from podwire.vif import Vif
+
+
+@dataclass(frozen=True)
+class VifRequest:
+    attachment: str
+    network: str
+    project_id: str | None
+    security_groups: tuple[str, ...]
+    pod: PodRef | None
+
+
+class VifSource(Protocol):
+    async def request(self, req: VifRequest, deadline: float) -> Vif:
+        """A VIF bound to this node; idempotent per attachment. Raises RetryableError while
+        none is ready by ``deadline`` (loop time) and PermanentError for a bad request."""
+
+    async def release(self, attachment: str, vif: Vif | None) -> None:
+        """Give the attachment's port back; succeeds when it is already gone."""
+
+    async def healthy(self) -> tuple[bool, str]:
+        """Whether requests can be served now (for CNI STATUS and /readyz)."""

@@ -1,0 +1,42 @@
+"""``podwire cni install``: put the plugin binary and a conflist where the runtime looks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from podwire.cni.install import InstallSpec, install
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("cni", help="CNI plugin helpers")
+    verbs = parser.add_subparsers(dest="cni_command", required=True, metavar="VERB")
+    add = verbs.add_parser("install", help="install the plugin binary and a network config")
+    add.add_argument("--bin-dir", required=True, type=Path, help="runtime's CNI bin dir")
+    add.add_argument("--conf-dir", required=True, type=Path, help="runtime's CNI conf dir")
+    add.add_argument("--network", default="podwire", help="Neutron network id or name")
+    add.add_argument("--name", default="podwire", help="CNI network name")
+    add.add_argument("--project", default="", help="Neutron project id (optional)")
+    add.add_argument("--security-group", action="append", default=[], dest="security_groups")
+    add.add_argument("--agent-socket", default="/run/podwire/agent.sock")
+    add.add_argument("--chain", action="append", default=[], help="plugin to chain after podwire")
+    add.add_argument("--binary", type=Path, default=None, help="plugin to install (default: built)")
+    add.set_defaults(handler=run_install)
+
+
+def run_install(args: argparse.Namespace) -> int:
+    binary, conf = install(
+        InstallSpec(
+            bin_dir=args.bin_dir,
+            conf_dir=args.conf_dir,
+            network=args.network,
+            name=args.name,
+            project=args.project,
+            security_groups=args.security_groups,
+            agent_socket=args.agent_socket,
+            chain=args.chain,
+            binary=args.binary,
+        )
+    )
+    print(f"installed {binary} and {conf}")
+    return 0

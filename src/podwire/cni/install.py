@@ -1,0 +1,81 @@
+"""Installing the plugin and a network config where a container runtime looks for them.
+
+The binary is copied under the plugin type name ``podwire`` (runtimes look the ``type`` up in
+their bin dir); the conflist is written atomically so a runtime that watches the conf dir
+never reads half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podwire.cni.request import check_network_name
+from podwire.errors import ConfigError
+
+PLUGIN_NAME = "podwire"
+
+
+@dataclass(frozen=True)
+class InstallSpec:
+    bin_dir: Path
+    conf_dir: Path
+    network: str
+    name: str = "podwire"
+    project: str = ""
+    security_groups: list[str] = field(default_factory=list)
+    agent_socket: str = "/run/podwire/agent.sock"
+    chain: list[str] = field(default_factory=list)
+    binary: Path | None = None
+
+
+def default_binary() -> Path:
+    """The plugin the set-up script built next to the interpreter (C, or Python fallback)."""
+    built = Path(sys.executable).parent / "podwire-cni"
+    if built.is_file():
+        return built
+    return Path(__file__).with_name("plugin.py")
+
+
+def conflist(spec: InstallSpec) -> dict[str, Any]:
+    plugin: dict[str, Any] = {
+        "type": PLUGIN_NAME,
+        "network": spec.network,
+        "agentSocket": spec.agent_socket,
+    }
+    if spec.project:
+        plugin["project"] = spec.project
+    if spec.security_groups:
+        plugin["securityGroups"] = list(spec.security_groups)
+    plugins = [plugin]
+    for extra in spec.chain:
+        entry: dict[str, Any] = {"type": extra}
+        if extra == "portmap":
+            entry["capabilities"] = {"portMappings": True}
+        plugins.append(entry)
+    return {"cniVersion": "1.1.0", "name": spec.name, "plugins": plugins}
+
+
+def install(spec: InstallSpec) -> tuple[Path, Path]:
+    for value, what in ((spec.network, "--network"), (spec.name, "--name")):
+        check_network_name(value, what)
+    binary = spec.binary or default_binary()
+    if not binary.is_file():
+        raise ConfigError(f"--binary: {binary} does not exist; run scripts/setup first")
+    spec.bin_dir.mkdir(parents=True, exist_ok=True)
+    spec.conf_dir.mkdir(parents=True, exist_ok=True)
+    target = spec.bin_dir / PLUGIN_NAME
+    tmp = target.with_name(f".{PLUGIN_NAME}.tmp")
+    shutil.copyfile(binary, tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+    conf = spec.conf_dir / f"10-{spec.name}.conflist"
+    tmp_conf = conf.with_name(f".{conf.name}.tmp")
+    tmp_conf.write_text(json.dumps(conflist(spec), indent=2) + "\n")
+    os.replace(tmp_conf, conf)
+    return target, conf

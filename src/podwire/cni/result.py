@@ -1,0 +1,85 @@
+"""CNI results in the shape each supported version expects, chained onto ``prevResult``.
+
+The agent keeps one version-neutral ``Attached`` per attachment (in its checkpoint) and renders
+it for whatever ``cniVersion`` the runtime's config asks for, so a repeated ADD returns the
+same result and CHECK can compare against it.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Address:
+    address: str  # "10.0.0.5/24"
+    gateway: str | None
+
+
+@dataclass(frozen=True)
+class Attached:
+    host_ifname: str
+    host_mac: str
+    ifname: str
+    mac: str
+    mtu: int
+    sandbox: str
+    addresses: tuple[Address, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Attached:
+        return cls(
+            host_ifname=str(raw["host_ifname"]),
+            host_mac=str(raw["host_mac"]),
+            ifname=str(raw["ifname"]),
+            mac=str(raw["mac"]),
+            mtu=int(raw["mtu"]),
+            sandbox=str(raw["sandbox"]),
+            addresses=tuple(Address(str(a["address"]), a.get("gateway")) for a in raw["addresses"]),
+        )
+
+
+def render(attached: Attached, version: str, prev: dict[str, Any] | None) -> dict[str, Any]:
+    """Our interfaces, IPs and routes appended to ``prev`` (chaining), in ``version``'s shape."""
+    result = copy.deepcopy(prev) if prev else {}
+    result["cniVersion"] = version
+    interfaces = result.setdefault("interfaces", [])
+    offset = len(interfaces)
+    interfaces.extend(_interfaces(attached, version))
+    ips = result.setdefault("ips", [])
+    routes = result.setdefault("routes", [])
+    for item in attached.addresses:
+        ips.append(_ip(item, offset + 1, version))
+        if item.gateway:
+            default = "::/0" if ipaddress.ip_address(item.gateway).version == 6 else "0.0.0.0/0"
+            routes.append({"dst": default, "gw": item.gateway})
+    result.setdefault("dns", {})
+    return result
+
+
+def _interfaces(attached: Attached, version: str) -> list[dict[str, Any]]:
+    host: dict[str, Any] = {"name": attached.host_ifname, "mac": attached.host_mac}
+    pod: dict[str, Any] = {
+        "name": attached.ifname,
+        "mac": attached.mac,
+        "sandbox": attached.sandbox,
+    }
+    if version == "1.1.0":
+        host["mtu"] = attached.mtu
+        pod["mtu"] = attached.mtu
+    return [host, pod]
+
+
+def _ip(item: Address, index: int, version: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"address": item.address, "interface": index}
+    if item.gateway:
+        entry["gateway"] = item.gateway
+    if version == "0.4.0":
+        entry["version"] = str(ipaddress.ip_interface(item.address).version)
+    return entry

@@ -1,0 +1,53 @@
+"""The plugin <-> agent protocol on the unix socket (both plugin builds speak it).
+
+Request: one JSON object ``{"env": {"CNI_COMMAND": ..., ...}, "stdin": "<config>"}``, then the
+client shuts down its write side. Reply: the exit code in decimal, a newline, then the bytes
+the plugin prints on stdout. The reply format is that simple so the C plugin needs no JSON
+parser: it is a pipe, not a second implementation of CNI.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from podwire.cni.spec import DECODE_FAILURE, CniError
+
+MAX_REQUEST = (1 << 20) + (64 << 10)
+ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
+
+
+def decode_request(data: bytes) -> tuple[dict[str, str], str]:
+    if len(data) > MAX_REQUEST:
+        raise CniError(DECODE_FAILURE, "request to the podwire agent is larger than 1 MiB")
+    try:
+        body: Any = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CniError(
+            DECODE_FAILURE, f"request to the podwire agent is not a JSON object: {exc}"
+        ) from exc
+    if not isinstance(body, dict):
+        raise CniError(DECODE_FAILURE, "request to the podwire agent is not a JSON object")
+    env, stdin = body.get("env"), body.get("stdin", "")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise CniError(DECODE_FAILURE, "request 'env' must be an object of strings")
+    if not isinstance(stdin, str):
+        raise CniError(DECODE_FAILURE, "request 'stdin' must be a string")
+    return {k: v for k, v in env.items() if k in ENV_KEYS}, stdin
+
+
+def encode_request(env: dict[str, str], stdin: str) -> bytes:
+    return json.dumps({"env": env, "stdin": stdin}).encode()
+
+
+def encode_reply(code: int, stdout: str) -> bytes:
+    return f"{code}\n".encode() + stdout.encode()
+
+
+def decode_reply(data: bytes) -> tuple[int, str]:
+    head, sep, rest = data.partition(b"\n")
+    if not sep or not head.isdigit():
+        raise ValueError("malformed reply from the podwire agent")
+    return int(head), rest.decode()

@@ -1,0 +1,246 @@
+"""Idempotent link operations on an open ``IPRoute`` (run through ``nsexec`` workers).
+
+``ensure_*`` leave the kernel in the asked-for state whether or not it already was, and
+``remove_*`` succeed when the thing is already gone; that is what lets a restarted agent adopt
+what it finds without disturbing attached pods.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+FLOOD_MAC = "00:00:00:00:00:00"
+VXLAN_PORT = 4789
+NTF_SELF = 0x02
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    index: int
+    name: str
+    kind: str
+    master: int
+    mtu: int
+    mac: str
+    up: bool
+    vni: int | None = None
+    vxlan_local: str | None = None
+
+
+def _info(msg: Any) -> LinkInfo:
+    linkinfo = msg.get("linkinfo")
+    kind = linkinfo.get("kind") if linkinfo is not None else None
+    data = linkinfo.get("data") if linkinfo is not None else None
+    vni = local = None
+    if kind == "vxlan" and data is not None:
+        vni = data.get("vxlan_id")
+        local = data.get("vxlan_local")
+    return LinkInfo(
+        index=int(msg["index"]),
+        name=str(msg.get("ifname")),
+        kind=str(kind or ""),
+        master=int(msg.get("master") or 0),
+        mtu=int(msg.get("mtu") or 0),
+        mac=str(msg.get("address") or ""),
+        up=bool(msg["flags"] & 1),
+        vni=vni,
+        vxlan_local=local,
+    )
+
+
+def get_link(ipr: Any, name: str) -> LinkInfo | None:
+    try:
+        return _info(ipr.link("get", ifname=name)[0])
+    except NetlinkError as exc:
+        if exc.code == errno.ENODEV:
+            return None
+        raise
+
+
+def list_links(ipr: Any) -> list[LinkInfo]:
+    return [_info(msg) for msg in ipr.link("dump")]
+
+
+def remove_link(ipr: Any, name: str) -> bool:
+    """Delete ``name``; False when it did not exist. Deleting a veth end removes both ends."""
+    try:
+        ipr.link("del", ifname=name)
+    except NetlinkError as exc:
+        if exc.code == errno.ENODEV:
+            return False
+        raise
+    return True
+
+
+def ensure_bridge(ipr: Any, name: str, mtu: int) -> LinkInfo:
+    link = get_link(ipr, name)
+    if link is not None and link.kind != "bridge":
+        raise NetlinkError(errno.EEXIST, f"{name} exists and is a {link.kind or 'plain'} link")
+    if link is None:
+        ipr.link("add", ifname=name, kind="bridge", mtu=mtu)
+    ipr.link("set", ifname=name, state="up")
+    return _require(ipr, name)
+
+
+def ensure_vxlan(ipr: Any, name: str, vni: int, local: str, mtu: int) -> LinkInfo:
+    """A VXLAN device with this VNI and local VTEP; one with other parameters is replaced.
+
+    Only our own devices carry our names, so replacing a mismatched one cannot hit foreign
+    state; the bridge keeps its pods, which only lose flooding for the instant of the swap.
+    """
+    link = get_link(ipr, name)
+    if link is not None and (link.kind != "vxlan" or link.vni != vni or link.vxlan_local != local):
+        remove_link(ipr, name)
+        link = None
+    if link is None:
+        ipr.link(
+            "add",
+            ifname=name,
+            kind="vxlan",
+            vxlan_id=vni,
+            vxlan_local=local,
+            vxlan_port=VXLAN_PORT,
+            vxlan_learning=1,
+            mtu=mtu,
+        )
+    ipr.link("set", ifname=name, state="up")
+    return _require(ipr, name)
+
+
+def ensure_master(ipr: Any, name: str, master: str) -> None:
+    """Enslave ``name`` to the bridge ``master`` and bring it up."""
+    bridge = _require(ipr, master)
+    link = _require(ipr, name)
+    if link.master != bridge.index:
+        ipr.link("set", index=link.index, master=bridge.index)
+    if not link.up:
+        ipr.link("set", index=link.index, state="up")
+
+
+def bridge_ports(ipr: Any, bridge: str) -> list[LinkInfo]:
+    master = get_link(ipr, bridge)
+    if master is None:
+        return []
+    return [link for link in list_links(ipr) if link.master == master.index]
+
+
+def flood_peers(ipr: Any, name: str) -> set[str]:
+    link = _require(ipr, name)
+    peers = set()
+    for entry in ipr.fdb("dump", ifindex=link.index):
+        if entry.get("lladdr") == FLOOD_MAC and entry.get("dst"):
+            peers.add(str(entry.get("dst")))
+    return peers
+
+
+def sync_flood(ipr: Any, name: str, peers: set[str]) -> tuple[set[str], set[str]]:
+    """Make the all-zero (flood) FDB entries of a VXLAN device exactly ``peers``."""
+    link = _require(ipr, name)
+    current = flood_peers(ipr, name)
+    added, removed = peers - current, current - peers
+    for dst in sorted(added):
+        ipr.fdb("append", ifindex=link.index, lladdr=FLOOD_MAC, dst=dst, flags=NTF_SELF)
+    for dst in sorted(removed):
+        ipr.fdb("del", ifindex=link.index, lladdr=FLOOD_MAC, dst=dst, flags=NTF_SELF)
+    return added, removed
+
+
+def add_veth(
+    ipr: Any,
+    host_name: str,
+    host_mac: str,
+    peer_name: str,
+    peer_netns_fd: int,
+    mac: str,
+    mtu: int,
+    bridge: str,
+) -> None:
+    """Create a veth whose peer is born inside the pod namespace (no move), already plugged
+    into the bridge and up: one request, because ADD latency is counted in round trips."""
+    master = _require(ipr, bridge)
+    ipr.link(
+        "add",
+        ifname=host_name,
+        address=host_mac,
+        kind="veth",
+        mtu=mtu,
+        master=master.index,
+        state="up",
+        peer={"ifname": peer_name, "address": mac, "mtu": mtu, "net_ns_fd": peer_netns_fd},
+    )
+
+
+def add_vlan(
+    ipr: Any, name: str, uplink: str, vlan_id: int, mac: str, mtu: int, netns_fd: int
+) -> None:
+    """Nested mode: a VLAN sub-interface of the uplink, created directly in the pod namespace."""
+    parent = _require(ipr, uplink)
+    ipr.link(
+        "add",
+        ifname=name,
+        kind="vlan",
+        link=parent.index,
+        vlan_id=vlan_id,
+        address=mac,
+        mtu=mtu,
+        net_ns_fd=netns_fd,
+    )
+
+
+@dataclass(frozen=True)
+class PodAddress:
+    address: str  # "10.0.0.5/24"
+    gateway: str | None
+
+
+def configure_pod_interface(ipr: Any, name: str, addresses: list[PodAddress]) -> None:
+    """Inside the pod namespace: up, addresses, default routes via each address's gateway."""
+    link = _require(ipr, name)
+    ipr.link("set", index=link.index, state="up")
+    for item in addresses:
+        iface = ipaddress.ip_interface(item.address)
+        _ignore_exists(
+            ipr.addr,
+            "add",
+            index=link.index,
+            address=str(iface.ip),
+            prefixlen=iface.network.prefixlen,
+        )
+    for item in addresses:
+        if item.gateway is None:
+            continue
+        family = 10 if ipaddress.ip_address(item.gateway).version == 6 else 2
+        dst = "::/0" if family == 10 else "0.0.0.0/0"
+        _ignore_exists(
+            ipr.route, "add", dst=dst, gateway=item.gateway, oif=link.index, family=family
+        )
+
+
+def pod_addresses(ipr: Any, name: str) -> tuple[LinkInfo, set[str]] | None:
+    link = get_link(ipr, name)
+    if link is None:
+        return None
+    found = set()
+    for msg in ipr.addr("dump", index=link.index):
+        found.add(f"{msg.get('address')}/{msg['prefixlen']}")
+    return link, found
+
+
+def _ignore_exists(method: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        method(*args, **kwargs)
+    except NetlinkError as exc:
+        if exc.code != errno.EEXIST:
+            raise
+
+
+def _require(ipr: Any, name: str) -> LinkInfo:
+    link = get_link(ipr, name)
+    if link is None:
+        raise NetlinkError(errno.ENODEV, f"{name}: no such device")
+    return link

@@ -1,0 +1,162 @@
+"""Worker threads that do netlink work inside a chosen network namespace.
+
+Opening ``IPRoute(netns=...)`` forks a helper and costs ~10 ms; a thread that ``setns()``es
+into the namespace and opens a plain ``IPRoute()`` costs ~1.9 ms (DESIGN §1). ``setns`` only
+moves the calling thread, so it must never run on the event loop's thread: these workers
+own that. ``HostNetlink`` keeps threads parked in the host namespace with an open socket each;
+``PodNetlink`` enters a pod's namespace for one call and returns to where it came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from podwire.errors import ConfigError
+from podwire.netlink.errors import NotANamespace, translate
+
+T = TypeVar("T")
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/run/netns"
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def netns_path(name: str) -> str:
+    """Where ``ip netns`` keeps a named namespace."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ConfigError(f"network namespace name {name!r} is not valid")
+    return f"{NETNS_DIR}/{name}"
+
+
+def is_netns(path: str) -> bool:
+    """True if ``path`` is a network namespace file (nsfs inode, like /proc/self/ns/net).
+
+    Every nsfs inode lives on the same pseudo superblock, so comparing the device number with
+    our own namespace file tells a namespace apart from any ordinary file or directory.
+    """
+    try:
+        target = os.stat(path)
+        own = os.stat("/proc/self/ns/net")
+    except OSError:
+        return False
+    return target.st_dev == own.st_dev and target.st_ino != 0
+
+
+def setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def open_netns(path: str) -> int:
+    """Open a namespace file for ``setns`` or ``net_ns_fd``; NotANamespace if it is not one."""
+    if not is_netns(path):
+        raise NotANamespace(f"{path} does not exist or is not a network namespace")
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NotANamespace(f"cannot open network namespace {path}: {exc.strerror}") from exc
+
+
+def _call(fn: Callable[..., T], ipr: Any, args: tuple[Any, ...]) -> T:
+    try:
+        return fn(ipr, *args)
+    except (NetlinkError, OSError) as exc:
+        raise translate(exc, getattr(fn, "__name__", "call")) from exc
+
+
+class HostNetlink:
+    """Threads in the host namespace (``host_netns``, or ours when empty), one IPRoute each."""
+
+    def __init__(self, host_netns: str = "", threads: int = 4) -> None:
+        self.host_netns = host_netns
+        self._local = threading.local()
+        self._sockets: list[Any] = []
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="pw-host-netlink")
+
+    def _ipr(self) -> Any:
+        ipr = getattr(self._local, "ipr", None)
+        if ipr is None:
+            if self.host_netns:
+                fd = open_netns(netns_path(self.host_netns))
+                try:
+                    setns(fd)
+                finally:
+                    os.close(fd)
+            ipr = IPRoute()
+            self._local.ipr = ipr
+            with self._lock:
+                self._sockets.append(ipr)
+        return ipr
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        try:
+            ipr = self._ipr()
+        except NotANamespace as exc:
+            raise ConfigError(f"agent.host_netns: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"agent.host_netns: cannot enter {self.host_netns}: {exc}") from exc
+        return _call(fn, ipr, args)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, fn, args)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        with self._lock:
+            for ipr in self._sockets:
+                ipr.close()
+            self._sockets.clear()
+
+
+class PodNetlink:
+    """Runs one function inside a pod's namespace per call, then returns the thread home."""
+
+    def __init__(self, threads: int = 8) -> None:
+        self._local = threading.local()
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="pw-pod-netlink")
+
+    def _home(self) -> int:
+        fd = getattr(self._local, "home", None)
+        if fd is None:
+            fd = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+            self._local.home = fd
+        return int(fd)
+
+    def _run(self, path: str, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        home = self._home()
+        target = open_netns(path)
+        try:
+            setns(target)
+        finally:
+            os.close(target)
+        try:
+            ipr = IPRoute()
+            try:
+                return _call(fn, ipr, args)
+            finally:
+                ipr.close()
+        finally:
+            # A thread that cannot go home would run later calls in a pod's namespace.
+            try:
+                setns(home)
+            except OSError:
+                os._exit(70)
+
+    async def run(self, path: str, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, path, fn, args)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,157 @@
+"""Binder against real etcd and real namespaces, with desired keys written directly."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from podwire import keys
+from podwire.agent import naming
+from podwire.agent.binder import Binder, BinderSettings
+from podwire.agent.peers import PeerTracker
+from podwire.etcd import EtcdClient
+from podwire.ml2 import values
+from podwire.netlink import HostNetlink
+from tests.agent.desired_keys import desired_value
+from tests.agent.netenv import NetEnv, in_ns, links_in
+from tests.scripted_agent import eventually
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture
+async def bound(
+    etcd: EtcdClient, netenv: NetEnv, hostnames: list[str]
+) -> AsyncIterator[tuple[Binder, str, str]]:
+    ns, vtep = netenv.host(1)
+    phys = netenv.physnet_link(ns)
+    nl = HostNetlink(ns)
+    settings = BinderSettings(hostnames[0], vtep, {"physnet1": phys}, vlan_capable=False)
+    binder = Binder(etcd, nl, settings)
+    tracker = PeerTracker(etcd, hostnames[0], binder.set_peers)
+    tasks = [asyncio.create_task(binder.run()), asyncio.create_task(tracker.run())]
+    await asyncio.wait_for(binder.synced.wait(), 10)
+    try:
+        yield binder, ns, hostnames[0]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        nl.close()
+
+
+def _ids() -> tuple[str, str]:
+    return str(uuid.uuid4()), str(uuid.uuid4())
+
+
+def _ip(address: str = "10.1.0.5") -> list[dict[str, str]]:
+    return [
+        {"ip_address": address, "subnet_id": "s", "cidr": "10.1.0.0/24", "gateway_ip": "10.1.0.1"}
+    ]
+
+
+async def test_vxlan_port_wires_plumbing_and_state(
+    bound: tuple[Binder, str, str], etcd: EtcdClient
+) -> None:
+    binder, ns, host = bound
+    port, net = _ids()
+    await etcd.put(
+        keys.node_port(host, port),
+        desired_value(port, net, "fa:16:3e:00:00:01", _ip(), segmentation_id=4242),
+    )
+    wired = await binder.wait_wired(port, 10)
+    assert wired.segmentation_id == 4242
+    assert await etcd.get(keys.state_port(host, port)) is not None
+    detail = in_ns(ns, "ip", "-d", "link", "show", naming.vxlan(net)).stdout
+    assert "vxlan id 4242" in detail and "local 192.0.2.11" in detail
+    assert f"master {naming.bridge(net)}" in detail
+
+    await etcd.delete(keys.node_port(host, port))
+    await eventually(lambda: _gone(etcd, keys.state_port(host, port)), "state key removed")
+    await eventually(lambda: _no_link(ns, naming.bridge(net)), "bridge removed")
+    assert naming.vxlan(net) not in links_in(ns)
+
+
+async def test_flood_entries_follow_alive_peers(
+    bound: tuple[Binder, str, str], etcd: EtcdClient, hostnames: list[str]
+) -> None:
+    binder, ns, host = bound
+    port, net = _ids()
+    await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:02", _ip()))
+    await binder.wait_wired(port, 10)
+    other = hostnames[1]
+    await etcd.put(keys.state_vtep(other), values.vtep_value("192.0.2.99"))
+    lease = await etcd.grant_lease(30)
+    await etcd.put(keys.state_alive(other), values.alive_value(0, "t"), lease=lease.id)
+
+    def fdb() -> str:
+        return in_ns(ns, "bridge", "fdb", "show", "dev", naming.vxlan(net)).stdout
+
+    async def flooded() -> bool:
+        return "dst 192.0.2.99" in fdb()
+
+    async def not_flooded() -> bool:
+        return "dst 192.0.2.99" not in fdb()
+
+    await eventually(flooded, "flood entry to the new host")
+    await lease.revoke()
+    await eventually(not_flooded, "flood entry gone with the dead host")
+    await etcd.delete(keys.node_port(host, port))
+
+
+async def test_flat_port_enslaves_physnet_and_bad_values_are_skipped(
+    bound: tuple[Binder, str, str], etcd: EtcdClient
+) -> None:
+    binder, ns, host = bound
+    port, net = _ids()
+    value = desired_value(port, net, "fa:16:3e:00:00:03", _ip(), "flat", None, "physnet1", 1500)
+    bad = str(uuid.uuid4())
+    await etcd.put(keys.node_port(host, bad), b"{not json")
+    await etcd.put(keys.node_port(host, port), value)
+    await binder.wait_wired(port, 10)
+    assert f"master {naming.bridge(net)}" in in_ns(ns, "ip", "link", "show", "phys0").stdout
+    assert bad in binder.failed and await etcd.get(keys.state_port(host, bad)) is None
+
+    unmapped = str(uuid.uuid4())
+    value = desired_value(unmapped, net, "fa:16:3e:00:00:04", _ip(), "flat", None, "nope", 1500)
+    await etcd.put(keys.node_port(host, unmapped), value)
+    with pytest.raises(Exception, match=r"physnet 'nope' is not in agent\.physnet_mappings"):
+        await binder.wait_wired(unmapped, 10)
+    await etcd.delete(keys.node_port(host, port))
+    await eventually(lambda: _no_link(ns, naming.bridge(net)), "flat bridge removed")
+    assert "master" not in in_ns(ns, "ip", "link", "show", "phys0").stdout
+
+
+async def test_restart_adopts_existing_plumbing(
+    etcd: EtcdClient, netenv: NetEnv, hostnames: list[str]
+) -> None:
+    ns, vtep = netenv.host(1)
+    host = hostnames[0]
+    port, net = _ids()
+    await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:05", _ip()))
+    for _ in range(2):  # the second binder finds everything in place and changes nothing
+        nl = HostNetlink(ns)
+        binder = Binder(etcd, nl, BinderSettings(host, vtep, {}, vlan_capable=False))
+        task = asyncio.create_task(binder.run())
+        try:
+            await binder.wait_wired(port, 10)
+            index = in_ns(ns, "cat", f"/sys/class/net/{naming.bridge(net)}/ifindex").stdout
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            nl.close()
+        if _ == 0:
+            first_index = index
+    assert index == first_index
+    await etcd.delete(keys.node_port(host, port))
+
+
+async def _gone(etcd: EtcdClient, key: str) -> bool:
+    return await etcd.get(key) is None
+
+
+async def _no_link(ns: str, name: str) -> bool:
+    return name not in links_in(ns)

@@ -1,0 +1,116 @@
+"""Bad input through both plugin builds: the right CNI code, nothing half-created, still serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podwire.cni import spec
+from tests.agent.harness import HostAgent, acni, cni
+from tests.agent.netenv import NetEnv, links_in
+
+pytestmark = pytest.mark.stack
+
+CID = "c0ffee"
+
+
+def _env_cases(pod: str) -> list[tuple[str, dict[str, str], int]]:
+    return [
+        ("no command", {"CNI_COMMAND": ""}, spec.INVALID_ENV),
+        ("unknown command", {"CNI_COMMAND": "EXPLODE"}, spec.INVALID_ENV),
+        ("no container id", {"CNI_CONTAINERID": ""}, spec.INVALID_ENV),
+        ("bad container id", {"CNI_CONTAINERID": "../etc"}, spec.INVALID_ENV),
+        ("no netns", {"CNI_NETNS": ""}, spec.INVALID_ENV),
+        ("netns missing", {"CNI_NETNS": "/run/netns/pwt-does-not-exist"}, spec.INVALID_ENV),
+        ("netns not a netns", {"CNI_NETNS": "/etc/hostname"}, spec.INVALID_ENV),
+        ("relative netns", {"CNI_NETNS": "run/netns/x"}, spec.INVALID_ENV),
+        ("ifname too long", {"CNI_IFNAME": "a" * 16}, spec.INVALID_ENV),
+        ("ifname with slash", {"CNI_IFNAME": "et/h0"}, spec.INVALID_ENV),
+        ("junk CNI_ARGS", {"CNI_ARGS": "IgnoreUnknown=1;garbage"}, spec.INVALID_ENV),
+        ("junk pod name", {"CNI_ARGS": "K8S_POD_NAME=a b"}, spec.INVALID_ENV),
+    ]
+
+
+async def test_bad_env_and_config_get_spec_codes_and_create_nothing(
+    agents: list[HostAgent], netenv: NetEnv, vxnet: Any, plugin: Path, neutron: Any, project_id: str
+) -> None:
+    agent = agents[0]
+    pod = netenv.namespace("pod")
+    good = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": CID,
+        "CNI_NETNS": f"/run/netns/{pod}",
+        "CNI_IFNAME": "eth0",
+    }
+    conf = agent.conf(vxnet.id)
+    for what, override, code in _env_cases(pod):
+        call = await acni(plugin, "ADD", conf, extra_env={**good, **override})
+        assert call.code == code, (what, call.stdout)
+        error = call.json
+        assert error["code"] == code and error["msg"], what
+
+    config_cases = [
+        ("not json", "{oops", spec.DECODE_FAILURE),
+        ("not an object", "[1]", spec.DECODE_FAILURE),
+        ("old version", json.dumps({**conf, "cniVersion": "0.3.1"}), spec.INCOMPATIBLE_VERSION),
+        ("no network", json.dumps({**conf, "network": ""}), spec.INVALID_CONFIG),
+        ("bad sg", json.dumps({**conf, "securityGroups": "x"}), spec.INVALID_CONFIG),
+        ("unknown network", json.dumps({**conf, "network": f"nope-{uuid.uuid4().hex}"}), 7),
+    ]
+    for what, stdin, code in config_cases:
+        env = {**good, "PODWIRE_CNI_SOCKET": agent.socket}
+        call = await acni(plugin, "ADD", stdin, extra_env=env)
+        assert call.code == code, (what, call.stdout)
+        if what == "unknown network":
+            assert "does not exist" in call.json["msg"]
+
+    assert links_in(pod) == ["lo"]
+    assert not [n for n in links_in(agent.netns) if n.startswith("pwp")]
+    assert list(neutron.network.ports(project_id=project_id)) == [
+        p
+        for p in neutron.network.ports(project_id=project_id)
+        if p.device_owner != "compute:podwire"
+    ]
+    status = await acni(
+        plugin, "STATUS", {"cniVersion": "1.1.0", "name": "n", "agentSocket": agent.socket}
+    )
+    assert status.code == 0, status.stdout
+
+
+def _raw_exchange(path: str, data: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        return sock.makefile("rb").read()
+
+
+async def test_garbage_on_the_socket_gets_a_decode_error(agents: list[HostAgent]) -> None:
+    agent = agents[0]
+    for garbage in (b"hello", b"[]", b'{"env": 5}', b"\xff\xfe"):
+        reply = await asyncio.to_thread(_raw_exchange, agent.socket, garbage)
+        head, _, body = reply.partition(b"\n")
+        assert int(head) == spec.DECODE_FAILURE, garbage
+        assert json.loads(body)["code"] == spec.DECODE_FAILURE
+    assert oct(Path(agent.socket).stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("kind", ["c", "python"])
+def test_unreachable_agent_and_version(kind: str, tmp_path: Path) -> None:
+    from tests.agent.harness import plugin_binary
+
+    binary = plugin_binary(kind, tmp_path)
+    conf = {"cniVersion": "1.1.0", "name": "n", "network": "x", "agentSocket": str(tmp_path / "no")}
+    version = cni(binary, "VERSION", "")
+    assert version.code == 0 and "1.1.0" in version.json["supportedVersions"]
+    status = cni(binary, "STATUS", conf)
+    assert status.code == spec.NOT_AVAILABLE and status.json["code"] == spec.NOT_AVAILABLE
+    add = cni(binary, "ADD", conf, container_id="c1", netns="/run/netns/x")
+    assert add.code == spec.TRY_AGAIN and "not reachable" in add.json["msg"]
