@@ -44,7 +44,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     ]
     for item in rows:
         unit = item.get("unit", "ms")
-        ratio = f"{item['ratio']:.2f}x" if item.get("ratio") else "-"
+        ratio = f"{item['ratio']:.3g}x" if item.get("ratio") else "-"
         lines.append(
             f"| {item['name']} | {item['samples']} | {item['p50_ms']:.2f} {unit}"
             f" | {item['p99_ms']:.2f} {unit} | {item['reference'] or '-'} | {ratio} |"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
-from tests.agent.desired_keys import FakeForwarder
 from tests.agent.harness import HostAgent, plugin_binary
 from tests.agent.netenv import NetEnv
 
@@ -58,27 +56,18 @@ def vxnet(neutron: Any, project_id: str) -> Any:
 
 
 @pytest.fixture
-async def forwarder(
-    neutron: Any, etcd: EtcdClient, project_id: str, hostnames: list[str]
-) -> AsyncIterator[FakeForwarder]:
-    """Desired-port keys for this test's ports. Swap in the real ml2 forwarder here."""
-    fake = FakeForwarder(neutron, etcd, project_id, hostnames)
-    task = asyncio.create_task(fake.run())
-    yield fake
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-
-
-@pytest.fixture
 async def agents(
     netenv: NetEnv,
     hostnames: list[str],
     etcd_settings: EtcdSettings,
     neutron_endpoint: str,
     tmp_path: Path,
-    forwarder: FakeForwarder,
 ) -> AsyncIterator[list[HostAgent]]:
-    """Two agents on two simulated hosts (namespaces on one underlay), Neutron VIF source."""
+    """Two agents on two simulated hosts (namespaces on one underlay), Neutron VIF source.
+
+    What each host must wire reaches it the real way: the stack's Neutron binds the port to
+    the agent's (alive, VTEP-reporting) host and the ml2 forwarder writes the desired key.
+    """
     running = []
     for index, host in enumerate(hostnames, start=1):
         ns, vtep = netenv.host(index)

@@ -1,19 +1,14 @@
-"""Stand-in for the ml2 forwarder: desired-port keys written straight into etcd.
+"""Desired-port values written straight into etcd, for binder tests that need exact control.
 
-The real forwarder publishes ``/podwire/nodes/<host>/ports/<id>`` from Neutron's journal.
-Until it is wired into the test stack, ``FakeForwarder`` mirrors bound Neutron ports into the
-same keys (layout fixed in DESIGN §2). Switching to the real forwarder is swapping the
-``forwarder`` fixture in conftest.py for one that starts it.
+Everything else in tests/agent gets its desired keys from the real ml2 forwarder running in the
+stack's Neutron; these tests pin values (a VNI, a physnet, a malformed field) that Neutron would
+not produce on demand. The layout is DESIGN §2's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
-
-from podwire import keys
-from podwire.etcd import EtcdClient
 
 
 def desired_value(
@@ -68,37 +63,3 @@ def value_from_neutron(conn: Any, port: Any) -> bytes:
         network.provider_physical_network,
         network.mtu,
     )
-
-
-class FakeForwarder:
-    """Polls Neutron for podwire pod ports of one project bound to the given hosts."""
-
-    def __init__(self, conn: Any, etcd: EtcdClient, project_id: str, hosts: list[str]) -> None:
-        self._conn = conn
-        self._etcd = etcd
-        self._project = project_id
-        self._hosts = hosts
-        self._published: dict[str, str] = {}  # port id -> host
-
-    async def run(self, interval: float = 0.1) -> None:
-        while True:
-            await self.sync()
-            await asyncio.sleep(interval)
-
-    async def sync(self) -> None:
-        ports = await asyncio.to_thread(self._list)
-        for port_id, (host, port) in ports.items():
-            if self._published.get(port_id) != host:
-                value = await asyncio.to_thread(value_from_neutron, self._conn, port)
-                await self._etcd.put(keys.node_port(host, port_id), value)
-                self._published[port_id] = host
-        for port_id in [p for p in self._published if p not in ports]:
-            await self._etcd.delete(keys.node_port(self._published.pop(port_id), port_id))
-
-    def _list(self) -> dict[str, tuple[str, Any]]:
-        found = {}
-        for port in self._conn.network.ports(project_id=self._project):
-            host = port.binding_host_id
-            if host in self._hosts and port.device_owner == "compute:podwire":
-                found[port.id] = (host, port)
-        return found
