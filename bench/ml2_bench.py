@@ -19,10 +19,10 @@ from typing import Any
 
 from bench.stats import render, row
 from podwire import keys
+from podwire import wire as values
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
-from podwire.ml2 import values
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings
 from podwire.ml2.journal import SqlJournal, copy_table
 from podwire.stack.client import neutron_connection, start_background, stop_background

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from podwire import keys
+from podwire import wire as values
 from podwire.errors import RetryableError, ValidationError
 from podwire.ml2 import feedback as feedback_module
-from podwire.ml2 import values
 from podwire.ml2.binding import Binding, Decline, Segment, decide
 from podwire.ml2.feedback import Feedback
 from podwire.ml2.forwarder import batch_ops

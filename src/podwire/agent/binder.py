@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
+from podwire import wire as values
 from podwire.agent import metrics, plumbing
 from podwire.agent.desired import DesiredPort, parse_desired
 from podwire.agent.plumbing import NetworkPlan
 from podwire.errors import PermanentError, PodwireError, RetryableError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch
 from podwire.log import get_logger
-from podwire.ml2 import values
 from podwire.netlink import HostNetlink
 
 log = get_logger(__name__)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from podwire import keys
+from podwire import wire as values
 from podwire.errors import ValidationError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchEvent
 from podwire.log import get_logger
-from podwire.ml2 import values
 
 log = get_logger(__name__)
 

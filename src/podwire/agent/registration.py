@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 
 from podwire import __version__, keys
+from podwire import wire as values
 from podwire.agent import metrics
 from podwire.errors import EtcdUnavailable
 from podwire.etcd import EtcdClient, Lease
 from podwire.etcd.client import LeaseLost
 from podwire.log import get_logger
-from podwire.ml2 import values
 
 log = get_logger(__name__)
 

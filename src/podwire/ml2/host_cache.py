@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from podwire import keys
+from podwire import wire as values
 from podwire.errors import ValidationError
-from podwire.ml2 import values
 from podwire.ml2.mlog import get_logger
 
 log = get_logger(__name__)
