@@ -1,0 +1,62 @@
+"""Entry point of ``scripts/demo``."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from podwire.demo.scenario import Scenario, step
+from podwire.errors import PodwireError
+from podwire.stack.client import start_background, stop_background
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__)
+    parser.add_argument("--pods", type=int, default=20, choices=range(2, 41), metavar="2..40")
+    parser.add_argument("--keep", action="store_true", help="leave it running until Ctrl-C")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="pwdemo-", dir="/tmp"))
+    started = time.perf_counter()
+    step(f"starting etcd + MariaDB + Neutron (podwire ml2 driver) in {work}")
+    proc, stack = start_background(work / "stack")
+    scenario = Scenario(stack, work, args.pods)
+    code = 0
+    try:
+        figures = scenario.run()
+        step("report")
+        for line in figures.lines():
+            print(f"    {line}")
+        if args.keep:
+            _wait_for_interrupt(stack, work)
+    except PodwireError as exc:
+        print(f"demo failed: {exc} (logs in {work})", file=sys.stderr)
+        code = 1
+    finally:
+        step("tearing down")
+        left = scenario.teardown()
+        stop_background(proc)
+        if left:
+            print(f"left behind: {', '.join(left)}", file=sys.stderr)
+            code = 1
+    if code == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        step(f"done in {time.perf_counter() - started:.0f} s; nothing left behind")
+    return code
+
+
+def _wait_for_interrupt(stack: dict[str, object], work: Path) -> None:
+    step(f"running: neutron {stack['neutron']}, etcd {stack['etcd']}, configs in {work}")
+    step("try: podwire status; press Ctrl-C to tear down")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

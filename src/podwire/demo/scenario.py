@@ -1,0 +1,216 @@
+"""The demo's steps, each reporting progress; ``Scenario.run`` returns the report's figures."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import permutations
+from pathlib import Path
+from typing import Any
+
+from podwire import keys
+from podwire.config import EtcdSettings
+from podwire.demo.pods import Pod, cni, cni_conf, new_pod
+from podwire.demo.services import Services
+from podwire.demo.topology import Topology, pings
+from podwire.errors import StackError
+from podwire.etcd.client import EtcdClient
+from podwire.stack.client import neutron_connection
+
+HOSTS = ("demo-node-1", "demo-node-2")
+
+
+def step(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+@dataclass
+class Figures:
+    pods: int = 0
+    ports: int = 0
+    pings: int = 0
+    pool_hits: float = 0
+    reused: int = 0
+    add_ms: list[float] = field(default_factory=list)
+    active_ms: list[float] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            f"pods attached: {self.pods} on {len(HOSTS)} hosts; Neutron ports: {self.ports}",
+            f"pod-to-pod pings: {self.pings} of {self.pods * (self.pods - 1)} answered",
+            f"pool hits: {self.pool_hits:.0f} of {len(self.add_ms)} ADDs;"
+            f" re-created pods got {self.reused} recycled ports back",
+            f"CNI ADD: p50 {statistics.median(self.add_ms):.1f} ms,"
+            f" p99 {p99(self.add_ms):.1f} ms ({len(self.add_ms)} ADDs)",
+            f"pool port bound -> ACTIVE: p50 {statistics.median(self.active_ms):.0f} ms"
+            f" ({len(self.active_ms)} ports)",
+        ]
+
+
+class Scenario:
+    def __init__(self, stack: dict[str, Any], work: Path, pod_count: int) -> None:
+        self.neutron = neutron_connection(stack["neutron"])
+        self.etcd_url = str(stack["etcd"])
+        self.services = Services(work, stack["etcd"], stack["neutron"])
+        self.topology = Topology()
+        self.pod_count = pod_count
+        self.project = uuid.uuid4().hex
+        self.pods: list[Pod] = []
+        self.sockets: dict[str, str] = {}
+        self.confs: dict[str, dict[str, Any]] = {}
+        self.figures = Figures()
+
+    def run(self) -> Figures:
+        self._start_hosts()
+        network, sg = self._network()
+        self._populate(network.id, sg.id)
+        self.confs = {
+            host: cni_conf(network.id, self.project, sg.id, self.sockets[host]) for host in HOSTS
+        }
+        self._attach([new_pod(f"pod-{i}", "", HOSTS[i % 2]) for i in range(self.pod_count)])
+        self._check_connectivity()
+        self._recreate_half()
+        self._check_connectivity()
+        self.figures.pods = len(self.pods)
+        self.figures.ports = len(list(self.neutron.network.ports(project_id=self.project)))
+        self.figures.pool_hits = self.services.metric("podwire_pool_hits_total")
+        return self.figures
+
+    def _start_hosts(self) -> None:
+        step("creating 2 simulated hosts (network namespaces on an underlay bridge)")
+        hosts = self.topology.build_hosts(len(HOSTS))
+        step("starting the controller and one agent per host")
+        self.services.start_controller(list(HOSTS))
+        for host, (netns, vtep) in zip(HOSTS, hosts, strict=True):
+            self.sockets[host] = self.services.start_agent(host, netns, vtep)
+
+    def _network(self) -> tuple[Any, Any]:
+        network = self.neutron.network.create_network(name="demo-pods", project_id=self.project)
+        self.neutron.network.create_subnet(
+            network_id=network.id, cidr="10.88.0.0/24", ip_version=4, project_id=self.project
+        )
+        sg = self.neutron.network.create_security_group(name="demo", project_id=self.project)
+        step(f"VXLAN network {network.id} (VNI {network.provider_segmentation_id})")
+        return network, sg
+
+    def _populate(self, network_id: str, sg_id: str) -> None:
+        per_host = self.pod_count // len(HOSTS) + 2
+        step(f"pre-populating pools: {per_host} ports per host")
+        started = time.perf_counter()
+        self.services.admin(
+            "POST",
+            "/v1/pools/populate",
+            {
+                "nodes": list(HOSTS),
+                "network": network_id,
+                "project_id": self.project,
+                "security_groups": [sg_id],
+                "count": per_host,
+            },
+        )
+        bound_at = time.perf_counter()
+        self.figures.active_ms = self._wait_active(per_host * len(HOSTS), bound_at)
+        step(
+            f"pools ready: {per_host * len(HOSTS)} ports created and bound in"
+            f" {bound_at - started:.1f} s, all ACTIVE {time.perf_counter() - started:.1f} s"
+        )
+
+    def _wait_active(self, expected: int, since: float) -> list[float]:
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 120
+        while len(seen) < expected and time.monotonic() < deadline:
+            for port in self.neutron.network.ports(project_id=self.project, status="ACTIVE"):
+                seen.setdefault(port.id, (time.perf_counter() - since) * 1000)
+            time.sleep(0.05)
+        if len(seen) < expected:
+            raise StackError(f"only {len(seen)} of {expected} pool ports became ACTIVE")
+        return list(seen.values())
+
+    def _attach(self, pods: list[Pod]) -> None:
+        step(f"attaching {len(pods)} pods through the CNI plugin")
+        for pod in pods:
+            pod.netns = self.topology.pod(pod.name)
+            elapsed, result = cni("ADD", pod, self.confs[pod.host])
+            pod.ip = result["ips"][0]["address"].split("/")[0]
+            pod.port_id = self._port_of(result)
+            self.figures.add_ms.append(elapsed)
+            self.pods.append(pod)
+
+    def _port_of(self, result: dict[str, Any]) -> str:
+        mac = next(i["mac"] for i in result["interfaces"] if i.get("sandbox"))
+        ports = list(self.neutron.network.ports(project_id=self.project, mac_address=mac))
+        return str(ports[0].id) if ports else ""
+
+    def _check_connectivity(self) -> None:
+        pairs = list(permutations(self.pods, 2))
+        step(f"checking {len(pairs)} pod-to-pod pings across both hosts")
+        with ThreadPoolExecutor(8) as pool:
+            answered = list(pool.map(lambda pair: pings(pair[0].netns, pair[1].ip), pairs))
+        self.figures.pings = sum(answered)
+        if not all(answered):
+            failed = [f"{a.name}->{b.name}" for (a, b), ok in zip(pairs, answered, strict=True)]
+            raise StackError(f"{len(pairs) - sum(answered)} pings failed, e.g. {failed[:3]}")
+
+    def _recreate_half(self) -> None:
+        half = self.pods[::2]
+        step(f"deleting {len(half)} pods, then creating them again (ports return to the pool)")
+        pooled = self._pooled()
+        released = set()
+        for pod in half:
+            cni("DEL", pod, self.confs[pod.host])
+            released.add(pod.port_id)
+            self.topology.remove(pod.netns)
+            self.pods.remove(pod)
+        self._wait_pooled(pooled + len(half))
+        again = [new_pod(pod.name, "", pod.host) for pod in half]
+        self._attach(again)
+        self.figures.reused = len(released & {pod.port_id for pod in again})
+
+    def _pooled(self) -> int:
+        pools = self.services.admin("GET", "/v1/pools")["pools"]
+        return sum(int(pool["size"]) for pool in pools)
+
+    def _wait_pooled(self, expected: int) -> None:
+        """Released ports are recycled on the pool's interval, then ready for new pods."""
+        deadline = time.monotonic() + 60
+        while self._pooled() < expected:
+            if time.monotonic() > deadline:
+                raise StackError("released ports did not return to the pools within 60 s")
+            time.sleep(0.2)
+
+    async def _etcd_leftovers(self) -> list[str]:
+        async with await EtcdClient.connect(EtcdSettings(endpoints=[self.etcd_url])) as etcd:
+            found = []
+            for host in HOSTS:
+                for prefix in (keys.node_ports_prefix(host), keys.vifs_prefix(host)):
+                    found += [f"etcd key {kv.key}" for kv in (await etcd.get_prefix(prefix))[0]]
+                state, _ = await etcd.get_prefix(keys.state_node_prefix(host))
+                found += [f"etcd key {kv.key}" for kv in state if "/ports/" in kv.key]
+                found += [f"etcd key {kv.key}" for kv in state if kv.key.endswith("/alive")]
+            return found
+
+    def teardown(self) -> list[str]:
+        """Remove everything the demo made; returns what could not be removed."""
+        for pod in list(self.pods):
+            cni("DEL", pod, self.confs[pod.host])
+        if self.services.children.get("controller"):
+            self.services.admin("POST", "/v1/pools/free", {"nodes": list(HOSTS)})
+        self.services.stop()
+        for port in list(self.neutron.network.ports(project_id=self.project)):
+            self.neutron.network.delete_port(port)
+        for network in list(self.neutron.network.networks(project_id=self.project)):
+            self.neutron.network.delete_network(network)
+        self.topology.destroy()
+        left = asyncio.run(self._etcd_leftovers())
+        left += [f"namespace {name}" for name in self.topology.leftovers()]
+        left += [f"port {p.id}" for p in self.neutron.network.ports(project_id=self.project)]
+        return left

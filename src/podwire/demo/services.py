@@ -1,0 +1,108 @@
+"""The controller and agent processes of the demo, started like an operator would."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from podwire.errors import StackError
+from podwire.stack import procs
+from podwire.stack.netutil import free_port, http_ok
+
+
+@dataclass
+class Services:
+    work: Path
+    etcd_url: str
+    neutron_url: str
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    node_tokens: dict[str, str] = field(default_factory=dict)
+    controller_port: int = field(default_factory=free_port)
+    children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def controller_url(self) -> str:
+        return f"http://127.0.0.1:{self.controller_port}"
+
+    def _common(self) -> str:
+        return f'[etcd]\nendpoints = ["{self.etcd_url}"]\n[log]\nlevel = "WARNING"\n'
+
+    def _spawn(self, name: str, component: str, config: str) -> None:
+        path = self.work / f"{name}.toml"
+        path.write_text(config)
+        argv = [sys.executable, "-m", "podwire.cli.main", component, "--config", str(path)]
+        self.children[name] = procs.spawn(argv, self.work / f"{name}.log")
+
+    def start_controller(self, hosts: list[str]) -> None:
+        self.node_tokens = {host: secrets.token_hex(16) for host in hosts}
+        tokens = ", ".join(f'"{host}" = "{token}"' for host, token in self.node_tokens.items())
+        self._spawn(
+            "controller",
+            "controller",
+            self._common()
+            + f'[neutron]\nendpoint = "{self.neutron_url}"\n'
+            + f'[controller]\nlisten = "127.0.0.1:{self.controller_port}"\n'
+            + f'admin_token = "{self.admin_token}"\nnode_tokens = {{ {tokens} }}\n'
+            + "[pool]\nmin = 0\nbatch = 10\nupdate_interval = 1\n",
+        )
+        self._wait("controller", lambda: http_ok(f"{self.controller_url}/readyz"))
+
+    def start_agent(self, host: str, netns: str, vtep: str) -> str:
+        socket_path = str(self.work / f"{host}.sock")
+        self._spawn(
+            host,
+            "agent",
+            self._common()
+            + f'[agent]\nhost = "{host}"\ncontroller_url = "{self.controller_url}"\n'
+            + f'token = "{self.node_tokens[host]}"\ncni_socket = "{socket_path}"\n'
+            + f'state_dir = "{self.work / host}"\nvtep_ip = "{vtep}"\n'
+            + f'host_netns = "{netns}"\nheartbeat_ttl = 10\n',
+        )
+        self._wait(host, lambda: Path(socket_path).exists())
+        return socket_path
+
+    def _wait(self, name: str, ready: Any, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        proc = self.children[name]
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if proc.poll() is not None:
+                raise StackError(f"{name} exited; see {self.work / (name + '.log')}")
+            time.sleep(0.1)
+        raise StackError(f"{name} not ready after {timeout:.0f} s")
+
+    def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        request = urllib.request.Request(
+            self.controller_url + path,
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {self.admin_token}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return json.loads(response.read() or b"null")
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"{self.controller_url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith("#")
+        )
+
+    def stop(self) -> None:
+        for name in [n for n in self.children if n != "controller"] + ["controller"]:
+            proc = self.children.pop(name, None)
+            if proc is not None:
+                procs.stop_child(proc, timeout=30)
