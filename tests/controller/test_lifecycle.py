@@ -6,10 +6,13 @@ from typing import Any
 
 import aiohttp
 
+from podwire.config import ControllerSettings
 from podwire.controller.pools import PoolKey
 from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
+from podwire.status.report import collect_pools
 from tests.controller.conftest import (
+    ADMIN,
     ScriptedNodes,
     admin,
     eventually,
@@ -83,6 +86,13 @@ async def test_sg_reuse_remove_sg_max_and_network_deletion(
     _, got = await request_vif(http, running.url, node, vif_body("r.eth0", network, [sgs[1]]))
     port = neutron.network.get_port(got["vif"]["port_id"])
     assert port.security_group_ids == [sgs[1]] and got["vif"]["security_groups"] == [sgs[1]]
+    # what `podwire status` shows of this pool: one free, one in use, refilled once
+    status_settings = ControllerSettings(
+        listen=running.url.removeprefix("http://"), admin_token=ADMIN
+    )
+    (seen,) = (await collect_pools(status_settings))["pools"]
+    assert (seen["size"], seen["in_use"], seen["recyclable"]) == (1, 1, 0)
+    assert seen["last_refill"] is not None
     # removing an SG from the pools strips it from the pooled ports
     status, moved = await admin(http, "DELETE", f"{running.url}/v1/security-groups/{sgs[0]}/pools")
     assert status == 200 and moved == {"moved": 1}
@@ -97,6 +107,8 @@ async def test_sg_reuse_remove_sg_max_and_network_deletion(
     )
     assert running.service.pools.size(key) == 2
     await release_vif(http, running.url, node, "r.eth0")
+    (seen,) = (await collect_pools(status_settings))["pools"]
+    assert (seen["in_use"], seen["recyclable"]) == (0, 1)
     assert await recycle_once(running.service, settings.pool) == (0, 1)
     assert neutron.network.find_port(got["vif"]["port_id"]) is None
     # network deletion frees its pools and their ports

@@ -100,6 +100,9 @@ def _pool_json(service: PoolService, key: PoolKey) -> dict[str, Any]:
     return {
         "key": key.to_json(),
         "size": service.pools.size(key),
+        "in_use": sum(1 for record in service.attachments.values() if record.key == key),
+        "recyclable": sum(1 for k in service.pools.recyclable().values() if k == key),
+        "last_refill": service.refiller.last_refill.get(key),
         "waiting": service.pools.waiting(key),
         "groups": [
             {"security_groups": list(sgs), "ports": ports}

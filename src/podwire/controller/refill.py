@@ -45,6 +45,7 @@ class Refiller:
         self._metrics = metrics
         self._locks: defaultdict[PoolKey, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._gate = asyncio.Semaphore(settings.bulk_concurrency)
+        self.last_refill: dict[PoolKey, float] = {}  # unix time of the last finished refill
 
     def busy(self, key: PoolKey) -> bool:
         return self._locks[key].locked()
@@ -88,6 +89,7 @@ class Refiller:
         created = sum(len(r) for r in results if isinstance(r, list))
         self._metrics.refill_seconds.observe(time.monotonic() - started)
         self._metrics.pool_size.labels(*key).set(self._pools.size(key))
+        self.last_refill[key] = time.time()
         log.info("pool.refilled", key=key, created=created, wanted=count)
         for result in results:
             if isinstance(result, BaseException):

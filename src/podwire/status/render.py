@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from podwire.status.report import Report
 
 
@@ -10,7 +12,7 @@ def render(report: Report) -> str:
     if report.etcd.get("state") == "ok":
         leaders = [f"  {name:11} {who or '(none)'}" for name, who in report.leaders.items()]
         lines += ["", "NODES", *_node_lines(report), "", "ML2", *_ml2_lines(report)]
-        lines += ["", "LEADERS", *leaders]
+        lines += ["", "POOLS", *_pool_lines(report), "", "LEADERS", *leaders]
     problems = [f"  - {problem}" for problem in report.problems] or ["  none"]
     lines += ["", "PROBLEMS", *problems]
     return "\n".join(lines)
@@ -46,3 +48,22 @@ def _ml2_lines(report: Report) -> list[str]:
         f"  feedback at revision {ml2.get('feedback_revision')},"
         f" {ml2.get('feedback_relists')} re-lists",
     ]
+
+
+def _pool_lines(report: Report) -> list[str]:
+    pools = report.pools
+    if pools.get("state") != "ok":
+        return [f"  {pools.get('state')}" + (f": {pools['error']}" if pools.get("error") else "")]
+    if not pools["pools"]:
+        return ["  (no pools)"]
+    lines = [f"  {'node':20} {'project':10} {'network':10} free in-use recyclable last refill"]
+    now = time.time()
+    for pool in pools["pools"]:
+        key = pool["key"]
+        refill = pool.get("last_refill")
+        age = f"{now - refill:.0f} s ago" if refill else "never"
+        lines.append(
+            f"  {key['node']:20} {key['project_id'][:8]:10} {key['network_id'][:8]:10}"
+            f" {pool['size']:4} {pool.get('in_use', 0):6} {pool.get('recyclable', 0):10} {age}"
+        )
+    return lines

@@ -7,8 +7,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import aiohttp
+
 from podwire import keys
-from podwire.config import Settings
+from podwire.config import ControllerSettings, Settings
 from podwire.errors import PodwireError
 from podwire.etcd.client import EtcdClient
 from podwire.status.nodes import NodeStatus, collect_leaders, collect_nodes
@@ -22,6 +24,7 @@ class Report:
     nodes: list[NodeStatus] = field(default_factory=list)
     leaders: dict[str, str | None] = field(default_factory=dict)
     ml2: dict[str, Any] = field(default_factory=dict)
+    pools: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -44,6 +47,25 @@ async def component_report(etcd: EtcdClient, component: str) -> dict[str, Any]:
     return value
 
 
+async def collect_pools(controller: ControllerSettings) -> dict[str, Any]:
+    """Pools as the active controller sees them, through its admin API."""
+    if not controller.admin_token:
+        return {"state": "not configured (set controller.listen and controller.admin_token)"}
+    url = f"http://{controller.listen}/v1/pools"
+    headers = {"Authorization": f"Bearer {controller.admin_token}"}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.get(url, headers=headers) as response,
+        ):
+            body = await response.json(content_type=None)
+            if response.status != 200:
+                return {"state": "error", "error": f"HTTP {response.status}: {body}"}
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return {"state": "unreachable", "error": f"{url}: {exc or type(exc).__name__}"}
+    return {"state": "ok", "pools": body.get("pools", [])}
+
+
 async def collect(settings: Settings) -> Report:
     report = Report()
     try:
@@ -57,6 +79,7 @@ async def collect(settings: Settings) -> Report:
         report.nodes = await collect_nodes(etcd)
         report.leaders = await collect_leaders(etcd, ("forwarder", "controller"))
         report.ml2 = await component_report(etcd, "ml2")
+    report.pools = await collect_pools(settings.controller)
     report.problems += _problems(report)
     return report
 
@@ -77,6 +100,8 @@ def _problems(report: Report) -> list[str]:
         problems.append(
             "no forwarder is elected: is neutron-server with the podwire driver running?"
         )
+    if report.pools.get("state") in ("unreachable", "error"):
+        problems.append(f"controller: {report.pools.get('error')}")
     if report.ml2.get("state") == "stale":
         problems.append("the ml2 forwarder report is stale")
     if report.ml2.get("journal_depth", 0) and report.ml2.get("journal_lag_seconds", 0) > 30:
