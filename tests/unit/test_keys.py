@@ -37,3 +37,14 @@ def test_segments_cannot_escape_their_node(bad: str) -> None:
 )
 def test_parse_state_key(key: str, parsed: tuple[str, str, str | None] | None) -> None:
     assert keys.parse_state_key(key) == parsed
+
+
+def test_status_reads_both_election_value_forms() -> None:
+    from podwire.etcd.client import KeyValue
+    from podwire.status.nodes import _holder
+
+    def kv(value: bytes) -> KeyValue:
+        return KeyValue("/podwire/election/x", value, 1, 1, 1, 0)
+
+    assert _holder(kv(b"neutron-1:42")) == "neutron-1:42"
+    assert _holder(kv(b'{"v": 1, "identity": "ctl-a:7", "since": 1.0}')) == "ctl-a:7"

@@ -69,5 +69,13 @@ async def collect_leaders(etcd: EtcdClient, names: tuple[str, ...]) -> dict[str,
     leaders: dict[str, str | None] = {}
     for name in names:
         kv = await etcd.get(keys.election(name))
-        leaders[name] = kv.value.decode(errors="replace") if kv else None
+        leaders[name] = None if kv is None else _holder(kv)
     return leaders
+
+
+def _holder(kv: KeyValue) -> str:
+    """The forwarder stores its identity as text, the controller as ``{"identity": ...}``."""
+    value = _json(kv)
+    if value is not None and "identity" in value:
+        return str(value["identity"])
+    return kv.value.decode(errors="replace")
