@@ -14,7 +14,13 @@ from typing import Any
 
 from podwire.agent.service import Agent
 from podwire.agent.vifsource import VifSource
-from podwire.config import AgentSettings, EtcdSettings, NeutronSettings, Settings
+from podwire.config import (
+    AgentSettings,
+    DevicePluginSettings,
+    EtcdSettings,
+    NeutronSettings,
+    Settings,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 C_PLUGIN = ROOT / ".venv" / "bin" / "podwire-cni"
@@ -124,6 +130,8 @@ class HostAgent:
     neutron_endpoint: str
     vifs: VifSource | None = None
     physnets: dict[str, str] = field(default_factory=dict)
+    ops_listen: str = ""
+    deviceplugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
     task: asyncio.Task[None] | None = None
     agent: Agent | None = None
 
@@ -145,7 +153,9 @@ class HostAgent:
                 host_netns=self.netns,
                 vif_source="neutron",
                 cni_timeout=30.0,
+                ops_listen=self.ops_listen,
             ),
+            deviceplugin=self.deviceplugin,
         )
 
     async def start(self) -> None:

@@ -1,0 +1,57 @@
+"""The agent process's extras: its ops endpoint, and the device plugin running inside it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import aiohttp
+
+from podwire.config import EtcdSettings
+from podwire.stack.netutil import free_port
+from tests.agent.harness import HostAgent
+from tests.agent.netenv import NetEnv
+from tests.deviceplugin.conftest import FakeKubelet, make_settings
+
+
+async def test_ops_endpoint_and_embedded_device_plugin(
+    netenv: NetEnv,
+    hostnames: list[str],
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
+) -> None:
+    short_root = Path(tempfile.mkdtemp(prefix="pw-dp-", dir="/tmp"))  # unix socket length
+    kubelet = FakeKubelet(short_root, "podwire.io/memif")
+    await kubelet.start()
+    await kubelet.start_pod_resources()
+    ns, vtep = netenv.host(1)
+    port = free_port()
+    agent = HostAgent(
+        hostnames[0],
+        ns,
+        vtep,
+        tmp_path,
+        etcd_settings,
+        neutron_endpoint,
+        ops_listen=f"127.0.0.1:{port}",
+        deviceplugin=make_settings(short_root, devices=3),
+    )
+    try:
+        await agent.start()
+        event = await kubelet.register_events.get()
+        assert event.request.resource_name == "podwire.io/memif"
+        assert len(await kubelet.wait_devices(lambda devices: len(devices) == 3)) == 3
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base + "/healthz") as response:
+                assert response.status == 200
+            async with http.get(base + "/readyz") as response:
+                assert response.status == 200, await response.text()
+            async with http.get(base + "/metrics") as response:
+                assert "podwire_agent_" in await response.text()
+    finally:
+        await agent.stop()
+        await kubelet.stop()
+        shutil.rmtree(short_root, ignore_errors=True)
