@@ -135,7 +135,8 @@ class AgentSettings:
             raise ConfigError("agent.host_netns: must be a name from 'ip netns list'")
         if self.host:
             _check_name(self.host, "agent.host")
-        _check_url(self.controller_url, "agent.controller_url")
+        for url in self.controller_url.split(","):
+            _check_url(url.strip(), "agent.controller_url")
         if self.heartbeat_ttl < 2:
             raise ConfigError("agent.heartbeat_ttl: must be at least 2 seconds")
         for physnet, interface in self.physnet_mappings.items():

@@ -244,6 +244,23 @@ async def test_controller_source_errors(stub: tuple[str, dict[str, Any]]) -> Non
             await item.close()
 
 
+async def test_controller_source_fails_over_to_the_other_controller(
+    stub: tuple[str, dict[str, Any]],
+) -> None:
+    """A dead first endpoint (or a standby's 503) sends the agent to the next one."""
+    url, state = stub
+    state["busy"] = 0
+    source = ControllerVifSource(f"http://127.0.0.1:9,{url}", "node-1", "tok", retry_delay=0.01)
+    try:
+        vif = await source.request(_req(), asyncio.get_running_loop().time() + 5)
+        assert vif.port_id == VIF["port_id"]
+        assert list(await source.attachments()) == ["c.eth0"]  # stays on the live endpoint
+        await source.release("c.eth0", vif)
+        assert state["deleted"] == ["c.eth0"]
+    finally:
+        await source.close()
+
+
 def test_checkpoint_survives_reload(tmp_path: Any) -> None:
     from podwire.agent.checkpoint import Attachment, Checkpoint
     from podwire.vif import Vif

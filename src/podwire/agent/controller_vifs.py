@@ -8,7 +8,8 @@ because it names what to fix (network, project, SG, token).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -21,6 +22,7 @@ from podwire.vif import Vif
 log = get_logger(__name__)
 
 MAX_RETRY_AFTER = 5.0
+T = TypeVar("T")
 
 
 class ControllerUnavailable(RetryableError):
@@ -40,14 +42,37 @@ class ControllerRefused(PermanentError):
 
 
 class ControllerVifSource:
+    """Talks to one controller at a time; an unavailable one (down, or the standby answering
+    503) makes the next call go to the next endpoint in ``agent.controller_url``."""
+
     def __init__(
-        self, base_url: str, node: str, token: str, timeout: float = 10.0, retry_delay: float = 0.2
+        self, base_urls: str, node: str, token: str, timeout: float = 10.0, retry_delay: float = 0.2
     ) -> None:
-        self._base = base_url.rstrip("/") + f"/v1/nodes/{quote(node, safe='')}/vifs"
+        suffix = f"/v1/nodes/{quote(node, safe='')}/vifs"
+        self._bases = [url.strip().rstrip("/") + suffix for url in base_urls.split(",")]
+        self._current = 0
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._retry_delay = retry_delay
         self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def _base(self) -> str:
+        return self._bases[self._current]
+
+    def _failover(self) -> None:
+        if len(self._bases) > 1:
+            self._current = (self._current + 1) % len(self._bases)
+            log.info("agent.controller.failover", endpoint=self._base)
+
+    async def _on_any(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Try each endpoint once, starting with the current one."""
+        for _ in range(len(self._bases) - 1):
+            try:
+                return await call()
+            except ControllerUnavailable:
+                self._failover()
+        return await call()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -71,6 +96,7 @@ class ControllerVifSource:
             try:
                 return await self._post(body)
             except ControllerUnavailable as exc:
+                self._failover()
                 delay = min(exc.retry_after or self._retry_delay, MAX_RETRY_AFTER)
                 if loop.time() + delay >= deadline:
                     raise
@@ -88,6 +114,9 @@ class ControllerVifSource:
             raise ControllerUnavailable(f"controller at {self._base}: {exc}") from exc
 
     async def release(self, attachment: str, vif: Vif | None) -> None:
+        await self._on_any(lambda: self._delete(attachment))
+
+    async def _delete(self, attachment: str) -> None:
         url = f"{self._base}/{quote(attachment, safe='')}"
         try:
             async with self._client().delete(url) as resp:
@@ -98,6 +127,9 @@ class ControllerVifSource:
             raise ControllerUnavailable(f"controller at {url}: {exc}") from exc
 
     async def attachments(self) -> dict[str, Vif]:
+        return await self._on_any(self._list)
+
+    async def _list(self) -> dict[str, Vif]:
         try:
             async with self._client().get(self._base) as resp:
                 payload = await _json(resp)
