@@ -1,16 +1,17 @@
 """Starting, watching and stopping the stack's child processes by PID.
 
-Children get ``PR_SET_PDEATHSIG`` so a supervisor killed with SIGKILL does not leave them
-running; a crashed supervisor's children that survived anyway are found again through the PIDs
-in ``stack.json`` and recognised by their command line naming the data dir, so a recycled PID
-of some unrelated process is never signalled.
+Children get a parent-death signal through util-linux ``setpriv --pdeathsig`` (no
+``preexec_fn`` runs between fork and exec, which is unsafe in a process with gRPC threads), so
+a supervisor killed with SIGKILL does not leave them running. A crashed supervisor's children
+that survived anyway are found again through the PIDs in ``stack.json`` and recognised by their
+exact recorded command line, so a recycled PID of some unrelated process is never signalled.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -19,12 +20,10 @@ from pathlib import Path
 
 from podwire.errors import StackError
 
-_PR_SET_PDEATHSIG = 1
 
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _with_parent_death_signal(argv: Sequence[str]) -> list[str]:
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
 
 
 def spawn(
@@ -34,12 +33,11 @@ def spawn(
     with log_path.open("ab") as log_file:
         try:
             return subprocess.Popen(
-                list(argv),
+                _with_parent_death_signal(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None,
-                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise StackError(f"cannot start {argv[0]}: {exc.strerror}") from exc
