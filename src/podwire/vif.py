@@ -31,17 +31,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from podwire.errors import ValidationError
+from podwire.wire import FixedIp
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-@dataclass(frozen=True)
-class FixedIp:
-    ip_address: str
-    subnet_id: str
-    cidr: str
-    gateway_ip: str | None
 
 
 @dataclass(frozen=True)

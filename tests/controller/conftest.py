@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -20,20 +20,9 @@ from podwire.controller.app import Controller
 from podwire.controller.leader import ELECTION
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from tests.scripted_agent import eventually
 
-T = TypeVar("T")
 ADMIN = "admin-secret"
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 30) -> T:
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
 
 
 @dataclass

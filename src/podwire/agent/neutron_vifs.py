@@ -13,7 +13,8 @@ from podwire.agent.vifsource import VifRequest
 from podwire.errors import PermanentError, RetryableError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient, NeutronNotFound, NeutronRequestError
-from podwire.vif import FixedIp, Vif
+from podwire.vif import Vif
+from podwire.wire import FixedIp
 
 log = get_logger(__name__)
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.errors import ValidationError
-from podwire.vif import FixedIp, Vif
+from podwire.vif import Vif
+from podwire.wire import FixedIp
 
 
 @dataclass(frozen=True)
