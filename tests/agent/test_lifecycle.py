@@ -31,14 +31,12 @@ def _reference(host_ns: str, plugin: str, conf: dict[str, Any], env: dict[str, s
 
 @pytest.mark.parametrize("version", ["1.0.0", "0.4.0"])
 async def test_tuning_and_portmap_accept_our_result(
-    agents: list[HostAgent], netenv: NetEnv, vxnet: Any, version: str, tmp_path: Path
+    agents: list[HostAgent], netenv: NetEnv, vxnet: Any, version: str, plugin: Path
 ) -> None:
     agent = agents[0]
     pod = netenv.namespace("pod")
     cid = uuid.uuid4().hex
-    from tests.agent.harness import plugin_binary
-
-    binary = plugin_binary("c", tmp_path)
+    binary = plugin
     ours = await acni(
         binary, "ADD", agent.conf(vxnet.id, version), container_id=cid, netns=f"/run/netns/{pod}"
     )
@@ -86,11 +84,9 @@ async def test_tuning_and_portmap_accept_our_result(
 
 
 async def test_restart_keeps_pods_connected_and_state(
-    agents: list[HostAgent], netenv: NetEnv, vxnet: Any, tmp_path: Path
+    agents: list[HostAgent], netenv: NetEnv, vxnet: Any, plugin: Path
 ) -> None:
-    from tests.agent.harness import plugin_binary
-
-    binary = plugin_binary("c", tmp_path)
+    binary = plugin
     pods = []
     for agent in agents:
         ns = netenv.namespace(f"pod-{agent.host[-2:]}")
@@ -120,14 +116,12 @@ async def test_fifty_concurrent_adds_then_gc_and_del_leave_nothing(
     agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
-    tmp_path: Path,
+    plugin: Path,
     neutron: Any,
     project_id: str,
     etcd: EtcdClient,
 ) -> None:
-    from tests.agent.harness import plugin_binary
-
-    binary = plugin_binary("c", tmp_path)
+    binary = plugin
     agent = agents[0]
     pods = [(netenv.namespace(f"b{i}"), uuid.uuid4().hex) for i in range(50)]
     calls = await asyncio.gather(
