@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.stats import render, row
+from bench.run import main as run_main
+from bench.stats import row
 from podwire import keys
 from podwire import wire as values
 from podwire.config import EtcdSettings
@@ -25,7 +25,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings
 from podwire.ml2.journal import SqlJournal, copy_table
-from podwire.stack.client import neutron_connection, start_background, stop_background
+from podwire.stack.client import neutron_connection
 from podwire.stack.mariadb import MariaDB
 
 FORWARDER_ROWS = 1000
@@ -146,15 +146,9 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    samples = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    with tempfile.TemporaryDirectory(prefix="pwb-", dir="/tmp") as tmp:
-        proc, stack = start_background(Path(tmp) / "stack")
-        try:
-            rows = run(stack, samples)
-        finally:
-            stop_background(proc)
-    print(render(rows))
-    return 0
+    """``python -m bench.ml2_bench [N]``: this section alone, through the common entry point."""
+    samples = sys.argv[1] if len(sys.argv) > 1 else "200"
+    return run_main(["--only", "ml2_bench", "--samples", samples])
 
 
 if __name__ == "__main__":

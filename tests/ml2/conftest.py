@@ -19,3 +19,7 @@ def journal(stack: dict[str, Any]) -> SqlJournal:
 def port_binding(neutron: Any, port_id: str) -> tuple[str, str, str]:
     port = neutron.network.get_port(port_id)
     return port.binding_host_id, port.binding_vif_type, port.status
+
+
+async def status_is(neutron: Any, port_id: str, status: str) -> bool:
+    return bool(port_binding(neutron, port_id)[2] == status)

@@ -9,7 +9,7 @@ import pytest
 
 from podwire import keys
 from podwire.etcd.client import EtcdClient
-from tests.ml2.conftest import port_binding
+from tests.ml2.conftest import port_binding, status_is
 from tests.scripted_agent import ScriptedAgent, bound_on, eventually
 
 pytestmark = pytest.mark.stack
@@ -28,10 +28,10 @@ def flat_network(neutron: Any, project_id: str) -> Any:
     return network
 
 
-def vxlan_network(neutron: Any, project_id: str) -> tuple[Any, Any]:
+def vxlan_network(neutron: Any, project_id: str, cidr: str = "10.31.0.0/24") -> tuple[Any, Any]:
     network = neutron.network.create_network(name="ml2-vx", project_id=project_id)
     subnet = neutron.network.create_subnet(
-        network_id=network.id, cidr="10.31.0.0/24", ip_version=4, project_id=project_id
+        network_id=network.id, cidr=cidr, ip_version=4, project_id=project_id
     )
     return network, subnet
 
@@ -108,7 +108,7 @@ async def test_desired_key_feedback_active_and_delete(
 
     await agent.wire(port.id)
     await eventually(
-        lambda: _status(neutron, port.id, "ACTIVE"), "port ACTIVE after the agent wired it"
+        lambda: status_is(neutron, port.id, "ACTIVE"), "port ACTIVE after the agent wired it"
     )
 
     neutron.network.update_port(port.id, device_id="pod-b")
@@ -141,7 +141,7 @@ async def test_host_move_and_host_death(
     port = await bound_on(neutron, network, project_id, first.host)
     await eventually(lambda: first.desired(port.id), "key on the first host")
     await first.wire(port.id)
-    await eventually(lambda: _status(neutron, port.id, "ACTIVE"), "ACTIVE on the first host")
+    await eventually(lambda: status_is(neutron, port.id, "ACTIVE"), "ACTIVE on the first host")
 
     neutron.network.update_port(port.id, binding_host_id=second.host)
 
@@ -152,10 +152,10 @@ async def test_host_move_and_host_death(
     # The first host's stale state key must not make the moved port ACTIVE.
     await first.wire(port.id)
     await second.wire(port.id)
-    await eventually(lambda: _status(neutron, port.id, "ACTIVE"), "ACTIVE on the second host")
+    await eventually(lambda: status_is(neutron, port.id, "ACTIVE"), "ACTIVE on the second host")
 
     await second.die()
-    await eventually(lambda: _status(neutron, port.id, "DOWN"), "DOWN when the host died")
+    await eventually(lambda: status_is(neutron, port.id, "DOWN"), "DOWN when the host died")
 
 
 async def test_state_key_for_unknown_port_and_garbage_values_change_nothing(
@@ -181,11 +181,7 @@ async def test_state_key_for_unknown_port_and_garbage_values_change_nothing(
     await agent.wire(port.id)  # a port that is not bound there
     assert neutron.network.get_port(bound.id).status == "DOWN"
     await agent.wire(bound.id)
-    await eventually(lambda: _status(neutron, bound.id, "ACTIVE"), "ACTIVE after a valid value")
-
-
-async def _status(neutron: Any, port_id: str, status: str) -> bool:
-    return bool(port_binding(neutron, port_id)[2] == status)
+    await eventually(lambda: status_is(neutron, bound.id, "ACTIVE"), "ACTIVE after a valid value")
 
 
 async def _vif(neutron: Any, port_id: str, vif_type: str) -> bool:

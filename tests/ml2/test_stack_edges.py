@@ -10,22 +10,11 @@ import pytest
 
 from podwire.etcd.client import EtcdClient
 from podwire.ml2.journal import SqlJournal
-from tests.ml2.conftest import port_binding
+from tests.ml2.conftest import status_is
+from tests.ml2.test_stack_binding import vxlan_network
 from tests.scripted_agent import ScriptedAgent, bound_on, eventually
 
 pytestmark = pytest.mark.stack
-
-
-def vxlan_network(neutron: Any, project_id: str, cidr: str) -> Any:
-    network = neutron.network.create_network(name="ml2-edge", project_id=project_id)
-    neutron.network.create_subnet(
-        network_id=network.id, cidr=cidr, ip_version=4, project_id=project_id
-    )
-    return network
-
-
-async def status_is(neutron: Any, port_id: str, status: str) -> bool:
-    return bool(port_binding(neutron, port_id)[2] == status)
 
 
 async def test_trunk_subports_follow_the_parent_with_their_vlan(
@@ -33,7 +22,7 @@ async def test_trunk_subports_follow_the_parent_with_their_vlan(
 ) -> None:
     node = agents()
     await node.register()
-    network = vxlan_network(neutron, project_id, "10.41.0.0/24")
+    network, _ = vxlan_network(neutron, project_id, "10.41.0.0/24")
     parent = await bound_on(neutron, network, project_id, node.host, device_owner="compute:nova")
     child = neutron.network.create_port(network_id=network.id, project_id=project_id)
     trunk = neutron.network.create_trunk(
@@ -63,7 +52,7 @@ async def test_compaction_while_feedback_is_behind(
     """State written and compacted in a burst still ends with every port ACTIVE."""
     node = agents()
     await node.register()
-    network = vxlan_network(neutron, project_id, "10.42.0.0/24")
+    network, _ = vxlan_network(neutron, project_id, "10.42.0.0/24")
     await bound_on(neutron, network, project_id, node.host)
     body = {
         "network_id": network.id,
@@ -89,7 +78,7 @@ async def test_port_deleted_while_its_bind_is_in_flight(
     """Whichever of bind and delete wins, no desired key is left behind for a gone port."""
     node = agents()
     await node.register()
-    network = vxlan_network(neutron, project_id, "10.43.0.0/24")
+    network, _ = vxlan_network(neutron, project_id, "10.43.0.0/24")
     await bound_on(neutron, network, project_id, node.host)
     ports = list(
         neutron.network.create_ports([{"network_id": network.id, "project_id": project_id}] * 5)
