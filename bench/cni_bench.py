@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import ctypes
 import json
 import os
 import subprocess
+import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,39 +24,17 @@ from typing import Any
 
 from bench.stats import row
 from podwire import keys
-from podwire.agent.service import Agent
-from podwire.agent.vifsource import VifRequest
-from podwire.config import AgentSettings, EtcdSettings, Settings
+from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.stack.client import neutron_connection
-from podwire.vif import FixedIp, Vif
+from podwire.vif import Vif
+from podwire.wire import FixedIp
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / ".venv" / "bin" / "podwire-cni"
 REFERENCE_DIR = Path("/usr/lib/cni")
 BURST = 30
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-class PrebuiltVifs:
-    """A VIF source over ports created before the clock starts (what a warm pool hands out)."""
-
-    def __init__(self, vifs: list[Vif]) -> None:
-        self._free = list(vifs)
-        self._used: dict[str, Vif] = {}
-
-    async def request(self, req: VifRequest, deadline: float) -> Vif:
-        if req.attachment not in self._used:
-            self._used[req.attachment] = self._free.pop()
-        return self._used[req.attachment]
-
-    async def release(self, attachment: str, vif: Vif | None) -> None:
-        taken = self._used.pop(attachment, None)
-        if taken is not None:
-            self._free.append(taken)
-
-    async def healthy(self) -> tuple[bool, str]:
-        return True, "prebuilt"
 
 
 def _sh(*argv: str) -> None:
@@ -161,36 +138,30 @@ def _desired(vif: Vif, network: Any) -> bytes:
     ).encode()
 
 
-class AgentThread:
-    """The agent on its own loop in its own thread, as it would run as its own process."""
+class AgentProcess:
+    """``bench.agent_proc`` in its own process; ``start`` returns once its socket is open."""
 
-    def __init__(self, settings: Settings, vifs: PrebuiltVifs) -> None:
-        self._agent = Agent(settings, vifs)
-        self._loop = asyncio.new_event_loop()
-        self._task: asyncio.Task[None] | None = None
-        self._thread = threading.Thread(target=self._main, daemon=True)
-        self._ready = threading.Event()
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._task = self._loop.create_task(self._agent.run())
-        self._loop.create_task(self._signal())
-        with contextlib.suppress(asyncio.CancelledError):
-            self._loop.run_until_complete(self._task)
-
-    async def _signal(self) -> None:
-        await self._agent.parts.started.wait()
-        self._ready.set()
+    def __init__(self, config: Path, vifs: Path) -> None:
+        self._argv = [sys.executable, "-m", "bench.agent_proc", str(config), str(vifs)]
+        self._proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        self._thread.start()
-        if not self._ready.wait(60):
-            raise RuntimeError("agent did not start")
+        self._proc = subprocess.Popen(
+            self._argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline().strip() != "ready":
+            self.stop()
+            raise RuntimeError("the benchmark agent did not start")
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._loop.call_soon_threadsafe(self._task.cancel)
-        self._thread.join(30)
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
@@ -201,7 +172,7 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     project = uuid.uuid4().hex
     created: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="pwb-cni-", dir="/tmp"))
-    agent: AgentThread | None = None
+    agent: AgentProcess | None = None
     try:
         for ns in [host_ns, *pods]:
             _sh("ip", "netns", "add", ns)
@@ -210,22 +181,13 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         (network, subnet), ports = _prepare_ports(conn, project, host, BURST)
         vifs = [_vif(p, network, subnet) for p in ports]
         asyncio.run(_publish(stack, host, vifs, network))
-        settings = Settings(
-            etcd=EtcdSettings(endpoints=[stack["etcd"]]),
-            agent=AgentSettings(
-                host=host,
-                cni_socket=str(work / "agent.sock"),
-                state_dir=str(work / "state"),
-                vtep_ip="192.0.2.1",
-                host_netns=host_ns,
-            ),
+        socket = str(work / "agent.sock")
+        agent = AgentProcess(
+            _agent_config(work, stack, host, host_ns, socket), _vifs_file(work, vifs)
         )
-        agent = AgentThread(settings, PrebuiltVifs(vifs))
         agent.start()
         runner = HostThreadRunner(host_ns, BURST)
-        return _measure(
-            runner, work, settings.agent.cni_socket, network.id, pods, min(samples, 100)
-        )
+        return _measure(runner, work, socket, network.id, pods, min(samples, 100))
     finally:
         if agent is not None:
             agent.stop()
@@ -236,6 +198,22 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
             conn.network.delete_network(net)
         for ns in reversed(created):
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def _agent_config(work: Path, stack: dict[str, Any], host: str, host_ns: str, socket: str) -> Path:
+    path = work / "agent.toml"
+    path.write_text(
+        f'[etcd]\nendpoints = ["{stack["etcd"]}"]\n'
+        f'[agent]\nhost = "{host}"\ncni_socket = "{socket}"\nstate_dir = "{work}/state"\n'
+        f'vtep_ip = "192.0.2.1"\nhost_netns = "{host_ns}"\n'
+    )
+    return path
+
+
+def _vifs_file(work: Path, vifs: list[Vif]) -> Path:
+    path = work / "vifs.json"
+    path.write_text(json.dumps([vif.to_json() for vif in vifs]))
+    return path
 
 
 async def _publish(stack: dict[str, Any], host: str, vifs: list[Vif], network: Any) -> None:

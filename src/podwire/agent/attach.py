@@ -1,8 +1,8 @@
 """Plugging a pod in and out: the veth (or, nested, a VLAN sub-interface) and its addresses.
 
-Host-side steps run on the host netlink workers, pod-side steps on a thread that enters the
-pod's namespace. ``plug`` removes what it created if a later step fails, so a failed ADD leaves
-nothing behind.
+Plugging runs as one job on a host netlink worker with the lean rtnetlink sockets (the pod side
+through a socket opened inside the pod's namespace); CHECK and nested clean-up use pyroute2.
+``plug`` removes what it created if a later step fails, so a failed ADD leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from podwire.agent import naming
 from podwire.cni.result import Address, Attached
 from podwire.errors import PodwireError
 from podwire.netlink import HostNetlink, PodNetlink, is_netns, links
-from podwire.netlink.links import PodAddress
-from podwire.netlink.nsexec import open_netns
+from podwire.netlink.nsexec import RtnlContext, open_netns
+from podwire.netlink.rtnl import RtnlError, VethSpec
 
 
 @dataclass(frozen=True)
@@ -34,23 +32,62 @@ class PlugSpec:
     addresses: tuple[Address, ...]
 
 
-def _add_veth(ipr: Any, spec: PlugSpec, host_name: str, host_mac: str) -> None:
+def _plug_veth(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str) -> None:
+    """The whole veth ADD in one worker job: create, then configure the pod end; a failure
+    after the veth exists removes it (deleting the host end takes the pod end with it)."""
     fd = open_netns(spec.netns)
     try:
+        veth = VethSpec(
+            host_name,
+            host_mac,
+            spec.ifname,
+            spec.mac,
+            fd,
+            spec.mtu,
+            ctx.host.require_index(spec.bridge),
+        )
         try:
-            links.add_veth(
-                ipr, host_name, host_mac, spec.ifname, fd, spec.mac, spec.mtu, spec.bridge
-            )
-        except NetlinkError as exc:
+            ctx.host.add_veth(veth)
+        except RtnlError as exc:
             if exc.code != errno.EEXIST:
                 raise
             # A leftover of a crashed ADD (same derived name): replace it.
-            links.remove_link(ipr, host_name)
-            links.add_veth(
-                ipr, host_name, host_mac, spec.ifname, fd, spec.mac, spec.mtu, spec.bridge
-            )
+            ctx.host.delete_link(host_name)
+            ctx.host.add_veth(veth)
+        try:
+            _configure_in(ctx, fd, spec)
+        except BaseException:
+            ctx.host.delete_link(host_name)
+            raise
     finally:
         os.close(fd)
+
+
+def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
+    """Inside the pod: link up, addresses, a default route via each address's gateway."""
+    pod = ctx.in_netns(netns_fd)
+    try:
+        index = pod.require_index(spec.ifname)
+        pod.set_up(index)
+        for item in spec.addresses:
+            pod.add_address(index, item.address)
+        for item in spec.addresses:
+            if item.gateway is not None:
+                pod.add_default_route(index, item.gateway)
+    finally:
+        pod.close()
+
+
+def _configure_pod(ctx: RtnlContext, spec: PlugSpec) -> None:
+    fd = open_netns(spec.netns)
+    try:
+        _configure_in(ctx, fd, spec)
+    finally:
+        os.close(fd)
+
+
+def _delete_link(ctx: RtnlContext, name: str) -> bool:
+    return ctx.host.delete_link(name)
 
 
 def host_mac(attachment: str) -> str:
@@ -67,10 +104,6 @@ def _add_vlan(ipr: Any, spec: PlugSpec, uplink: str, vlan_id: int) -> None:
         os.close(fd)
 
 
-def _configure(ipr: Any, ifname: str, addresses: list[PodAddress]) -> None:
-    links.configure_pod_interface(ipr, ifname, addresses)
-
-
 def is_nested(attached: Attached) -> bool:
     return not attached.host_mac
 
@@ -83,13 +116,7 @@ class Plugger:
     async def plug(self, spec: PlugSpec) -> Attached:
         host_name = naming.host_veth(spec.attachment)
         mac = host_mac(spec.attachment)
-        await self._host.run(_add_veth, spec, host_name, mac)
-        try:
-            pod_addresses = [PodAddress(a.address, a.gateway) for a in spec.addresses]
-            await self._pod.run(spec.netns, _configure, spec.ifname, pod_addresses)
-        except PodwireError:
-            await self._host.run(links.remove_link, host_name)
-            raise
+        await self._host.run_rtnl(_plug_veth, spec, host_name, mac)
         return Attached(
             host_ifname=host_name,
             host_mac=mac,
@@ -105,8 +132,7 @@ class Plugger:
         sub-interface of the uplink, with the subport's VLAN id and MAC, born in the pod."""
         await self._host.run(_add_vlan, spec, uplink, vlan_id)
         try:
-            pod_addresses = [PodAddress(a.address, a.gateway) for a in spec.addresses]
-            await self._pod.run(spec.netns, _configure, spec.ifname, pod_addresses)
+            await self._host.run_rtnl(_configure_pod, spec)
         except PodwireError:
             await self._pod.run(spec.netns, links.remove_link, spec.ifname)
             raise
@@ -127,7 +153,7 @@ class Plugger:
             if not is_netns(attached.sandbox):
                 return False
             return await self._pod.run(attached.sandbox, links.remove_link, attached.ifname)
-        return await self._host.run(links.remove_link, naming.host_veth(attachment))
+        return await self._host.run_rtnl(_delete_link, naming.host_veth(attachment))
 
     async def check(self, attached: Attached, bridge: str) -> str | None:
         """None when the attachment is as ADD left it, else what is wrong."""

@@ -8,7 +8,6 @@ what it finds without disturbing attached pods.
 from __future__ import annotations
 
 import errno
-import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,31 +149,6 @@ def sync_flood(ipr: Any, name: str, peers: set[str]) -> tuple[set[str], set[str]
     return added, removed
 
 
-def add_veth(
-    ipr: Any,
-    host_name: str,
-    host_mac: str,
-    peer_name: str,
-    peer_netns_fd: int,
-    mac: str,
-    mtu: int,
-    bridge: str,
-) -> None:
-    """Create a veth whose peer is born inside the pod namespace (no move), already plugged
-    into the bridge and up: one request, because ADD latency is counted in round trips."""
-    master = _require(ipr, bridge)
-    ipr.link(
-        "add",
-        ifname=host_name,
-        address=host_mac,
-        kind="veth",
-        mtu=mtu,
-        master=master.index,
-        state="up",
-        peer={"ifname": peer_name, "address": mac, "mtu": mtu, "net_ns_fd": peer_netns_fd},
-    )
-
-
 def add_vlan(
     ipr: Any, name: str, uplink: str, vlan_id: int, mac: str, mtu: int, netns_fd: int
 ) -> None:
@@ -192,35 +166,6 @@ def add_vlan(
     )
 
 
-@dataclass(frozen=True)
-class PodAddress:
-    address: str  # "10.0.0.5/24"
-    gateway: str | None
-
-
-def configure_pod_interface(ipr: Any, name: str, addresses: list[PodAddress]) -> None:
-    """Inside the pod namespace: up, addresses, default routes via each address's gateway."""
-    link = _require(ipr, name)
-    ipr.link("set", index=link.index, state="up")
-    for item in addresses:
-        iface = ipaddress.ip_interface(item.address)
-        _ignore_exists(
-            ipr.addr,
-            "add",
-            index=link.index,
-            address=str(iface.ip),
-            prefixlen=iface.network.prefixlen,
-        )
-    for item in addresses:
-        if item.gateway is None:
-            continue
-        family = 10 if ipaddress.ip_address(item.gateway).version == 6 else 2
-        dst = "::/0" if family == 10 else "0.0.0.0/0"
-        _ignore_exists(
-            ipr.route, "add", dst=dst, gateway=item.gateway, oif=link.index, family=family
-        )
-
-
 def pod_addresses(ipr: Any, name: str) -> tuple[LinkInfo, set[str]] | None:
     link = get_link(ipr, name)
     if link is None:
@@ -229,14 +174,6 @@ def pod_addresses(ipr: Any, name: str) -> tuple[LinkInfo, set[str]] | None:
     for msg in ipr.addr("dump", index=link.index):
         found.add(f"{msg.get('address')}/{msg['prefixlen']}")
     return link, found
-
-
-def _ignore_exists(method: Any, *args: Any, **kwargs: Any) -> None:
-    try:
-        method(*args, **kwargs)
-    except NetlinkError as exc:
-        if exc.code != errno.EEXIST:
-            raise
 
 
 def _require(ipr: Any, name: str) -> LinkInfo:

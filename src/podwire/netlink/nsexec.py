@@ -5,6 +5,10 @@ into the namespace and opens a plain ``IPRoute()`` costs ~1.9 ms (DESIGN §1). `
 moves the calling thread, so it must never run on the event loop's thread: these workers
 own that. ``HostNetlink`` keeps threads parked in the host namespace with an open socket each;
 ``PodNetlink`` enters a pod's namespace for one call and returns to where it came from.
+
+The CNI hot path uses ``HostNetlink.run_rtnl``: the job gets the thread's lean socket
+(``rtnl.Rtnl``) and can open another one inside a pod's namespace; a netlink socket stays in
+the namespace it was opened in, so the thread is home again before the job touches the pod.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from podwire.errors import ConfigError
 from podwire.netlink.errors import NotANamespace, translate
+from podwire.netlink.rtnl import Rtnl
 
 T = TypeVar("T")
 
@@ -67,6 +72,38 @@ def open_netns(path: str) -> int:
         raise NotANamespace(f"cannot open network namespace {path}: {exc.strerror}") from exc
 
 
+def _own_netns() -> int:
+    return os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+
+
+def _go_home(home: int) -> None:
+    # A thread that cannot go home would run later calls in a pod's namespace.
+    try:
+        setns(home)
+    except OSError:
+        os._exit(70)
+
+
+class RtnlContext:
+    """What a ``run_rtnl`` job works with: the host socket, and pod sockets on demand."""
+
+    def __init__(self, host: Rtnl, home: int) -> None:
+        self.host = host
+        self._home = home
+
+    def in_netns(self, netns_fd: int) -> Rtnl:
+        """A socket inside the namespace ``netns_fd`` refers to; the caller closes it."""
+        setns(netns_fd)
+        try:
+            return Rtnl()
+        finally:
+            _go_home(self._home)
+
+    def close(self) -> None:
+        self.host.close()
+        os.close(self._home)
+
+
 def _call(fn: Callable[..., T], ipr: Any, args: tuple[Any, ...]) -> T:
     try:
         return fn(ipr, *args)
@@ -87,36 +124,56 @@ class HostNetlink:
     def _ipr(self) -> Any:
         ipr = getattr(self._local, "ipr", None)
         if ipr is None:
-            if self.host_netns:
-                fd = open_netns(netns_path(self.host_netns))
-                try:
-                    setns(fd)
-                finally:
-                    os.close(fd)
+            self._enter_host()
             ipr = IPRoute()
             self._local.ipr = ipr
             with self._lock:
                 self._sockets.append(ipr)
         return ipr
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _rtnl(self) -> RtnlContext:
+        context = getattr(self._local, "rtnl", None)
+        if context is None:
+            self._enter_host()
+            context = RtnlContext(Rtnl(), _own_netns())
+            self._local.rtnl = context
+            with self._lock:
+                self._sockets.append(context)
+        return context
+
+    def _enter_host(self) -> None:
+        if self.host_netns and not getattr(self._local, "entered", False):
+            fd = open_netns(netns_path(self.host_netns))
+            try:
+                setns(fd)
+            finally:
+                os.close(fd)
+        self._local.entered = True
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], lean: bool) -> T:
         try:
-            ipr = self._ipr()
+            handle = self._rtnl() if lean else self._ipr()
         except NotANamespace as exc:
             raise ConfigError(f"agent.host_netns: {exc}") from exc
         except OSError as exc:
             raise ConfigError(f"agent.host_netns: cannot enter {self.host_netns}: {exc}") from exc
-        return _call(fn, ipr, args)
+        return _call(fn, handle, args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(ipr, *args)`` with a pyroute2 ``IPRoute`` in the host namespace."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, fn, args)
+        return await loop.run_in_executor(self._executor, self._run, fn, args, False)
+
+    async def run_rtnl(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(context, *args)`` with an ``RtnlContext`` (the lean hot-path sockets)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, fn, args, True)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         with self._lock:
-            for ipr in self._sockets:
-                ipr.close()
+            for handle in self._sockets:
+                handle.close()
             self._sockets.clear()
 
 
@@ -130,7 +187,7 @@ class PodNetlink:
     def _home(self) -> int:
         fd = getattr(self._local, "home", None)
         if fd is None:
-            fd = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+            fd = _own_netns()
             self._local.home = fd
         return int(fd)
 
@@ -148,11 +205,7 @@ class PodNetlink:
             finally:
                 ipr.close()
         finally:
-            # A thread that cannot go home would run later calls in a pod's namespace.
-            try:
-                setns(home)
-            except OSError:
-                os._exit(70)
+            _go_home(home)
 
     async def run(self, path: str, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

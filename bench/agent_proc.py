@@ -1,0 +1,63 @@
+"""The agent as its own process for the CNI benchmark, as it runs in production.
+
+Run in a thread of the benchmark's process, the agent would share a GIL with the threads that
+exec the plugins, and the measured burst would mostly be that contention. Ports come from a
+file of pre-built VIFs (what a warm pool hands out), so ADD measures the agent's work only.
+
+``python -m bench.agent_proc CONFIG VIFS`` prints ``ready`` once the CNI socket is open and
+stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from pathlib import Path
+
+from podwire.agent.service import Agent
+from podwire.agent.vifsource import VifRequest
+from podwire.config import load_settings
+from podwire.log import setup_logging
+from podwire.vif import Vif
+
+
+class PrebuiltVifs:
+    """A VIF source over ports created before the clock starts."""
+
+    def __init__(self, vifs: list[Vif]) -> None:
+        self._free = list(vifs)
+        self._used: dict[str, Vif] = {}
+
+    async def request(self, req: VifRequest, deadline: float) -> Vif:
+        if req.attachment not in self._used:
+            self._used[req.attachment] = self._free.pop()
+        return self._used[req.attachment]
+
+    async def release(self, attachment: str, vif: Vif | None) -> None:
+        taken = self._used.pop(attachment, None)
+        if taken is not None:
+            self._free.append(taken)
+
+    async def healthy(self) -> tuple[bool, str]:
+        return True, "prebuilt"
+
+
+async def _serve(config: str, vifs: list[Vif]) -> None:
+    settings = load_settings(config)
+    setup_logging(settings.log)  # logs cost time per ADD in production too
+    agent = Agent(settings, PrebuiltVifs(vifs))
+    task = asyncio.create_task(agent.run())
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    await agent.parts.started.wait()
+    print("ready", flush=True)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+if __name__ == "__main__":
+    prebuilt = [Vif.from_json(raw) for raw in json.loads(Path(sys.argv[2]).read_text())]
+    asyncio.run(_serve(sys.argv[1], prebuilt))

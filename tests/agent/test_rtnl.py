@@ -1,0 +1,93 @@
+"""The lean rtnetlink path against the real kernel, in throwaway namespaces."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+
+import pytest
+
+from podwire.agent.attach import Plugger, PlugSpec
+from podwire.cni.result import Address
+from podwire.netlink import HostNetlink, NetlinkFailure, PodNetlink
+from podwire.netlink.nsexec import RtnlContext
+from podwire.netlink.rtnl import RtnlError
+from tests.agent.netenv import NetEnv, in_ns, links_in
+
+
+@pytest.fixture
+def plugger(netenv: NetEnv) -> Iterator[tuple[Plugger, str, str]]:
+    """A plugger whose host is a namespace with bridge ``br-t``; yields (plugger, host, pod)."""
+    host, pod = netenv.namespace("h"), netenv.namespace("p")
+    in_ns(host, "ip", "link", "add", "br-t", "type", "bridge")
+    host_nl, pod_nl = HostNetlink(host), PodNetlink()
+    try:
+        yield Plugger(host_nl, pod_nl), host, pod
+    finally:
+        host_nl.close()
+        pod_nl.close()
+
+
+def _probe(ctx: RtnlContext, name: str) -> tuple[int | None, bool]:
+    return ctx.host.link_index(name), ctx.host.delete_link(name)
+
+
+def _refused(ctx: RtnlContext) -> str:
+    try:
+        ctx.host.set_up(999_999)
+    except RtnlError as exc:
+        assert exc.code == errno.ENODEV
+        return str(exc)
+    raise AssertionError("setting a missing link up succeeded")
+
+
+async def test_missing_links_read_as_absent_and_errors_carry_the_errno(netenv: NetEnv) -> None:
+    host = netenv.namespace("h")
+    nl = HostNetlink(host)
+    try:
+        assert await nl.run_rtnl(_probe, "nope0") == (None, False)
+        assert "No such device" in await nl.run_rtnl(_refused)
+    finally:
+        nl.close()
+
+
+def _spec(pod: str, bridge: str, gateway: str | None = "10.7.0.1") -> PlugSpec:
+    return PlugSpec(
+        "c1.eth0",
+        f"/run/netns/{pod}",
+        "eth0",
+        "fa:16:3e:00:00:07",
+        1400,
+        bridge,
+        (Address("10.7.0.5/24", gateway), Address("fd00:7::5/64", None)),
+    )
+
+
+async def test_plug_configures_the_pod_end_and_unplug_removes_both(
+    plugger: tuple[Plugger, str, str],
+) -> None:
+    plug, host, pod = plugger
+    attached = await plug.plug(_spec(pod, "br-t"))
+    link = in_ns(pod, "ip", "-d", "link", "show", "eth0").stdout
+    assert "fa:16:3e:00:00:07" in link and "mtu 1400" in link and ",UP" in link
+    addrs = in_ns(pod, "ip", "addr", "show", "eth0").stdout
+    assert "10.7.0.5/24" in addrs and "fd00:7::5/64" in addrs
+    assert "default via 10.7.0.1 dev eth0" in in_ns(pod, "ip", "route").stdout
+    assert "master br-t" in in_ns(host, "ip", "link", "show", attached.host_ifname).stdout
+    assert await plug.check(attached, "br-t") is None
+    # Repeating the plug replaces the leftover instead of failing.
+    await plug.plug(_spec(pod, "br-t"))
+    assert await plug.unplug("c1.eth0") is True
+    assert links_in(pod) == ["lo"] and attached.host_ifname not in links_in(host)
+    assert await plug.unplug("c1.eth0") is False
+
+
+async def test_failed_plug_leaves_nothing_behind(plugger: tuple[Plugger, str, str]) -> None:
+    plug, host, pod = plugger
+    with pytest.raises(NetlinkFailure, match="no such device"):
+        await plug.plug(_spec(pod, "br-missing"))
+    # The gateway is not on the pod's subnet: the route fails after the veth exists.
+    with pytest.raises(NetlinkFailure, match=r"default via 192\.0\.2\.1"):
+        await plug.plug(_spec(pod, "br-t", gateway="192.0.2.1"))
+    assert links_in(pod) == ["lo"]
+    assert links_in(host) == ["lo", "br-t"]
