@@ -1,15 +1,13 @@
-"""Controller bench: warm-pool request rate, 50 pods with pools vs noop, recovery time.
+"""Controller bench: warm-pool request rate, 50 pods with pools vs noop (recovery: its own).
 
 Runs in-process against the bench stack: the service layer (pool take + etcd in-use record,
-no HTTP), which is what a request costs inside the controller. Set PODWIRE_BENCH_10K=1 to add
-the 10,000-port recovery case (creating the ports takes several minutes).
+no HTTP), which is what a request costs inside the controller.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
 from dataclasses import replace
@@ -19,8 +17,6 @@ from bench.stats import row
 from podwire import keys
 from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, PoolSettings, Settings
 from podwire.controller.app import Controller
-from podwire.controller.pools import PoolKey
-from podwire.controller.recovery import recover
 from podwire.controller.recycler import recycle_once
 from podwire.controller.service import VifRequest
 from podwire.etcd.client import EtcdClient
@@ -47,11 +43,7 @@ async def _run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     for node, driver in zip(nodes, ("baremetal", "noop", "baremetal"), strict=True):
         await _register(etcd, node, driver)
     try:
-        rows = await _warm_and_pods(stack, etcd, net, nodes, max(3, min(samples, 20)))
-        sizes = [1000] + ([10_000] if os.environ.get("PODWIRE_BENCH_10K") else [])
-        for size in sizes:
-            rows.append(await _recovery(stack, etcd, conn, net, nodes[2], size))
-        return rows
+        return await _warm_and_pods(stack, etcd, net, nodes, max(3, min(samples, 20)))
     finally:
         for node in nodes:
             await etcd.delete_prefix(keys.state_node_prefix(node))
@@ -146,27 +138,3 @@ async def _fifty(service: Any, node: str, net: Any, tag: str) -> float:
     elapsed = (time.perf_counter() - started) * 1000
     await asyncio.gather(*(service.release(node, q.attachment) for q in reqs))
     return elapsed
-
-
-async def _recovery(
-    stack: dict[str, Any], etcd: EtcdClient, conn: Any, net: Any, node: str, size: int
-) -> dict[str, Any]:
-    ctl, task = await _started(stack, etcd, [node])
-    key = PoolKey(node, net.project_id, net.id)
-    try:
-        have = ctl.service.pools.size(key)
-        if have < size:
-            await ctl.service.populate([node], net.id, net.project_id, [], size - have)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    samples = []
-    for _ in range(3):
-        fresh = Controller(
-            _settings(stack, [node]), etcd, connect(NeutronSettings(endpoint=stack["neutron"]))
-        )
-        started = time.perf_counter()
-        await recover(fresh.service, fresh.nested)
-        samples.append((time.perf_counter() - started) * 1000)
-        assert fresh.service.pools.size(key) >= size
-    return row(f"controller: recovery of {size} pool ports", samples)

@@ -45,7 +45,7 @@ async def _watch_latencies(client: EtcdClient, prefix: str, count: int) -> list[
         await client.put(f"{prefix}w{index}", b"1")
         await anext(stream)
         samples.append((time.perf_counter() - started) * 1000)
-    await stream.aclose()
+    await stream.aclose()  # type: ignore[attr-defined]
     return samples
 
 

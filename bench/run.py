@@ -1,8 +1,8 @@
 """Single entry point for every benchmark: ``.venv/bin/python -m bench.run [--samples N]``.
 
-Starts one local stack, runs each section against it and prints one Markdown table with
-medians, p99, sample counts and, where a reference exists, its figure from the same run and
-the ratio ours/reference (lower is better).
+Starts one local stack (``--stack-dir`` keeps its data for the next run), runs each section
+against it and prints one Markdown table with medians, p99, sample counts and, where a
+reference exists, its figure from the same run and the ratio ours/reference (lower is better).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ SECTIONS = [
     "neutron_bench",
     "ml2_bench",
     "controller_bench",
+    "recovery_bench",
     "cni_bench",
     "stack_bench",
     "deviceplugin_bench",
@@ -32,10 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.run", description=__doc__)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--only", nargs="*", choices=SECTIONS, default=SECTIONS)
+    parser.add_argument(
+        "--stack-dir",
+        help="keep the stack's data here between runs (the recovery bench's ports are created"
+        " once); default: a temporary directory",
+    )
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pwb-", dir="/tmp") as tmp:
-        proc, stack = start_background(Path(tmp) / "stack")
+        proc, stack = start_background(Path(args.stack_dir or Path(tmp) / "stack"))
         try:
             for name in args.only:
                 print(f"running {name} ...", file=sys.stderr, flush=True)

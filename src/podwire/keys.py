@@ -95,3 +95,14 @@ def parse_state_key(key: str) -> tuple[str, str, str | None] | None:
     if len(parts) == 3 and parts[1] in ("physnets", "ports") and parts[2]:
         return parts[0], parts[1], parts[2]
     return None
+
+
+def parse_node_port_key(key: str) -> tuple[str, str] | None:
+    """Split a ``/podwire/nodes/<host>/ports/<id>`` key into ``(host, port_id)``; None for
+    keys outside the layout."""
+    if not key.startswith(nodes_prefix()):
+        return None
+    parts = key[len(nodes_prefix()) :].split("/")
+    if len(parts) == 3 and parts[1] == "ports" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    return None

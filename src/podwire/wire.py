@@ -50,6 +50,8 @@ class DesiredPort:
     device_owner: str
     device_id: str
     trunk: TrunkInfo | None
+    # Lets a controller rebuild its pools from these values alone (older writers omit it).
+    project_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +77,7 @@ class DesiredPort:
             "security_groups": list(self.security_groups),
             "device_owner": self.device_owner,
             "device_id": self.device_id,
+            "project_id": self.project_id,
             "trunk": None
             if self.trunk is None
             else {

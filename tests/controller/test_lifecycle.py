@@ -1,4 +1,5 @@
-"""Restart recovery, leftovers, removed nodes, SG reuse, max, network deletion, standby."""
+"""Restart recovery (its two sources: test_recovery), removed nodes, SG reuse, max, network
+deletion, standby."""
 
 from __future__ import annotations
 
@@ -23,10 +24,9 @@ from tests.controller.conftest import (
 )
 
 
-async def test_restart_recovers_pools_in_use_and_deletes_leftovers(
+async def test_restart_recovers_pools_and_in_use(
     stack: dict[str, Any],
     etcd: EtcdClient,
-    neutron: Any,
     network: Any,
     nodes: ScriptedNodes,
     controllers: Any,
@@ -40,9 +40,6 @@ async def test_restart_recovers_pools_in_use_and_deletes_leftovers(
     key = PoolKey(node.name, network.project_id, network.id)
     free = {p for _, ports in first.service.pools.groups(key) for p in ports}
     assert len(free) == 3
-    leftover = neutron.network.create_port(
-        network_id=network.id, project_id=network.project_id, device_owner="compute:podwire"
-    )
     await first.stop()
     second = await controllers(settings)
     recovered = {p for _, ports in second.service.pools.groups(key) for p in ports}
@@ -50,7 +47,6 @@ async def test_restart_recovers_pools_in_use_and_deletes_leftovers(
     assert used["vif"]["port_id"] not in recovered
     _, again = await request_vif(http, second.url, node, vif_body("u1.eth0", network))
     assert again["vif"] == used["vif"]
-    assert neutron.network.find_port(leftover.id) is None
     # a released recovered port is recycled like any other
     assert await release_vif(http, second.url, node, "u1.eth0") == 204
     assert await recycle_once(second.service, settings.pool) == (1, 0)

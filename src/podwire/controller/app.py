@@ -21,7 +21,7 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pools import Pools
-from podwire.controller.recovery import recover
+from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
 from podwire.controller.service import PoolService
 from podwire.controller.sweeper import NodeSweeper
@@ -70,6 +70,7 @@ class Controller:
         )
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.recovery: RecoveryReport | None = None  # the last one, for tests and operators
 
     async def ready(self) -> tuple[bool, str]:
         if self.service.serving:
@@ -91,10 +92,12 @@ class Controller:
         await self.start_http()
         try:
             await self.leadership.campaign()
-            await recover(self.service, self.nested)
+            report = self.recovery = await recover(self.service, self.nested, self.etcd)
             self.service.serving = True
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.leadership.hold())
+                if report.source == "etcd":
+                    group.create_task(self._verify(report))
                 group.create_task(self._every(self.settings.pool.update_interval, self._recycle))
                 group.create_task(
                     self._every(self.settings.pool.node_cleanup_interval, self.sweeper.sweep_once)
@@ -102,6 +105,16 @@ class Controller:
         finally:
             self.service.serving = False
             await self.stop()
+
+    async def _verify(self, report: RecoveryReport) -> None:
+        """Retried until Neutron answers: until then leftovers simply wait."""
+        while True:
+            try:
+                await verify(self.service, report)
+                return
+            except PodwireError as exc:
+                log.warning("controller.recovery.verify_failed", error=str(exc))
+            await asyncio.sleep(self.settings.pool.update_interval)
 
     async def _recycle(self) -> object:
         return await recycle_once(self.service, self.settings.pool)

@@ -95,6 +95,10 @@ class Pools:
     def known(self, port_id: str) -> bool:
         return port_id in self._vifs
 
+    def pool_of(self, port_id: str) -> PoolKey | None:
+        """The pool holding the port free; None when handed out, recycling or unknown."""
+        return self._owner.get(port_id)
+
     # --- taking ----------------------------------------------------------------------------
 
     def take(self, key: PoolKey, wanted: SgKey) -> Taken | None:

@@ -1,59 +1,125 @@
 """Rebuild the pools at start (or on taking over leadership) before any request is served.
 
-Neutron is the truth about which ports exist, etcd about which are in use. Everything comes
-from a few listings (ports of our owner, trunks, their networks and subnets), never one call
-per port, so thousands of pool ports are recovered in seconds. Ports without a usable binding
-cannot be handed out and are deleted (leftovers of a crash mid-create or of a dead node).
+Neutron is the truth about which ports exist, etcd about which are in use. The free pool ports
+come from the ml2 forwarder's mirror in etcd when the forwarder vouches for it (``mirror``), else
+from a few Neutron listings (ports of our owner, trunks, their networks and subnets); never one
+call per port. Ports without a usable binding cannot be handed out and are deleted (leftovers
+of a crash mid-create or of a dead node): before serving when Neutron was listed, otherwise by
+``verify``, which lists Neutron once in the background after serving has started.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from podwire.controller.drivers import delete_ports
+from podwire.controller.mirror import pools_from_mirror
 from podwire.controller.nested import NestedDriver
 from podwire.controller.netinfo import is_bound, port_to_vif
 from podwire.controller.neutron_ops import DEVICE_OWNER, SUBPORT_OWNER
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.errors import ValidationError
+from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
 from podwire.vif import Vif
 
 log = get_logger(__name__)
 
+# Neutron's timestamps have whole seconds and come from another host's clock: a leftover must
+# predate recovery by this much before ``verify`` deletes it.
+LEFTOVER_MARGIN = 2.0
+
 
 @dataclass
 class RecoveryReport:
+    source: str = "neutron"  # or "etcd": the forwarder's mirror, to be verified
     pooled: int = 0
     in_use: int = 0
     deleted: int = 0
     subports: int = 0
+    started_at: float = 0.0
+    verified: bool = False  # set once ``verify`` has listed Neutron
+    mirrored: set[str] = field(default_factory=set, repr=False)
+
+    def summary(self) -> dict[str, object]:
+        return {k: v for k, v in vars(self).items() if k not in ("mirrored", "verified")}
 
 
-async def recover(service: PoolService, nested: NestedDriver | None) -> RecoveryReport:
-    report = RecoveryReport()
+async def recover(
+    service: PoolService, nested: NestedDriver | None, etcd: EtcdClient | None = None
+) -> RecoveryReport:
+    """``etcd``: where the forwarder's mirror is; without it, Neutron is always listed."""
+    report = RecoveryReport(started_at=time.time())
     records, _ = await service.store.load()
     in_use = {r.vif.port_id for r in records}
     for record in records:
         service.attachments[(record.node, record.attachment)] = record
         service.pools.adopt(record.key, record.vif)
     report.in_use = len(records)
-    ports = await service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
-    free = [p for p in ports if str(p.id) not in in_use]
-    leftovers = [str(p.id) for p in free if not is_bound(p)]
-    await delete_ports(service.neutron, leftovers)
-    report.deleted = len(leftovers)
-    bound = [p for p in free if is_bound(p)]
-    report.pooled = await _pool_ports(bound, service, lambda p: str(p.binding_host_id), {})
+    mirrored = await pools_from_mirror(etcd, in_use) if etcd is not None else None
+    if mirrored is None:
+        ports = await service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+        report.deleted = await _delete_leftovers(service, ports, in_use)
+        bound = [p for p in ports if is_bound(p) and str(p.id) not in in_use]
+        report.pooled = await _pool_ports(bound, service, lambda p: str(p.binding_host_id), {})
+    else:
+        report.source = "etcd"
+        report.mirrored = {vif.port_id for vifs in mirrored.values() for vif in vifs}
+        report.pooled = _fill(service, mirrored)
     if nested is not None:
         report.subports = await _recover_subports(service, nested, in_use)
     service.metrics.in_use.set(len(service.attachments))
-    log.info("controller.recovered", **report.__dict__)
+    log.info("controller.recovered", **report.summary())
     return report
+
+
+async def verify(service: PoolService, report: RecoveryReport) -> None:
+    """After recovering from the mirror: one Neutron listing to delete leftovers and drop
+    pooled ports Neutron no longer has. Runs while requests are served, so a leftover must
+    predate recovery: a port being created right now is unbound for a moment too."""
+    ports = await service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+    in_use = {record.vif.port_id for record in service.attachments.values()}
+    older = [p for p in ports if _created_before(p, report.started_at)]
+    deleted = await _delete_leftovers(service, older, in_use)
+    listed = {str(p.id) for p in ports}
+    vanished = {p: service.pools.pool_of(p) for p in report.mirrored - listed}
+    for port_id, key in vanished.items():
+        if key is not None:
+            service.pools.forget(port_id)
+            service.metrics.pool_size.labels(*key).set(service.pools.size(key))
+    report.verified = True
+    dropped = sorted(p for p, key in vanished.items() if key is not None)
+    log.info("controller.recovery.verified", listed=len(ports), deleted=deleted, dropped=dropped)
+
+
+def _created_before(port: Any, moment: float) -> bool:
+    """Whether ``port`` surely predates ``moment``; unknown counts as new."""
+    try:
+        created = datetime.fromisoformat(str(port.created_at))
+    except ValueError:
+        return False
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)  # Neutron reports UTC
+    return created.timestamp() < moment - LEFTOVER_MARGIN
+
+
+async def _delete_leftovers(service: PoolService, ports: list[Any], in_use: Collection[str]) -> int:
+    leftovers = [str(p.id) for p in ports if not is_bound(p) and str(p.id) not in in_use]
+    await delete_ports(service.neutron, leftovers)
+    return len(leftovers)
+
+
+def _fill(service: PoolService, by_key: dict[PoolKey, list[Vif]]) -> int:
+    for key, vifs in by_key.items():
+        service.pools.add(key, vifs)
+        service.metrics.pool_size.labels(*key).set(service.pools.size(key))
+    return sum(len(v) for v in by_key.values())
 
 
 async def _pool_ports(
@@ -73,10 +139,7 @@ async def _pool_ports(
             log.warning("controller.recovery.skip_port", port=port.id, error=str(exc))
             continue
         by_key[PoolKey(node, str(port.project_id), network.id)].append(vif)
-    for key, vifs in by_key.items():
-        service.pools.add(key, vifs)
-        service.metrics.pool_size.labels(*key).set(service.pools.size(key))
-    return sum(len(v) for v in by_key.values())
+    return _fill(service, by_key)
 
 
 async def _recover_subports(service: PoolService, nested: NestedDriver, in_use: set[str]) -> int:

@@ -79,6 +79,7 @@ def desired_port(
         device_owner=port.get("device_owner") or "",
         device_id=port.get("device_id") or "",
         trunk=_trunk(context.plugin_context, port["id"]),
+        project_id=port.get("project_id") or port.get("tenant_id") or None,
     )
 
 

@@ -105,6 +105,7 @@ class PortSummary:
     binding_host_id: str
     binding_vif_type: str
     device_id: str
+    created_at: str = ""  # ISO 8601 UTC as Neutron reports it
 
     @classmethod
     def from_api(cls, raw: Mapping[str, Any]) -> PortSummary:
@@ -118,12 +119,13 @@ class PortSummary:
             binding_host_id=str(raw.get("binding:host_id") or ""),
             binding_vif_type=str(raw.get("binding:vif_type") or ""),
             device_id=str(raw.get("device_id") or ""),
+            created_at=str(raw.get("created_at") or ""),
         )
 
 
 SUMMARY_FIELDS = (
     "id", "network_id", "project_id", "mac_address", "fixed_ips", "security_groups",
-    "binding:host_id", "binding:vif_type", "device_id",
+    "binding:host_id", "binding:vif_type", "device_id", "created_at",
 )  # fmt: skip
 
 

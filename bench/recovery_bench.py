@@ -1,0 +1,139 @@
+"""Controller recovery: time until a fresh leader could serve, with N bound pool ports.
+
+Two ways of rebuilding the pools are timed on the same ports in the same run: from the ml2
+forwarder's mirror in etcd (what a controller does when the forwarder vouches for the mirror)
+and from a Neutron listing (the fallback, and the reference). N is 1,000; with
+``PODWIRE_BENCH_10K=1`` it is 10,000.
+
+The ports live in a fixed layout (project, networks of 500 ports, ten nodes) that is completed
+when short and never deleted, so ``bench.run --stack-dir DIR`` pays for creating them once:
+Neutron here creates about 8 bound ports a second, so 10,000 take ~20 minutes the first time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from bench.stats import row
+from podwire import keys
+from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, Settings
+from podwire.controller.app import Controller
+from podwire.controller.neutron_ops import DEVICE_OWNER
+from podwire.controller.recovery import recover
+from podwire.etcd.client import EtcdClient
+from podwire.neutron.client import connect
+from podwire.stack.client import neutron_connection
+
+PROJECT = "podwire-bench-recovery"
+PER_NETWORK = 500
+NODES = [f"pw-bench-rec-node-{i}" for i in range(10)]
+SAMPLES = 3
+
+
+def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    size = 10_000 if os.environ.get("PODWIRE_BENCH_10K") else 1_000
+    return asyncio.run(_run(stack, size))
+
+
+async def _run(stack: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    try:
+        await _register_nodes(etcd)
+        await asyncio.to_thread(_ensure_ports, stack, size)
+        await _wait_for_drained_journal(etcd)
+        listing = [await _recover(stack, etcd, use_mirror=False) for _ in range(SAMPLES)]
+        mirror = [await _recover(stack, etcd, use_mirror=True) for _ in range(SAMPLES)]
+    finally:
+        await etcd.close()
+    pooled = {count for _, count in listing + mirror}
+    if len(pooled) != 1:
+        raise RuntimeError(f"the two recoveries disagree on the pool size: {sorted(pooled)}")
+    return [
+        row(
+            f"controller: ready after recovering {pooled.pop()} pool ports (etcd mirror)",
+            [ms for ms, _ in mirror],
+            "same ports from a Neutron listing",
+            [ms for ms, _ in listing],
+        )
+    ]
+
+
+async def _register_nodes(etcd: EtcdClient) -> None:
+    """Alive nodes, so Neutron binds the ports created for them (the lease outlives the run)."""
+    lease = await etcd.grant_lease(3600)
+    alive = json.dumps({"v": 1, "started_at": time.time(), "version": "bench"}).encode()
+    caps = {"v": 1, "vif_types": ["veth"], "network_types": ["vxlan"], "pod_driver": "baremetal"}
+    for node in NODES:
+        await etcd.put(keys.state_vtep(node), b'{"v":1,"ip":"192.0.2.10"}')
+        await etcd.put(keys.state_capabilities(node), json.dumps(caps).encode())
+        await etcd.put(keys.state_alive(node), alive, lease=lease.id)
+
+
+def _ensure_ports(stack: dict[str, Any], size: int) -> None:
+    conn = neutron_connection(stack["neutron"])
+    conn.network.update_quota(PROJECT, ports=-1)
+    networks = {n.name: n for n in conn.network.networks(project_id=PROJECT)}
+    wanted = []
+    for i in range(size // PER_NETWORK):
+        name = f"pw-bench-rec-{i}"
+        if name not in networks:
+            networks[name] = conn.network.create_network(project_id=PROJECT, name=name)
+            conn.network.create_subnet(
+                project_id=PROJECT,
+                network_id=networks[name].id,
+                cidr=f"10.{100 + i}.0.0/21",
+                ip_version=4,
+            )
+        wanted.append((i, networks[name]))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda item: _fill_network(stack, *item), wanted))
+
+
+def _fill_network(stack: dict[str, Any], index: int, network: Any) -> None:
+    conn = neutron_connection(stack["neutron"])
+    have = len(list(conn.network.ports(network_id=network.id, fields="id")))
+    while have < PER_NETWORK:
+        count = min(100, PER_NETWORK - have)
+        node = NODES[(index + have // 100) % len(NODES)]
+        body = {
+            "network_id": network.id,
+            "project_id": PROJECT,
+            "device_owner": DEVICE_OWNER,
+            "binding_host_id": node,
+        }
+        list(conn.network.create_ports([dict(body) for _ in range(count)]))
+        have += count
+        print(f"  recovery bench: {network.name} has {have} ports", file=sys.stderr, flush=True)
+
+
+async def _wait_for_drained_journal(etcd: EtcdClient) -> None:
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        status = await etcd.get(keys.status("ml2"))
+        report = json.loads(status.value) if status else {}
+        if report.get("journal_depth") == 0 and report.get("updated_at", 0) > time.time() - 5:
+            return
+        await asyncio.sleep(1.0)
+    raise RuntimeError("the ml2 forwarder did not drain its journal")
+
+
+async def _recover(stack: dict[str, Any], etcd: EtcdClient, use_mirror: bool) -> tuple[float, int]:
+    """Milliseconds until a fresh controller could serve, and how many ports it pooled."""
+    settings = Settings(
+        etcd=EtcdSettings(endpoints=[stack["etcd"]]),
+        neutron=NeutronSettings(endpoint=stack["neutron"]),
+        controller=ControllerSettings(listen="127.0.0.1:0", admin_token="a"),
+    )
+    fresh = Controller(settings, etcd, connect(settings.neutron))
+    started = time.perf_counter()
+    report = await recover(fresh.service, fresh.nested, etcd if use_mirror else None)
+    elapsed = (time.perf_counter() - started) * 1000
+    if report.source != ("etcd" if use_mirror else "neutron"):
+        raise RuntimeError("the forwarder's mirror was not used: see the controller's log")
+    return elapsed, report.pooled
