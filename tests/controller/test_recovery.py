@@ -67,6 +67,7 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
         return bool(report.verified)
 
     await eventually(verified, "background verification")
+    assert second.service.neutron.cached_network(network.id) is not None
     # Younger than the margin: it could be a port being created right now, so it stays.
     assert neutron.network.find_port(leftover.id) is not None
     # A pooled port deleted behind the controller's back is dropped on verification.

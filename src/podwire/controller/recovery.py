@@ -46,9 +46,11 @@ class RecoveryReport:
     started_at: float = 0.0
     verified: bool = False  # set once ``verify`` has listed Neutron
     mirrored: set[str] = field(default_factory=set, repr=False)
+    networks: set[str] = field(default_factory=set, repr=False)
 
     def summary(self) -> dict[str, object]:
-        return {k: v for k, v in vars(self).items() if k not in ("mirrored", "verified")}
+        hidden = ("mirrored", "networks", "verified")
+        return {k: v for k, v in vars(self).items() if k not in hidden}
 
 
 async def recover(
@@ -71,6 +73,7 @@ async def recover(
     else:
         report.source = "etcd"
         report.mirrored = {vif.port_id for vifs in mirrored.values() for vif in vifs}
+        report.networks = {key.network_id for key in mirrored}
         report.pooled = _fill(service, mirrored)
     if nested is not None:
         report.subports = await _recover_subports(service, nested, in_use)
@@ -82,7 +85,9 @@ async def recover(
 async def verify(service: PoolService, report: RecoveryReport) -> None:
     """After recovering from the mirror: one Neutron listing to delete leftovers and drop
     pooled ports Neutron no longer has. Runs while requests are served, so a leftover must
-    predate recovery: a port being created right now is unbound for a moment too."""
+    predate recovery: a port being created right now is unbound for a moment too. Also loads
+    the pooled networks into the cache, so first requests make no Neutron call either."""
+    await service.neutron.networks(report.networks)
     ports = await service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
     in_use = {record.vif.port_id for record in service.attachments.values()}
     older = [p for p in ports if _created_before(p, report.started_at)]

@@ -163,7 +163,11 @@ class PoolService:
             await driver.delete(key, [vif])
 
     async def _name_port(self, port_id: str, req: VifRequest) -> None:
-        await self.neutron.update_port(port_id, name=req.pod_name, device_id=req.pod_uid)
+        """Debug naming only: a failure costs a name, never the pod's port."""
+        try:
+            await self.neutron.update_port(port_id, name=req.pod_name, device_id=req.pod_uid)
+        except PodwireError as exc:
+            log.warning("pool.port_naming_failed", port=port_id, error=str(exc))
 
     async def release(self, node: str, attachment: str) -> None:
         self._check_serving()
