@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from podwire.config import EtcdSettings
+from podwire.errors import EtcdUnavailable
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchBatch
 
@@ -26,6 +27,20 @@ async def collect_until(
         seen.append(batch)
         apply(view, batch)
     return seen
+
+
+async def put_when_back(client: EtcdClient, key: str, value: bytes) -> None:
+    """A put right after a restart may meet the channel still in reconnect backoff; like any
+    caller of a retryable error, retry (for at most 30 s)."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        try:
+            await client.put(key, value)
+            return
+        except EtcdUnavailable:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 def apply(view: dict[str, bytes], batch: WatchBatch) -> None:
@@ -119,7 +134,7 @@ async def test_watch_survives_etcd_restart(private_etcd: PrivateEtcd) -> None:
         await asyncio.sleep(1.0)  # the watcher is now retrying against a dead server
         assert not pending.done()
         private_etcd.start()
-        await client.put("/r/after", b"2")
+        await put_when_back(client, "/r/after", b"2")
         await client.delete("/r/before")
         apply(view, await pending)
         await collect_until(stream, view, {"/r/after": b"2"})
@@ -139,7 +154,7 @@ async def test_restart_and_compaction_while_disconnected(private_etcd: PrivateEt
         await stream.aclose()
         private_etcd.stop()
         private_etcd.start()
-        await client.put("/c/0", b"v2")
+        await put_when_back(client, "/c/0", b"v2")
         await client.delete("/c/1")
         await client.compact(await client.status())
         stream = watcher.batches()
