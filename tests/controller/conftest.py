@@ -147,6 +147,11 @@ async def controllers(etcd: EtcdClient) -> AsyncIterator[Callable[..., Awaitable
     await etcd.delete(ELECTION)
 
 
+def pooled_ports(running: Running, key: Any) -> set[str]:
+    """Port ids free in one pool of a running controller, whatever their SG group."""
+    return {p for _, ports in running.service.pools.groups(key) for p in ports}
+
+
 async def _bound(ctl: Controller) -> bool:
     return ctl.port != 0
 

@@ -17,6 +17,7 @@ from tests.controller.conftest import (
     ScriptedNodes,
     admin,
     eventually,
+    pooled_ports,
     release_vif,
     request_vif,
     settings_for,
@@ -38,11 +39,11 @@ async def test_restart_recovers_pools_and_in_use(
     _, used = await request_vif(http, first.url, node, vif_body("u1.eth0", network))
     await first.service.drain()
     key = PoolKey(node.name, network.project_id, network.id)
-    free = {p for _, ports in first.service.pools.groups(key) for p in ports}
+    free = pooled_ports(first, key)
     assert len(free) == 3
     await first.stop()
     second = await controllers(settings)
-    recovered = {p for _, ports in second.service.pools.groups(key) for p in ports}
+    recovered = pooled_ports(second, key)
     assert recovered == free
     assert used["vif"]["port_id"] not in recovered
     _, again = await request_vif(http, second.url, node, vif_body("u1.eth0", network))
@@ -92,7 +93,7 @@ async def test_sg_reuse_remove_sg_max_and_network_deletion(
     # removing an SG from the pools strips it from the pooled ports
     status, moved = await admin(http, "DELETE", f"{running.url}/v1/security-groups/{sgs[0]}/pools")
     assert status == 200 and moved == {"moved": 1}
-    (pooled,) = [p for _, ports in running.service.pools.groups(key) for p in ports]
+    (pooled,) = pooled_ports(running, key)
     assert neutron.network.get_port(pooled).security_group_ids == []
     # max: fill to 2, then a released port is deleted instead of pooled
     await admin(

@@ -10,7 +10,13 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from podwire.controller.pools import PoolKey
-from tests.controller.conftest import ScriptedNodes, request_vif, settings_for, vif_body
+from tests.controller.conftest import (
+    ScriptedNodes,
+    pooled_ports,
+    request_vif,
+    settings_for,
+    vif_body,
+)
 
 
 class CuttableProxy:
@@ -83,5 +89,5 @@ async def test_outage_during_refill_is_retryable_and_leaks_nothing(
     await running.service.drain()
     ours = {p.id for p in neutron.network.ports(network_id=network.id)}
     in_use = {r.vif.port_id for r in running.service.attachments.values()}
-    pooled = {p for _, ports in running.service.pools.groups(key) for p in ports}
+    pooled = pooled_ports(running, key)
     assert ours == in_use | pooled and len(in_use) == 3

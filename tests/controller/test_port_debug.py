@@ -12,6 +12,7 @@ from podwire.controller.recycler import recycle_once
 from tests.controller.conftest import (
     ScriptedNodes,
     admin,
+    pooled_ports,
     release_vif,
     request_vif,
     settings_for,
@@ -64,7 +65,7 @@ async def test_port_debug_names_pool_in_use_and_recycled_ports(
     assert await release_vif(http, running.url, node, "c1.eth0") == 204
     assert await recycle_once(running.service, settings.pool) == (1, 0)
     assert names(neutron, network.project_id)[port_id] == (AVAILABLE_NAME, "")
-    assert {p for _, ports in running.service.pools.groups(key) for p in ports} == set(pooled)
+    assert pooled_ports(running, key) == set(pooled)
 
     status, freed = await admin(
         http, "POST", running.url + "/v1/pools/free", {"nodes": [node.name]}

@@ -19,6 +19,7 @@ from podwire.etcd.client import EtcdClient
 from tests.controller.conftest import (
     ScriptedNodes,
     eventually,
+    pooled_ports,
     request_vif,
     settings_for,
     vif_body,
@@ -28,10 +29,6 @@ from tests.controller.conftest import (
 async def _mirror_trusted(etcd: EtcdClient) -> bool:
     status = await etcd.get(keys.status("ml2"))
     return forwarder_doubt(status.value if status else None, time.time()) is None
-
-
-def _pooled(running: Any, key: PoolKey) -> set[str]:
-    return {p for _, ports in running.service.pools.groups(key) for p in ports}
 
 
 async def test_recovery_from_the_mirror_is_verified_against_neutron(
@@ -49,7 +46,7 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
     _, used = await request_vif(http, first.url, node, vif_body("u1.eth0", network))
     await first.service.drain()
     key = PoolKey(node.name, network.project_id, network.id)
-    free = _pooled(first, key)
+    free = pooled_ports(first, key)
     leftover = neutron.network.create_port(
         network_id=network.id, project_id=network.project_id, device_owner="compute:podwire"
     )
@@ -59,7 +56,7 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
     second = await controllers(settings)
     report = second.controller.recovery
     assert report.source == "etcd"
-    assert _pooled(second, key) == free and used["vif"]["port_id"] not in free
+    assert pooled_ports(second, key) == free and used["vif"]["port_id"] not in free
     _, again = await request_vif(http, second.url, node, vif_body("u1.eth0", network))
     assert again["vif"] == used["vif"]
 
@@ -76,7 +73,7 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
     later = replace(report, started_at=time.time() + LEFTOVER_MARGIN + 1, verified=False)
     await verify(second.service, later)
     assert neutron.network.find_port(leftover.id) is None
-    assert _pooled(second, key) == free - {gone}
+    assert pooled_ports(second, key) == free - {gone}
     assert not second.service.pools.known(gone)
 
 
@@ -93,7 +90,7 @@ async def test_recovery_lists_neutron_when_the_mirror_is_incomplete(
     first = await controllers(settings)
     await first.service.drain()
     key = PoolKey(node.name, network.project_id, network.id)
-    free = _pooled(first, key)
+    free = pooled_ports(first, key)
     await first.stop()
     # An entry of ours written by an older ml2 driver (no project): the mirror cannot say
     # which pool the port belongs to, so recovery must not use it at all.
@@ -110,6 +107,6 @@ async def test_recovery_lists_neutron_when_the_mirror_is_incomplete(
     finally:
         await etcd.delete(old_key)
     assert second.controller.recovery.source == "neutron"
-    assert _pooled(second, key) == free
+    assert pooled_ports(second, key) == free
     # Listed before serving, so leftovers go at once, however young.
     assert neutron.network.find_port(leftover.id) is None

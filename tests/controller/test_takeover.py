@@ -27,6 +27,7 @@ from tests.controller.conftest import (
     ScriptedNodes,
     admin,
     eventually,
+    pooled_ports,
     release_vif,
     request_vif,
     settings_for,
@@ -102,7 +103,7 @@ async def test_standby_takes_over_from_crashed_leader_after_lease_expiry(
         assert current.create_revision > elected.mod_revision
 
         # recovered: the in-use attachment and exactly the crashed leader's free ports
-        assert {p for _, ports in standby.service.pools.groups(key) for p in ports} == free
+        assert pooled_ports(standby, key) == free
         assert project_ports(neutron, network.project_id) == before | free | {used_port}
         status, again = await request_vif(http, standby.url, node, vif_body("c.eth0", network))
         assert status == 200 and again["vif"] == used["vif"]
