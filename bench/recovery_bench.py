@@ -24,6 +24,7 @@ from bench.stats import row
 from podwire import keys
 from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, Settings
 from podwire.controller.app import Controller
+from podwire.controller.mirror import forwarder_doubt
 from podwire.controller.neutron_ops import DEVICE_OWNER
 from podwire.controller.recovery import recover
 from podwire.etcd.client import EtcdClient
@@ -113,11 +114,11 @@ def _fill_network(stack: dict[str, Any], index: int, network: Any) -> None:
 
 
 async def _wait_for_drained_journal(etcd: EtcdClient) -> None:
+    """Until the forwarder vouches for the mirror, by the controller's own test."""
     deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
         status = await etcd.get(keys.status("ml2"))
-        report = json.loads(status.value) if status else {}
-        if report.get("journal_depth") == 0 and report.get("updated_at", 0) > time.time() - 5:
+        if forwarder_doubt(status.value if status else None, time.time()) is None:
             return
         await asyncio.sleep(1.0)
     raise RuntimeError("the ml2 forwarder did not drain its journal")
