@@ -21,7 +21,7 @@ from podwire.agent.service import Agent
 from podwire.agent.vifsource import VifRequest
 from podwire.config import load_settings
 from podwire.log import setup_logging
-from podwire.vif import Vif
+from podwire.schema.vif import Vif
 
 
 class PrebuiltVifs:

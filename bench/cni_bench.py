@@ -26,9 +26,9 @@ from bench.stats import row
 from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
+from podwire.schema.ports import FixedIp
+from podwire.schema.vif import Vif
 from podwire.stack.client import neutron_connection
-from podwire.vif import Vif
-from podwire.wire import FixedIp
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / ".venv" / "bin" / "podwire-cni"

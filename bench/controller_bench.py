@@ -18,9 +18,9 @@ from podwire import keys
 from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, PoolSettings, Settings
 from podwire.controller.app import Controller
 from podwire.controller.recycler import recycle_once
-from podwire.controller.service import VifRequest
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from podwire.schema.vif import VifRequest
 from podwire.stack.client import neutron_connection
 
 WARM_PORTS = 200
@@ -94,7 +94,7 @@ async def _warm_and_pods(
         rates, calls = [], 0.0
         for r in range(rounds):
             reqs = [
-                VifRequest(f"w{r}-{i}.eth0", net.id, net.project_id, ()) for i in range(WARM_PORTS)
+                VifRequest(f"w{r}-{i}:eth0", net.id, net.project_id, ()) for i in range(WARM_PORTS)
             ]
             before = ctl.metrics.neutron_call_count()
             started = time.perf_counter()
@@ -132,7 +132,7 @@ async def _warm_and_pods(
 
 
 async def _fifty(service: Any, node: str, net: Any, tag: str) -> float:
-    reqs = [VifRequest(f"{tag}-{i}.eth0", net.id, net.project_id, ()) for i in range(50)]
+    reqs = [VifRequest(f"{tag}-{i}:eth0", net.id, net.project_id, ()) for i in range(50)]
     started = time.perf_counter()
     await asyncio.gather(*(service.request(node, q) for q in reqs))
     elapsed = (time.perf_counter() - started) * 1000

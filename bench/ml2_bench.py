@@ -19,12 +19,12 @@ from typing import Any
 from bench.run import main as run_main
 from bench.stats import row
 from podwire import keys
-from podwire import wire as values
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings
 from podwire.ml2.journal import SqlJournal, copy_table
+from podwire.schema import nodes as values
 from podwire.stack.client import neutron_connection
 from podwire.stack.mariadb import MariaDB
 

@@ -25,10 +25,10 @@ from podwire import keys
 from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, Settings
 from podwire.controller.app import Controller
 from podwire.controller.mirror import forwarder_doubt
-from podwire.controller.neutron_ops import DEVICE_OWNER
 from podwire.controller.recovery import recover
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from podwire.schema.vif import DEVICE_OWNER
 from podwire.stack.client import neutron_connection
 
 PROJECT = "podwire-bench-recovery"

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import pytest
 
 from podwire import keys
-from podwire import wire as values
 from podwire.etcd.client import EtcdClient, Lease
+from podwire.schema import nodes as values
 
 T = TypeVar("T")
 

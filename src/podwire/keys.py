@@ -4,22 +4,23 @@ Host names and port ids become path segments, so they are validated: a ``/`` or 
 segment would let one node's key alias another node's.
 """
 
-import re
+from podwire.errors import ValidationError
+from podwire.schema import fields
 
 ROOT = "/podwire"
 KICK = f"{ROOT}/kick"
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+
+class BadKey(ValidationError, ValueError):
+    """A name that cannot be a key segment; a ValueError too, for callers validating config."""
 
 
 def check_segment(value: str, what: str) -> str:
-    """Return ``value`` if it is safe as one key path segment, else raise ValueError."""
-    if not _SEGMENT.match(value):
-        raise ValueError(
-            f"{what} {value!r} is not a valid name: use letters, digits, '.', '_', ':' or '-',"
-            " start with a letter or digit, at most 253 characters"
-        )
-    return value
+    """Return ``value`` if it is safe as one key path segment, else raise ``BadKey``."""
+    try:
+        return fields.name(value, what)
+    except ValidationError as exc:
+        raise BadKey(str(exc)) from None
 
 
 def node_ports_prefix(host: str) -> str:
@@ -90,19 +91,22 @@ def parse_state_key(key: str) -> tuple[str, str, str | None] | None:
     if not key.startswith(prefix):
         return None
     parts = key[len(prefix) :].split("/")
+    if not all(fields.NAME.fullmatch(part) for part in parts):
+        return None
     if len(parts) == 2 and parts[1] in ("alive", "vtep", "capabilities"):
         return parts[0], parts[1], None
-    if len(parts) == 3 and parts[1] in ("physnets", "ports") and parts[2]:
+    if len(parts) == 3 and parts[1] in ("physnets", "ports"):
         return parts[0], parts[1], parts[2]
     return None
 
 
 def parse_node_port_key(key: str) -> tuple[str, str] | None:
     """Split a ``/podwire/nodes/<host>/ports/<id>`` key into ``(host, port_id)``; None for
-    keys outside the layout."""
+    keys outside the layout or whose names are not valid segments (skipped by readers: a
+    port id holding a '/' must not become a key of another layout)."""
     if not key.startswith(nodes_prefix()):
         return None
     parts = key[len(nodes_prefix()) :].split("/")
-    if len(parts) == 3 and parts[1] == "ports" and parts[0] and parts[2]:
+    if len(parts) == 3 and parts[1] == "ports" and all(fields.NAME.fullmatch(p) for p in parts):
         return parts[0], parts[2]
     return None

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 from podwire import keys
-from podwire import wire as values
 from podwire.agent import naming
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.peers import PeerTracker
 from podwire.etcd import EtcdClient
 from podwire.netlink import HostNetlink
+from podwire.schema import nodes as values
 from tests.agent.desired_keys import desired_value
 from tests.agent.netenv import NetEnv, in_ns, links_in
 from tests.scripted_agent import eventually

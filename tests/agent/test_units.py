@@ -18,7 +18,6 @@ from podwire.agent.controller_vifs import (
     ControllerUnavailable,
     ControllerVifSource,
 )
-from podwire.agent.desired import parse_desired
 from podwire.agent.vifsource import VifRequest
 from podwire.cni import spec
 from podwire.cni.request import PodRef, parse_args, parse_request
@@ -26,12 +25,13 @@ from podwire.cni.result import Address, Attached, render
 from podwire.cni.spec import CniError
 from podwire.errors import ConfigError, ValidationError
 from podwire.netlink import links
+from podwire.schema.ports import parse_desired_port as parse_desired
 
 VIF = {
     "v": 1,
     "port_id": "11111111-2222-3333-4444-555555555555",
     "network_id": "66666666-2222-3333-4444-555555555555",
-    "project_id": "p",
+    "project_id": "0123456789abcdef0123456789abcdef",
     "mac_address": "fa:16:3e:00:00:01",
     "mtu": 1450,
     "fixed_ips": [
@@ -70,9 +70,12 @@ def test_render_versions_and_chaining() -> None:
     assert prev["interfaces"] == [{"name": "lo0"}]  # the runtime's object is not modified
 
 
+SG = "5e3ad7a8-9a1b-4c2d-8e3f-0123456789ab"
+
+
 def test_request_parsing() -> None:
     conf = json.dumps(
-        {"cniVersion": "1.1.0", "name": "n", "network": "net", "securityGroups": ["sg"]}
+        {"cniVersion": "1.1.0", "name": "n", "network": "net", "securityGroups": [SG]}
     )
     env = {
         "CNI_COMMAND": "ADD",
@@ -82,7 +85,7 @@ def test_request_parsing() -> None:
         "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u-1",
     }
     req = parse_request(env, conf)
-    assert req.attachment == "abc.eth0" and req.pod == PodRef("ns", "p", "u-1")
+    assert req.attachment == "abc:eth0" and req.pod == PodRef("ns", "p", "u-1")
     deleted = parse_request({**env, "CNI_COMMAND": "DEL", "CNI_NETNS": ""}, conf)
     assert deleted.netns == ""
     with pytest.raises(CniError) as exc:
@@ -93,28 +96,32 @@ def test_request_parsing() -> None:
         parse_args("a=b;;=c")
 
 
+PORT = "11111111-2222-3333-4444-555555555555"
+
+
 def test_desired_values_are_validated() -> None:
     good = {
         "v": 1,
-        "port_id": "p1",
-        "network_id": "n",
+        "port_id": PORT,
+        "network_id": "66666666-2222-3333-4444-555555555555",
         "mac_address": "FA:16:3E:00:00:01",
         "mtu": 1450,
         "network_type": "vxlan",
+        "vif_type": "veth",
         "segmentation_id": 7,
         "fixed_ips": [],
         "extra": "ignored",
     }
-    assert parse_desired(json.dumps(good).encode(), "p1").mac_address == "fa:16:3e:00:00:01"
+    assert parse_desired(json.dumps(good).encode(), PORT).mac_address == "fa:16:3e:00:00:01"
     for change, message in (
-        ({"port_id": "other"}, "does not match"),
+        ({"port_id": "11111111-2222-3333-4444-000000000000"}, "does not match"),
         ({"segmentation_id": None}, "needs a segmentation_id"),
         ({"network_type": "geneve"}, "not one of"),
         ({"mtu": 20}, "mtu"),
         ({"v": 2}, "schema"),
     ):
         with pytest.raises(ValidationError, match=message):
-            parse_desired(json.dumps({**good, **change}).encode(), "p1")
+            parse_desired(json.dumps({**good, **change}).encode(), PORT)
 
 
 class RecordingIpr:
@@ -186,7 +193,7 @@ async def stub() -> AsyncIterator[tuple[str, dict[str, Any]]]:
         return web.Response(status=204)
 
     async def listing(_: web.Request) -> web.Response:
-        return web.json_response({"attachments": {"c.eth0": VIF}})
+        return web.json_response({"attachments": {"c:eth0": VIF}})
 
     app = web.Application()
     app.router.add_post("/v1/nodes/{node}/vifs", post)
@@ -202,7 +209,7 @@ async def stub() -> AsyncIterator[tuple[str, dict[str, Any]]]:
 
 
 def _req(network: str = "net") -> VifRequest:
-    return VifRequest("c.eth0", network, None, ("sg",), PodRef("ns", "p", "u"))
+    return VifRequest("c:eth0", network, None, (SG,), PodRef("ns", "p", "u"))
 
 
 async def test_controller_source_retries_503_then_returns_the_vif(
@@ -215,8 +222,8 @@ async def test_controller_source_retries_503_then_returns_the_vif(
         vif = await source.request(_req(), deadline)
         assert vif.port_id == VIF["port_id"] and vif.vlan_id == 101
         assert state["auth"] == ["Bearer tok", "Bearer tok"]
-        await source.release("c.eth0", vif)
-        assert state["deleted"] == ["c.eth0"]
+        await source.release("c:eth0", vif)
+        assert state["deleted"] == ["c:eth0"]
         assert await source.healthy() == (True, "controller reachable")
     finally:
         await source.close()
@@ -254,26 +261,26 @@ async def test_controller_source_fails_over_to_the_other_controller(
     try:
         vif = await source.request(_req(), asyncio.get_running_loop().time() + 5)
         assert vif.port_id == VIF["port_id"]
-        assert list(await source.attachments()) == ["c.eth0"]  # stays on the live endpoint
-        await source.release("c.eth0", vif)
-        assert state["deleted"] == ["c.eth0"]
+        assert list(await source.attachments()) == ["c:eth0"]  # stays on the live endpoint
+        await source.release("c:eth0", vif)
+        assert state["deleted"] == ["c:eth0"]
     finally:
         await source.close()
 
 
 def test_checkpoint_survives_reload(tmp_path: Any) -> None:
     from podwire.agent.checkpoint import Attachment, Checkpoint
-    from podwire.vif import Vif
+    from podwire.schema.vif import Vif
 
     store = Checkpoint(str(tmp_path))
     entry = Attachment(
-        "c.eth0", "c", "eth0", "n", "/run/netns/x", None, Vif.from_json(VIF), ATTACHED
+        "c:eth0", "c", "eth0", "n", "/run/netns/x", None, Vif.from_json(VIF), ATTACHED
     )
     asyncio.run(store.put(entry))
     assert oct(os.stat(store.path).st_mode & 0o777) == "0o600"
     again = Checkpoint(str(tmp_path))
     again.load()
-    assert again.get("c.eth0") == entry
+    assert again.get("c:eth0") == entry
     store.path.write_text("{broken")
     with pytest.raises(ConfigError, match="damaged"):
         Checkpoint(str(tmp_path)).load()

@@ -30,7 +30,7 @@ def _report(**fields: Any) -> bytes:
         (b"{", "not JSON"),
         (_report(journal_depth=3), "holds 3 rows"),
         (_report(updated_at=NOW - REPORT_MAX_AGE - 5), "15 s old"),
-        (_report(updated_at="yesterday"), "journal_depth or updated_at missing"),
+        (_report(updated_at="yesterday"), "updated_at: expected a number"),
     ],
 )
 def test_forwarder_doubts(report: bytes | None, doubt: str) -> None:
@@ -42,12 +42,16 @@ def test_a_fresh_report_of_an_empty_journal_vouches_for_the_mirror() -> None:
     assert forwarder_doubt(_report(), NOW) is None
 
 
+PROJECT = "0123456789abcdef0123456789abcdef"
+SG = "5e3ad7a8-9a1b-4c2d-8e3f-0123456789ab"
+
+
 def _desired(**fields: Any) -> bytes:
     value = {
         "v": 1,
         "port_id": str(uuid.uuid4()),
         "network_id": str(uuid.uuid4()),
-        "project_id": "p1",
+        "project_id": PROJECT,
         "mac_address": "fa:16:3e:00:00:01",
         "mtu": 1450,
         "network_type": "vxlan",
@@ -58,7 +62,7 @@ def _desired(**fields: Any) -> bytes:
         "fixed_ips": [
             {"ip_address": "10.0.0.5", "subnet_id": "s", "cidr": "10.0.0.0/24", "gateway_ip": None}
         ],
-        "security_groups": ["sg1"],
+        "security_groups": [SG],
         "device_owner": "compute:podwire",
         "device_id": "",
         "trunk": None,
@@ -73,8 +77,8 @@ def test_mirror_entries_become_pool_ports_keyed_by_their_host() -> None:
     found = mirrored_vif(keys.node_port("node-a", value["port_id"]), raw)
     assert found is not None
     key, vif = found
-    assert key == PoolKey("node-a", "p1", value["network_id"])
-    assert (vif.port_id, vif.mtu, vif.security_groups) == (value["port_id"], 1450, ["sg1"])
+    assert key == PoolKey("node-a", PROJECT, value["network_id"])
+    assert (vif.port_id, vif.mtu, vif.security_groups) == (value["port_id"], 1450, [SG])
     assert vif.fixed_ips[0].cidr == "10.0.0.0/24"
 
 
@@ -93,8 +97,9 @@ def test_other_owners_and_foreign_keys_are_not_pool_ports() -> None:
     ],
 )
 def test_unusable_entries_of_ours_are_named(fields: dict[str, Any], problem: str) -> None:
+    raw = _desired(**fields)
     with pytest.raises(ValidationError, match=problem):
-        mirrored_vif(keys.node_port("node-a", "p"), _desired(**fields))
+        mirrored_vif(keys.node_port("node-a", json.loads(raw)["port_id"]), raw)
 
 
 def _summary(created_at: str) -> PortSummary:

@@ -7,7 +7,8 @@ import uuid
 from podwire.config import PoolSettings
 from podwire.controller.pools import PoolKey, Pools, Taken, Waiter, sg_key
 from podwire.controller.refill import batches, refill_count
-from podwire.vif import FixedIp, Vif
+from podwire.schema.ports import FixedIp
+from podwire.schema.vif import Vif
 
 KEY = PoolKey("node-1", "proj", "net")
 

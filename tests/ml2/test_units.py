@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from podwire import keys
-from podwire import wire as values
 from podwire.errors import RetryableError, ValidationError
 from podwire.ml2 import feedback as feedback_module
 from podwire.ml2.binding import Binding, Decline, Segment, decide
@@ -15,6 +15,8 @@ from podwire.ml2.feedback import Feedback
 from podwire.ml2.forwarder import batch_ops
 from podwire.ml2.host_cache import Change, HostCache
 from podwire.ml2.journal import Entry
+from podwire.schema import nodes as values
+from podwire.schema.ports import DesiredPort, FixedIp, TrunkInfo, parse_desired_port
 
 HOST = "node-1"
 
@@ -46,12 +48,14 @@ def test_unknown_fields_are_ignored() -> None:
 
 
 def test_desired_port_encoding_is_stable_and_parseable() -> None:
-    port = values.DesiredPort(
-        "p1", "n1", "fa:16:3e:00:00:01", 1450, "vxlan", None, 1001, "veth", {},
-        (values.FixedIp("10.0.0.5", "s1", "10.0.0.0/24", "10.0.0.1"),), ("sg2", "sg1"),
-        "compute:podwire", "pod-1", values.TrunkInfo("parent", "vlan", 101),
+    port = DesiredPort(
+        port_id=PORT_ID, network_id=NETWORK_ID, mac_address="fa:16:3e:00:00:01", mtu=1450,
+        network_type="vxlan", physnet=None, segmentation_id=1001, vif_type="veth",
+        fixed_ips=(FixedIp("10.0.0.5", "s1", "10.0.0.0/24", "10.0.0.1"),),
+        security_groups=(SG2, SG1), device_owner="compute:podwire", device_id="pod-1",
+        trunk=TrunkInfo(PARENT_ID, "vlan", 101),
     )  # fmt: skip
-    decoded = values.parse_desired_port(port.encode())
+    decoded = json.loads(port.encode())
     assert decoded["v"] == 1 and decoded["mtu"] == 1450
     assert decoded["fixed_ips"] == [
         {
@@ -62,9 +66,17 @@ def test_desired_port_encoding_is_stable_and_parseable() -> None:
         }
     ]
     assert decoded["trunk"] == {
-        "parent_port_id": "parent", "segmentation_type": "vlan", "segmentation_id": 101
+        "parent_port_id": PARENT_ID, "segmentation_type": "vlan", "segmentation_id": 101
     }  # fmt: skip
-    assert port.encode() == values.DesiredPort(**port.__dict__).encode()
+    assert parse_desired_port(port.encode(), PORT_ID) == port
+    assert port.encode() == DesiredPort(**port.__dict__).encode()
+
+
+PORT_ID = "7d7c0f0e-1a2b-4c3d-8e9f-001122334455"
+NETWORK_ID = "0aaafa7a-e6be-4119-89f2-6070b63f72c6"
+PARENT_ID = "1aaafa7a-e6be-4119-89f2-6070b63f72c6"
+SG1 = "2aaafa7a-e6be-4119-89f2-6070b63f72c6"
+SG2 = "3aaafa7a-e6be-4119-89f2-6070b63f72c6"
 
 
 def test_cache_tracks_hosts_and_reports_changes() -> None:

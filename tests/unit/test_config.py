@@ -76,7 +76,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         ("[etcd]\nendpoints = []\n", r"etcd.endpoints: at least one"),
         ("[etcd]\nendpoints = ['127.0.0.1:2379']\n", r"etcd.endpoints: .* is not an http"),
         ("[etcd]\ncert_file = '/c'\n", r"etcd.cert_file and etcd.key_file"),
-        ("[agent]\nhost = 'a/b'\n", r"agent.host 'a/b' is not a valid name"),
+        ("[agent]\nhost = 'a/b'\n", r"agent.host: 'a/b' is not a valid name"),
         ("[agent]\nphysnet_mappings = { p = 'much-too-long-name0' }\n", r"physnet_mappings"),
         ("[agent]\nphysnet_mappings = { p = 3 }\n", r"expected a table of str"),
         ("[controller]\nlisten = 'nowhere'\n", r"controller.listen: 'nowhere' is not HOST:PORT"),

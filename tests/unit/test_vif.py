@@ -6,13 +6,13 @@ from typing import Any
 import pytest
 
 from podwire.errors import ValidationError
-from podwire.vif import Vif
+from podwire.schema.vif import Vif
 
 GOOD: dict[str, Any] = {
     "v": 1,
     "port_id": "7d7c0f0e-1a2b-4c3d-8e9f-001122334455",
     "network_id": "0aaafa7a-e6be-4119-89f2-6070b63f72c6",
-    "project_id": "p1",
+    "project_id": "0123456789abcdef0123456789abcdef",
     "mac_address": "FA:16:3E:66:F4:E5",
     "mtu": 1450,
     "fixed_ips": [
@@ -62,5 +62,5 @@ def test_address_outside_its_subnet() -> None:
 def test_missing_field() -> None:
     raw = copy.deepcopy(GOOD)
     del raw["mtu"]
-    with pytest.raises(ValidationError, match="missing field mtu"):
+    with pytest.raises(ValidationError, match="field 'mtu' is required"):
         Vif.from_json(raw)

@@ -153,7 +153,10 @@ class Plugger:
             if not is_netns(attached.sandbox):
                 return False
             return await self._pod.run(attached.sandbox, links.remove_link, attached.ifname)
-        return await self._host.run_rtnl(_delete_link, naming.host_veth(attachment))
+        # The recorded name first: entries from before the attachment-id change were named by
+        # the old id's digest.
+        host_end = attached.host_ifname if attached is not None else naming.host_veth(attachment)
+        return await self._host.run_rtnl(_delete_link, host_end)
 
     async def check(self, attached: Attached, bridge: str) -> str | None:
         """None when the attachment is as ADD left it, else what is wrong."""

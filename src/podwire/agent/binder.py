@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
-from podwire import wire as values
 from podwire.agent import metrics, plumbing
-from podwire.agent.desired import DesiredPort, parse_desired
 from podwire.agent.plumbing import NetworkPlan
 from podwire.errors import PermanentError, PodwireError, RetryableError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink
+from podwire.schema import nodes as values
+from podwire.schema.ports import DesiredPort, parse_desired_port
 
 log = get_logger(__name__)
 
@@ -81,9 +81,14 @@ class Binder:
                     await self._bind(port_id, raw)
 
     async def _apply(self, batch: WatchBatch) -> None:
-        prefix = keys.node_ports_prefix(self._settings.host)
         for event in batch.events:
-            port_id = event.key[len(prefix) :]
+            parsed = keys.parse_node_port_key(event.key)
+            if parsed is None or parsed[0] != self._settings.host:
+                # Only the forwarder writes here, but a key no port id can make is skipped,
+                # never turned into a state key of another shape.
+                log.warning("agent.port.bad_key", key=event.key[:300])
+                continue
+            port_id = parsed[1]
             if event.kind == "put":
                 self._desired[port_id] = event.value
                 await self._bind(port_id, event.value)
@@ -95,7 +100,7 @@ class Binder:
 
     async def _bind(self, port_id: str, raw: bytes) -> None:
         try:
-            port = parse_desired(raw, port_id)
+            port = parse_desired_port(raw, port_id)
             plan = plumbing.plan_network(
                 port,
                 self._settings.vtep_ip,
@@ -177,7 +182,10 @@ class Binder:
             self._peers = set(peers)
             for plan in list(self._plans.values()):
                 if plan.network_type == "vxlan" and plan.uplink:
-                    await self._nl.run(plumbing.sync_peers, plan.uplink, set(peers))
+                    try:
+                        await self._nl.run(plumbing.sync_peers, plan.uplink, set(peers))
+                    except PodwireError as exc:  # one network's failure must not stop others
+                        log.warning("agent.peers.sync_failed", device=plan.uplink, error=str(exc))
 
     async def wait_wired(self, port_id: str, within: float) -> DesiredPort:
         """The wired port, once it is; PortNotWired after ``within`` seconds."""

@@ -8,6 +8,7 @@ temp file renamed over the old one: the file is always the old or the new state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -17,11 +18,13 @@ from typing import Any
 from podwire.cni.result import Attached
 from podwire.errors import ConfigError, ValidationError
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema import doc, fields
+from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
 
 FILE_NAME = "cni-attachments.json"
+MAX_FILE = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,8 @@ class Attachment:
         try:
             return cls(
                 attachment=attachment,
-                container_id=str(raw["container_id"]),
-                ifname=str(raw["ifname"]),
+                container_id=fields.container_id(raw["container_id"], f"{attachment}: container"),
+                ifname=fields.ifname(raw["ifname"], f"{attachment}: ifname"),
                 network_name=str(raw["network_name"]),
                 netns=str(raw["netns"]),
                 pod=raw.get("pod"),
@@ -63,6 +66,13 @@ class Attachment:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValidationError(f"checkpoint entry {attachment}: {exc}") from exc
+
+
+def _canonical(entry: Attachment) -> Attachment:
+    canonical = fields.attachment_id(entry.container_id, entry.ifname)
+    return (
+        entry if entry.attachment == canonical else dataclasses.replace(entry, attachment=canonical)
+    )
 
 
 class Checkpoint:
@@ -82,21 +92,25 @@ class Checkpoint:
         except OSError as exc:
             raise ConfigError(f"agent.state_dir: cannot read {self.path}: {exc}") from exc
         try:
-            body = json.loads(text)
-            if not isinstance(body, dict) or body.get("v") != 1:
-                raise ValidationError("expected an object with v=1")
-            items = body.get("attachments", {})
-            if not isinstance(items, dict):
-                raise ValidationError("'attachments' must be an object")
-        except (ValueError, ValidationError) as exc:
+            body = doc.decode_versioned(text, "checkpoint", MAX_FILE)
+            items = doc.as_object(body.get("attachments", {}), "checkpoint: attachments")
+        except ValidationError as exc:
             raise ConfigError(
                 f"checkpoint {self.path} is damaged ({exc}); move it away to start empty"
             ) from exc
+        migrated = 0
         for key, raw in items.items():
             try:
-                self.entries[key] = Attachment.from_json(key, raw)
+                entry = _canonical(Attachment.from_json(key, raw))
             except ValidationError as exc:
                 log.error("agent.checkpoint.bad_entry", entry=key, error=str(exc))
+                continue
+            self.entries[entry.attachment] = entry
+            migrated += entry.attachment != key
+        if migrated:
+            # Entries from before ``<container>:<ifname>`` ids: stored under the new ids now.
+            self._write(self._snapshot())
+            log.info("agent.checkpoint.migrated", entries=migrated)
 
     def get(self, attachment: str) -> Attachment | None:
         return self.entries.get(attachment)

@@ -25,10 +25,11 @@ from podwire.cni import spec
 from podwire.cni.request import CniRequest, parse_command, parse_request, valid_attachments
 from podwire.cni.result import Address, render
 from podwire.cni.spec import CniError
-from podwire.errors import PermanentError, PodwireError, RetryableError
+from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.netlink import NotANamespace, is_netns
-from podwire.vif import Vif
+from podwire.schema import doc
+from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
 
@@ -267,7 +268,7 @@ def _dump(result: dict[str, object]) -> str:
 
 def _version_of(stdin: str) -> str:
     try:
-        version = json.loads(stdin).get("cniVersion")
-    except (ValueError, AttributeError):
+        version = doc.decode_object(stdin, "network config").get("cniVersion")
+    except ValidationError:
         return spec.LATEST
     return version if version in spec.SUPPORTED_VERSIONS else spec.LATEST

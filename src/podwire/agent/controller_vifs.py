@@ -17,9 +17,13 @@ import aiohttp
 from podwire.agent.vifsource import VifRequest
 from podwire.errors import ConfigError, PermanentError, RetryableError, ValidationError
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema import doc, fields
+from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
+
+# A node's whole attachment list: ~1 KiB per VIF, a few thousand pods at most.
+MAX_ANSWER = 16 << 20
 
 MAX_RETRY_AFTER = 5.0
 T = TypeVar("T")
@@ -84,13 +88,7 @@ class ControllerVifSource:
             await self._session.close()
 
     async def request(self, req: VifRequest, deadline: float) -> Vif:
-        body = {
-            "attachment": req.attachment,
-            "network": req.network,
-            "project_id": req.project_id,
-            "security_groups": list(req.security_groups),
-            "pod": None if req.pod is None else vars(req.pod),
-        }
+        body = req.to_json()
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -140,7 +138,11 @@ class ControllerVifSource:
         items = payload.get("attachments")
         if not isinstance(items, dict):
             raise ControllerUnavailable("controller: 'attachments' missing from the answer")
-        return {key: Vif.from_json(value) for key, value in items.items()}
+        # Keys in canonical form, so records from before the ``<container>:<ifname>`` ids match.
+        return {
+            fields.attachment(key, "controller attachment"): Vif.from_json(value)
+            for key, value in items.items()
+        }
 
     async def healthy(self) -> tuple[bool, str]:
         try:
@@ -154,8 +156,8 @@ class ControllerVifSource:
 
 async def _json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     try:
-        payload = await resp.json(content_type=None)
-    except (ValueError, aiohttp.ContentTypeError):
+        payload = doc.decode(await resp.read(), "controller answer", MAX_ANSWER)
+    except ValidationError:
         return {}
     return payload if isinstance(payload, dict) else {}
 

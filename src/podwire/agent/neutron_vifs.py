@@ -13,12 +13,10 @@ from podwire.agent.vifsource import VifRequest
 from podwire.errors import PermanentError, RetryableError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient, NeutronNotFound, NeutronRequestError
-from podwire.vif import Vif
-from podwire.wire import FixedIp
+from podwire.schema.ports import FixedIp
+from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
-
-DEVICE_OWNER = "compute:podwire"
 
 
 class UnknownNetworkError(PermanentError):

@@ -2,17 +2,21 @@
 
 VXLAN flood entries must follow hosts as they come and go; a host counts only while its
 heartbeat key (bound to its lease) exists, so a dead host drops out when its lease expires.
+Any node can write its own VTEP, so each one is checked before it becomes a flood entry here:
+a unicast host address of this node's own VTEP family (the kernel refuses the other family on
+a VXLAN device), not this node's own address; a bad one is logged and that peer left out.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable
 
 from podwire import keys
-from podwire import wire as values
 from podwire.errors import ValidationError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchEvent
 from podwire.log import get_logger
+from podwire.schema import nodes as values
 
 log = get_logger(__name__)
 
@@ -20,9 +24,12 @@ PeersChanged = Callable[[set[str]], Awaitable[None]]
 
 
 class PeerTracker:
-    def __init__(self, etcd: EtcdClient, host: str, on_change: PeersChanged) -> None:
+    def __init__(
+        self, etcd: EtcdClient, host: str, on_change: PeersChanged, vtep_ip: str = ""
+    ) -> None:
         self._etcd = etcd
         self._host = host
+        self._own = ipaddress.ip_address(vtep_ip) if vtep_ip else None
         self._on_change = on_change
         self._alive: set[str] = set()
         self._vteps: dict[str, str] = {}
@@ -53,10 +60,20 @@ class PeerTracker:
             self._vteps.pop(host, None)
             return
         try:
-            self._vteps[host] = values.parse_vtep(event.value, f"vtep of {host}")
+            self._vteps[host] = self._check(values.parse_vtep(event.value, f"vtep of {host}"))
         except ValidationError as exc:
             log.warning("agent.peer.bad_vtep", host=host, error=str(exc))
             self._vteps.pop(host, None)
+
+    def _check(self, vtep: str) -> str:
+        if self._own is None:
+            return vtep
+        address = ipaddress.ip_address(vtep)
+        if address.version != self._own.version:
+            raise ValidationError(f"{vtep} is not IPv{self._own.version} like this node's VTEP")
+        if address == self._own:
+            raise ValidationError(f"{vtep} is this node's own VTEP")
+        return vtep
 
     async def _publish(self) -> None:
         peers = {ip for host, ip in self._vteps.items() if host in self._alive}

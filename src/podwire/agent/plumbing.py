@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.agent import naming
-from podwire.agent.desired import DesiredPort
 from podwire.errors import PermanentError
 from podwire.netlink import links
+from podwire.schema.ports import DesiredPort
 
 
 class UnservableNetwork(PermanentError):

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 
 from podwire import __version__, keys
-from podwire import wire as values
 from podwire.agent import metrics
 from podwire.errors import EtcdUnavailable
 from podwire.etcd import EtcdClient, Lease
 from podwire.etcd.client import LeaseLost
 from podwire.log import get_logger
+from podwire.schema import nodes as values
 
 log = get_logger(__name__)
 
@@ -31,6 +31,8 @@ class Registration:
     vtep_ip: str
     physnets: dict[str, str]
     network_types: list[str]
+    # "nested" on a VM whose pods get trunk subports; None leaves the choice to the controller.
+    pod_driver: str | None = None
 
 
 class Heartbeat:
@@ -52,7 +54,7 @@ class Heartbeat:
             await self._etcd.put(keys.state_vtep(reg.host), values.vtep_value(reg.vtep_ip))
         await self._etcd.put(
             keys.state_capabilities(reg.host),
-            values.capabilities_value(VIF_TYPES, reg.network_types),
+            values.capabilities_value(VIF_TYPES, reg.network_types, reg.pod_driver),
         )
         await self._put_alive()
 

@@ -92,6 +92,7 @@ class Agent:
                 agent.vtep_ip,
                 agent.physnet_mappings,
                 network_types(),
+                "nested" if agent.nested_uplink else None,
             ),
         )
         await heartbeat.publish()
@@ -101,7 +102,7 @@ class Agent:
             host_nl,
             BinderSettings(agent.host, agent.vtep_ip, agent.physnet_mappings, vlan_capable()),
         )
-        peers = PeerTracker(etcd, agent.host, binder.set_peers)
+        peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
         plugin = _device_plugin(self.settings)

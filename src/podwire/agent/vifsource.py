@@ -7,20 +7,11 @@ way to run without a controller). The CNI handler only sees this Protocol.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from podwire.cni.request import PodRef
-from podwire.vif import Vif
+from podwire.schema.vif import Vif, VifRequest
 
-
-@dataclass(frozen=True)
-class VifRequest:
-    attachment: str
-    network: str
-    project_id: str | None
-    security_groups: tuple[str, ...]
-    pod: PodRef | None
+__all__ = ["VifRequest", "VifSource"]
 
 
 class VifSource(Protocol):

@@ -7,8 +7,8 @@ the spec's error code with a message that says which variable or key to fix.
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,19 +21,12 @@ from podwire.cni.spec import (
     SUPPORTED_VERSIONS,
     CniError,
 )
+from podwire.errors import ConfigError, ValidationError
+from podwire.schema import doc, fields
+from podwire.schema.vif import PodRef, security_groups
 
 MAX_CONFIG = 1 << 20
-_CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
-_K8S_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
-_ARG_KEY = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$")
-
-
-@dataclass(frozen=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str
+_ARG_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -58,8 +51,8 @@ class CniRequest:
 
     @property
     def attachment(self) -> str:
-        """The pod attachment id the VIF API and the checkpoint use: ``<container>.<ifname>``."""
-        return f"{self.container_id}.{self.ifname}"
+        """The pod attachment id the VIF API and the checkpoint use: ``<container>:<ifname>``."""
+        return fields.attachment_id(self.container_id, self.ifname)
 
     @property
     def pod(self) -> PodRef | None:
@@ -94,28 +87,22 @@ def parse_request(env: dict[str, str], stdin: str) -> CniRequest:
     )
 
 
+def _checked(code: int, check: Callable[[Any, str], str], value: Any, what: str) -> str:
+    """A field rule from the schema, its failure as the CNI error ``code``."""
+    try:
+        return check(value, what)
+    except ValidationError as exc:
+        raise CniError(code, str(exc)) from exc
+
+
 def _container_id(env: dict[str, str]) -> str:
-    value = env.get("CNI_CONTAINERID", "")
-    if not _CONTAINER_ID.match(value):
-        raise CniError(
-            INVALID_ENV,
-            f"CNI_CONTAINERID {value!r} is missing or invalid: it must start with a letter or"
-            " digit and contain only letters, digits, '_', '.' or '-'",
-        )
-    return value
+    return _checked(
+        INVALID_ENV, fields.container_id, env.get("CNI_CONTAINERID", ""), "CNI_CONTAINERID"
+    )
 
 
 def check_ifname(value: str) -> str:
-    bad = (
-        not value or len(value) > 15 or value in (".", "..") or any(c in value for c in "/: \t\n\0")
-    )
-    if bad:
-        raise CniError(
-            INVALID_ENV,
-            f"CNI_IFNAME {value!r} is not a valid interface name: 1 to 15 characters, no '/',"
-            " ':' or whitespace, not '.' or '..'",
-        )
-    return value
+    return _checked(INVALID_ENV, fields.ifname, value, "CNI_IFNAME")
 
 
 def _netns(env: dict[str, str], required: bool) -> str:
@@ -136,26 +123,31 @@ def parse_args(raw: str) -> dict[str, str]:
         raise CniError(INVALID_ENV, "CNI_ARGS is longer than 4096 characters")
     for item in filter(None, raw.split(";")):
         key, sep, value = item.partition("=")
-        if not sep or not _ARG_KEY.match(key):
+        if not sep or not _ARG_KEY.fullmatch(key):
             raise CniError(
                 INVALID_ENV, f"CNI_ARGS: {item!r} is not KEY=VALUE (pairs separated by ';')"
             )
         args[key] = value
-    for key in ("K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_UID"):
-        if key in args and not _K8S_VALUE.match(args[key]):
-            raise CniError(INVALID_ENV, f"CNI_ARGS: {key}={args[key]!r} is not a valid name")
+    for key, check in _POD_ARGS.items():
+        if key in args:
+            _checked(INVALID_ENV, check, args[key], f"CNI_ARGS {key}")
     return args
 
 
+_POD_ARGS = {
+    "K8S_POD_NAMESPACE": fields.k8s_name,
+    "K8S_POD_NAME": fields.k8s_name,
+    "K8S_POD_UID": fields.k8s_uid,
+}
+
+
 def parse_conf(stdin: str, command: str) -> NetConf:
-    if len(stdin) > MAX_CONFIG:
-        raise CniError(DECODE_FAILURE, "network config on stdin is larger than 1 MiB")
     try:
-        raw = json.loads(stdin) if stdin.strip() else {}
-    except ValueError as exc:
-        raise CniError(DECODE_FAILURE, f"network config on stdin is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise CniError(DECODE_FAILURE, "network config on stdin must be a JSON object")
+        raw = (
+            doc.decode_object(stdin, "network config on stdin", MAX_CONFIG) if stdin.strip() else {}
+        )
+    except ValidationError as exc:
+        raise CniError(DECODE_FAILURE, str(exc)) from exc
     version = raw.get("cniVersion", "")
     if version not in SUPPORTED_VERSIONS:
         raise CniError(
@@ -179,21 +171,14 @@ def _conf_str(raw: dict[str, Any], key: str, required: bool) -> str:
     value = raw.get(key, "")
     if value == "" and not required:
         return ""
-    if not isinstance(value, str) or not _ID.match(value):
-        raise CniError(
-            INVALID_CONFIG,
-            f"network config key {key!r} is missing or invalid ({value!r}): a name or id of"
-            " letters, digits, '_', '.' or '-'",
-        )
-    return value
+    return _checked(INVALID_CONFIG, fields.neutron_ref, value, f"network config key {key!r}")
 
 
 def _security_groups(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and _ID.match(v) for v in value):
-        raise CniError(INVALID_CONFIG, "network config key 'securityGroups' must be a list of ids")
-    if len(value) > 64:
-        raise CniError(INVALID_CONFIG, "network config key 'securityGroups' has more than 64 ids")
-    return tuple(value)
+    try:
+        return security_groups(value, "network config key 'securityGroups'")
+    except ValidationError as exc:
+        raise CniError(INVALID_CONFIG, str(exc)) from exc
 
 
 def _prev_result(value: Any) -> dict[str, Any] | None:
@@ -206,11 +191,10 @@ def _prev_result(value: Any) -> dict[str, Any] | None:
 
 def check_network_name(value: str, what: str) -> str:
     """For install-time options that end up as config values: same rule as the config."""
-    if not _ID.match(value):
-        from podwire.errors import ConfigError
-
-        raise ConfigError(f"{what}: {value!r} must be letters, digits, '_', '.' or '-'")
-    return value
+    try:
+        return fields.neutron_ref(value, what)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def valid_attachments(conf: NetConf) -> set[tuple[str, str]]:

@@ -12,7 +12,7 @@ import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from podwire.cni import wire
+from podwire.cni import socket_proto
 from podwire.cni.spec import IO_FAILURE, CniError
 from podwire.errors import ConfigError
 from podwire.log import get_logger
@@ -34,7 +34,7 @@ class CniServer:
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others connect
         try:
             self._server = await asyncio.start_unix_server(
-                self._serve, path=str(self.path), limit=wire.MAX_REQUEST
+                self._serve, path=str(self.path), limit=socket_proto.MAX_REQUEST
             )
         finally:
             os.umask(old_umask)
@@ -70,9 +70,9 @@ class CniServer:
                 # A bug, not an input problem: the runtime still gets a CNI error, then the
                 # exception propagates to asyncio's handler (logged); the server keeps serving.
                 failure = CniError(IO_FAILURE, f"podwire agent failed unexpectedly: {exc}")
-                writer.write(wire.encode_reply(IO_FAILURE, failure.to_json()))
+                writer.write(socket_proto.encode_reply(IO_FAILURE, failure.to_json()))
                 raise
-            writer.write(wire.encode_reply(code, out))
+            writer.write(socket_proto.encode_reply(code, out))
             await writer.drain()
         except (TimeoutError, ConnectionError) as exc:
             log.warning("agent.cni.connection_dropped", error=str(exc) or type(exc).__name__)
@@ -81,18 +81,18 @@ class CniServer:
 
     @staticmethod
     async def _read(reader: asyncio.StreamReader) -> bytes:
-        data = await reader.read(wire.MAX_REQUEST + 1)
+        data = await reader.read(socket_proto.MAX_REQUEST + 1)
         chunks = [data]
         total = len(data)
-        while data and total <= wire.MAX_REQUEST:
-            data = await reader.read(wire.MAX_REQUEST + 1 - total)
+        while data and total <= socket_proto.MAX_REQUEST:
+            data = await reader.read(socket_proto.MAX_REQUEST + 1 - total)
             chunks.append(data)
             total += len(data)
         return b"".join(chunks)
 
     async def _dispatch(self, data: bytes) -> tuple[int, str]:
         try:
-            env, stdin = wire.decode_request(data)
+            env, stdin = socket_proto.decode_request(data)
             return await self._handler(env, stdin)
         except CniError as exc:
             return exc.code, exc.to_json()

@@ -7,7 +7,6 @@ Errors leave as JSON ``{"error": ...}`` with one status per error kind; retryabl
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +21,8 @@ from podwire.controller.service import PoolService
 from podwire.errors import PermanentError, PodwireError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronNotFound, NeutronRequestError
+from podwire.schema import doc, fields
+from podwire.schema.vif import VifRequest
 from podwire.service.ops_http import ReadyCheck, add_ops_routes
 
 log = get_logger(__name__)
@@ -90,10 +91,7 @@ class Tokens:
 
 
 async def _json(request: web.Request) -> Any:
-    try:
-        return json.loads(await request.read())
-    except ValueError as exc:
-        raise ValidationError("body: not valid JSON") from exc
+    return doc.decode(await request.read(), "body", MAX_BODY)
 
 
 def _pool_json(service: PoolService, key: PoolKey) -> dict[str, Any]:
@@ -140,13 +138,13 @@ class ControllerApi:
 
     async def request_vif(self, request: web.Request) -> web.Response:
         node = self._node(request)
-        body = validate.vif_request(await _json(request))
+        body = VifRequest.from_json(await _json(request))
         vif = await self.service.request(node, body)
         return web.json_response({"vif": vif.to_json()})
 
     async def release_vif(self, request: web.Request) -> web.Response:
         node = self._node(request)
-        attachment = validate.segment(request.match_info["attachment"], "attachment")
+        attachment = fields.attachment(request.match_info["attachment"], "attachment")
         await self.service.release(node, attachment)
         return web.Response(status=204)
 

@@ -8,21 +8,21 @@ serves that pod driver, as operators may want e.g. nested pods without pooling.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from podwire import keys
 from podwire.controller.netinfo import NetworkInfo, port_to_vif
-from podwire.controller.neutron_ops import DEVICE_OWNER, NeutronOps
+from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pools import PoolKey, SgKey
+from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema.nodes import parse_capabilities
+from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
 
-POD_DRIVERS = ("baremetal", "nested", "noop")
 DEFAULT_POOL_FOR_DRIVER: Mapping[str, str] = {
     "baremetal": "neutron",
     "nested": "nested",
@@ -139,11 +139,8 @@ class NodeDrivers:
         if kv is None:
             return self._default
         try:
-            value = json.loads(kv.value)
-            name = value.get("pod_driver", self._default) if isinstance(value, dict) else None
-        except ValueError:
-            name = None
-        if name not in POD_DRIVERS:
-            log.warning("controller.node.bad_driver", node=node, value=kv.value[:200])
+            registered = parse_capabilities(kv.value, kv.key).pod_driver
+        except ValidationError as exc:
+            log.warning("controller.node.bad_capabilities", node=node, error=str(exc))
             return self._default
-        return str(name)
+        return registered or self._default

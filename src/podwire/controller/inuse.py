@@ -10,7 +10,6 @@ cannot record anything.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +18,9 @@ from podwire.controller.pools import PoolKey
 from podwire.errors import NotLeader, ValidationError
 from podwire.etcd.client import Compare, EtcdClient, Op, delete_op, put_op
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema import fields
+from podwire.schema.records import InUseValue, parse_in_use
+from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
 
@@ -32,16 +33,12 @@ class InUse:
     attachment: str
     key: PoolKey
     vif: Vif
+    # The etcd key the record was read from, when it is not the canonical one (a record from
+    # before attachment ids were ``<container>:<ifname>``); ``load`` moves it.
+    legacy_key: str | None = None
 
     def encode(self) -> bytes:
-        body = {
-            "v": 1,
-            "port_id": self.vif.port_id,
-            "project_id": self.key.project_id,
-            "network_id": self.key.network_id,
-            "vif": self.vif.to_json(),
-        }
-        return json.dumps(body, separators=(",", ":")).encode()
+        return InUseValue(self.key.project_id, self.vif).encode()
 
 
 def parse_record(etcd_key: str, raw: bytes) -> InUse:
@@ -50,17 +47,13 @@ def parse_record(etcd_key: str, raw: bytes) -> InUse:
     parts = etcd_key[len(prefix) :].split("/") if etcd_key.startswith(prefix) else []
     if len(parts) != 2:
         raise ValidationError(f"{etcd_key}: not a /podwire/vifs/<node>/<attachment> key")
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise ValidationError(f"{etcd_key}: not JSON") from exc
-    if not isinstance(value, dict) or value.get("v") != 1:
-        raise ValidationError(f"{etcd_key}: unsupported value")
-    vif = Vif.from_json(value.get("vif"))
-    project, network = value.get("project_id"), value.get("network_id")
-    if not isinstance(project, str) or network != vif.network_id:
-        raise ValidationError(f"{etcd_key}: project or network missing")
-    return InUse(parts[0], parts[1], PoolKey(parts[0], project, vif.network_id), vif)
+    node = fields.name(parts[0], f"{etcd_key}: node")
+    attachment = fields.attachment(parts[1], f"{etcd_key}: attachment")
+    value = parse_in_use(raw, etcd_key)
+    legacy = None if attachment == parts[1] else etcd_key
+    return InUse(
+        node, attachment, PoolKey(node, value.project_id, value.vif.network_id), value.vif, legacy
+    )
 
 
 class InUseStore:
@@ -80,7 +73,20 @@ class InUseStore:
             except ValidationError as exc:
                 bad += 1
                 log.warning("controller.inuse.bad_record", key=kv.key, error=str(exc))
+        await self._migrate([r for r in records if r.legacy_key is not None])
         return records, bad
+
+    async def _migrate(self, legacy: list[InUse]) -> None:
+        """Move records to their canonical keys; both in one fenced txn, so a record is
+        never lost nor doubled."""
+        for record in legacy:
+            assert record.legacy_key is not None
+            new = put_op(keys.vif(record.node, record.attachment), record.encode())
+            held, _ = await self._etcd.txn(self._fence(), [new, delete_op(record.legacy_key)])
+            if not held:
+                raise NotLeader("leadership lost while migrating in-use records")
+        if legacy:
+            log.info("controller.inuse.migrated", records=len(legacy))
 
     async def put(self, record: InUse) -> None:
         await self._submit(put_op(keys.vif(record.node, record.attachment), record.encode()))

@@ -17,13 +17,13 @@ import time
 from collections import defaultdict
 
 from podwire import keys
-from podwire.controller.neutron_ops import DEVICE_OWNER
 from podwire.controller.pools import PoolKey
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
-from podwire.vif import Vif
-from podwire.wire import load_object, parse_desired_port
+from podwire.schema.ports import DesiredPort, parse_desired_port
+from podwire.schema.records import parse_ml2_report
+from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
 
@@ -36,15 +36,12 @@ def forwarder_doubt(report: bytes | None, now: float) -> str | None:
     if report is None:
         return "no ml2 forwarder has reported"
     try:
-        value = load_object(report, "ml2 status")
-        depth, updated_at = value.get("journal_depth"), value.get("updated_at")
-        if not isinstance(depth, int) or not isinstance(updated_at, int | float):
-            raise ValidationError("ml2 status: journal_depth or updated_at missing")
+        value = parse_ml2_report(report)
     except ValidationError as exc:
         return str(exc)
-    if depth:
-        return f"the ml2 journal holds {depth} rows not yet in etcd"
-    age = now - float(updated_at)
+    if value.journal_depth:
+        return f"the ml2 journal holds {value.journal_depth} rows not yet in etcd"
+    age = now - value.updated_at
     if age > REPORT_MAX_AGE:
         return f"the ml2 forwarder's last report is {age:.0f} s old"
     return None
@@ -59,13 +56,28 @@ def mirrored_vif(key: str, raw: bytes) -> tuple[PoolKey, Vif] | None:
     parsed = keys.parse_node_port_key(key)
     if parsed is None:
         return None
-    value = parse_desired_port(raw, key)
-    if value.get("device_owner") != DEVICE_OWNER:
+    port = parse_desired_port(raw, parsed[1])
+    if port.device_owner != DEVICE_OWNER:
         return None
-    if not value.get("project_id"):
+    if not port.project_id:
         raise ValidationError(f"{key}: no project_id (written by an older ml2 driver)")
-    vif = Vif.from_json(value)
+    vif = vif_of(port, port.project_id)
     return PoolKey(parsed[0], vif.project_id, vif.network_id), vif
+
+
+def vif_of(port: DesiredPort, project_id: str) -> Vif:
+    return Vif(
+        port_id=port.port_id,
+        network_id=port.network_id,
+        project_id=project_id,
+        mac_address=port.mac_address,
+        mtu=port.mtu,
+        fixed_ips=list(port.fixed_ips),
+        network_type=port.network_type,
+        segmentation_id=port.segmentation_id,
+        vif_type=port.vif_type,
+        security_groups=list(port.security_groups),
+    )
 
 
 async def pools_from_mirror(etcd: EtcdClient, in_use: set[str]) -> dict[PoolKey, list[Vif]] | None:

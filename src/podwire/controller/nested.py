@@ -16,7 +16,7 @@ from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import PodwireError
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.errors import ValidationError
-from podwire.vif import Vif
-from podwire.wire import FixedIp
+from podwire.schema.ports import FixedIp
+from podwire.schema.vif import Vif
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from podwire.errors import PodwireError
 from podwire.neutron.client import NeutronClient, PortSummary
 
 T = TypeVar("T")
-DEVICE_OWNER = "compute:podwire"
 SUBPORT_OWNER = "trunk:subport"
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from podwire.vif import Vif
+from podwire.schema.vif import Vif
 
 SgKey = tuple[str, ...]
 

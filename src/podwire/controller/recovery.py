@@ -21,13 +21,13 @@ from podwire.controller.drivers import delete_ports
 from podwire.controller.mirror import pools_from_mirror
 from podwire.controller.nested import NestedDriver
 from podwire.controller.netinfo import is_bound, port_to_vif
-from podwire.controller.neutron_ops import DEVICE_OWNER, SUBPORT_OWNER
+from podwire.controller.neutron_ops import SUBPORT_OWNER
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
 

@@ -18,7 +18,7 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netinfo import NetworkInfo
 from podwire.controller.pools import PoolKey, Pools, SgKey
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from podwire.config import PoolSettings
@@ -25,19 +24,9 @@ from podwire.controller.pools import PoolKey, Pools, SgKey, Taken, Waiter, sg_ke
 from podwire.controller.refill import Refiller
 from podwire.errors import PodwireError, ValidationError
 from podwire.log import get_logger
-from podwire.vif import Vif
+from podwire.schema.vif import PodRef, Vif, VifRequest
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class VifRequest:
-    attachment: str
-    network: str
-    project_id: str | None
-    security_groups: SgKey
-    pod_name: str = ""
-    pod_uid: str = ""
 
 
 class PoolService:
@@ -165,7 +154,8 @@ class PoolService:
     async def _name_port(self, port_id: str, req: VifRequest) -> None:
         """Debug naming only: a failure costs a name, never the pod's port."""
         try:
-            await self.neutron.update_port(port_id, name=req.pod_name, device_id=req.pod_uid)
+            pod = req.pod or PodRef("", "")
+            await self.neutron.update_port(port_id, name=pod.name, device_id=pod.uid)
         except PodwireError as exc:
             log.warning("pool.port_naming_failed", port=port_id, error=str(exc))
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from podwire import keys
 from podwire.controller.netinfo import is_bound
-from podwire.controller.neutron_ops import DEVICE_OWNER
 from podwire.controller.service import PoolService
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
+from podwire.schema.vif import DEVICE_OWNER
 
 log = get_logger(__name__)
 

@@ -194,7 +194,7 @@ def _parse_allocation(item: Any, label: str) -> Allocation:
     if not isinstance(item, dict):
         raise CheckpointCorrupt(f"checkpoint {label}: must be an object")
     allocation_id = _field(item, "id", str, label)
-    if not ALLOCATION_ID_RE.match(allocation_id):
+    if not ALLOCATION_ID_RE.fullmatch(allocation_id):
         raise CheckpointCorrupt(f"checkpoint {label}: id {allocation_id!r} is not 20 hex digits")
     devices = _field(item, "devices", list, label)
     if not devices or not all(isinstance(d, str) and 0 < len(d) <= 63 for d in devices):

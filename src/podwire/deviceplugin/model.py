@@ -7,16 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podwire.deviceplugin.api import MAX_DEVICE_ID_LEN
+from podwire.schema import fields
 
 SOCKET_FILE = "memif.sock"
 ENV_SOCKET = "MEMIF_SOCKET"
 ENV_SECRET = "MEMIF_SECRET"
 # 20 hex characters, like the reference plugin's random dir names; also the only names podwire
 # will ever delete under memif_host_dir.
-ALLOCATION_ID_RE = re.compile(r"^[0-9a-f]{20}$")
+ALLOCATION_ID_RE = re.compile(r"[0-9a-f]{20}")
 # VPP's memif protocol carries the secret in a 24-byte field.
 SECRET_LEN = 24
-_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 @dataclass(frozen=True, order=True)
@@ -29,7 +29,7 @@ class PodRef:
 
 
 def valid_pod_name(value: str) -> bool:
-    return bool(_K8S_NAME_RE.match(value))
+    return bool(fields.K8S_NAME.fullmatch(value))
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class DeviceNames:
         short = resource_name.rpartition("/")[2]
         short = re.sub(r"[^A-Za-z0-9._-]", "-", short)[:40] or "dev"
         self.prefix = f"{short}-"
-        self._re = re.compile(rf"^{re.escape(self.prefix)}(0|[1-9][0-9]{{0,8}})$")
+        self._re = re.compile(rf"{re.escape(self.prefix)}(0|[1-9][0-9]{{0,8}})")
 
     def device_id(self, index: int) -> str:
         value = f"{self.prefix}{index}"
@@ -69,7 +69,7 @@ class DeviceNames:
         return value
 
     def index(self, device_id: str) -> int | None:
-        match = self._re.match(device_id)
+        match = self._re.fullmatch(device_id)
         return int(match.group(1)) if match else None
 
 

@@ -65,5 +65,5 @@ def unknown_dirs(memif_host_dir: str, known_ids: Collection[str]) -> list[Path]:
     return sorted(
         Path(memif_host_dir) / name
         for name in names
-        if ALLOCATION_ID_RE.match(name) and name not in known_ids
+        if ALLOCATION_ID_RE.fullmatch(name) and name not in known_ids
     )

@@ -12,7 +12,7 @@ from neutron.objects import trunk as trunk_objects
 from neutron_lib.api.definitions import portbindings
 from neutron_lib.plugins.ml2 import api
 
-from podwire.wire import DesiredPort, FixedIp, TrunkInfo
+from podwire.schema.ports import DesiredPort, FixedIp, TrunkInfo
 
 DRIVER_NAME = "podwire"
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from podwire import keys
-from podwire import wire as values
 from podwire.errors import ValidationError
 from podwire.ml2.mlog import get_logger
+from podwire.schema import nodes as values
 
 log = get_logger(__name__)
 

@@ -7,7 +7,6 @@ few intervals as "no forwarder is running", which is exactly what an operator ne
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 
@@ -17,6 +16,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.ml2.feedback import Feedback
 from podwire.ml2.forwarder import Forwarder
 from podwire.ml2.mlog import get_logger
+from podwire.schema.records import Ml2Report
 
 log = get_logger(__name__)
 
@@ -28,17 +28,14 @@ def report(
     identity: str, forwarder: Forwarder, feedback: Feedback, depth: tuple[int, float]
 ) -> bytes:
     watcher = feedback.watcher
-    return json.dumps(
-        {
-            "v": 1,
-            "forwarder": identity,
-            "journal_depth": depth[0],
-            "journal_lag_seconds": round(depth[1], 3),
-            "sent_rows": forwarder.sent_rows,
-            "feedback_revision": watcher.revision if watcher else 0,
-            "feedback_relists": watcher.relists if watcher else 0,
-            "updated_at": round(time.time(), 3),
-        }
+    return Ml2Report(
+        forwarder=identity,
+        journal_depth=depth[0],
+        journal_lag_seconds=depth[1],
+        sent_rows=forwarder.sent_rows,
+        feedback_revision=watcher.revision if watcher else 0,
+        feedback_relists=watcher.relists if watcher else 0,
+        updated_at=time.time(),
     ).encode()
 
 

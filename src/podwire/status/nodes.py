@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from podwire import keys
+from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient, KeyValue
+from podwire.schema import nodes
+from podwire.schema.records import parse_leader
 
 
 @dataclass
@@ -23,30 +24,23 @@ class NodeStatus:
     bad_values: int = 0
 
 
-def _json(kv: KeyValue) -> dict[str, Any] | None:
-    try:
-        value = json.loads(kv.value)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) and value.get("v") == 1 else None
-
-
 def _apply_state(node: NodeStatus, kind: str, name: str | None, kv: KeyValue) -> None:
-    value = _json(kv)
-    if value is None:
+    try:
+        if kind == "alive":
+            node.version = nodes.parse_alive(kv.value, kv.key).version
+            node.alive = True
+        elif kind == "vtep":
+            node.vtep = nodes.parse_vtep(kv.value, kv.key)
+        elif kind == "capabilities":
+            found = nodes.parse_capabilities(kv.value, kv.key).network_types
+            node.network_types = sorted(found)
+        elif kind == "physnets" and name:
+            node.physnets[name] = nodes.parse_physnet(kv.value, kv.key)
+        elif kind == "ports":
+            nodes.parse_port_state(kv.value, kv.key)
+            node.ports_wired += 1
+    except ValidationError:
         node.bad_values += 1
-        return
-    if kind == "alive":
-        node.alive = True
-        node.version = str(value.get("version", ""))
-    elif kind == "vtep":
-        node.vtep = str(value.get("ip", ""))
-    elif kind == "capabilities":
-        node.network_types = [str(t) for t in value.get("network_types", [])]
-    elif kind == "physnets" and name:
-        node.physnets[name] = str(value.get("interface", ""))
-    elif kind == "ports":
-        node.ports_wired += 1
 
 
 async def collect_nodes(etcd: EtcdClient) -> list[NodeStatus]:
@@ -74,8 +68,7 @@ async def collect_leaders(etcd: EtcdClient, names: tuple[str, ...]) -> dict[str,
 
 
 def _holder(kv: KeyValue) -> str:
-    """The forwarder stores its identity as text, the controller as ``{"identity": ...}``."""
-    value = _json(kv)
-    if value is not None and "identity" in value:
-        return str(value["identity"])
-    return kv.value.decode(errors="replace")
+    try:
+        return parse_leader(kv.value, kv.key)
+    except ValidationError as exc:
+        return f"(unreadable: {exc})"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -11,8 +10,9 @@ import aiohttp
 
 from podwire import keys
 from podwire.config import ControllerSettings, Settings
-from podwire.errors import PodwireError
+from podwire.errors import PodwireError, ValidationError
 from podwire.etcd.client import EtcdClient
+from podwire.schema.records import parse_ml2_report
 from podwire.status.nodes import NodeStatus, collect_leaders, collect_nodes
 
 STALE_AFTER = 10.0  # seconds: a component report older than this means it is not running
@@ -31,17 +31,15 @@ class Report:
         return asdict(self)
 
 
-async def component_report(etcd: EtcdClient, component: str) -> dict[str, Any]:
-    kv = await etcd.get(keys.status(component))
+async def ml2_report(etcd: EtcdClient) -> dict[str, Any]:
+    kv = await etcd.get(keys.status("ml2"))
     if kv is None:
         return {"state": "no report"}
     try:
-        value = json.loads(kv.value)
-    except ValueError:
-        return {"state": "unreadable report"}
-    if not isinstance(value, dict) or value.get("v") != 1:
-        return {"state": "unreadable report"}
-    age = time.time() - float(value.get("updated_at", 0))
+        value: dict[str, Any] = asdict(parse_ml2_report(kv.value, kv.key))
+    except ValidationError as exc:
+        return {"state": "unreadable report", "error": str(exc)}
+    age = time.time() - value["updated_at"]
     value["state"] = "stale" if age > STALE_AFTER else "ok"
     value["age_seconds"] = round(age, 1)
     return value
@@ -78,7 +76,7 @@ async def collect(settings: Settings) -> Report:
         report.etcd = {"state": "ok", "revision": await etcd.status()}
         report.nodes = await collect_nodes(etcd)
         report.leaders = await collect_leaders(etcd, ("forwarder", "controller"))
-        report.ml2 = await component_report(etcd, "ml2")
+        report.ml2 = await ml2_report(etcd)
     report.pools = await collect_pools(settings.controller)
     report.problems += _problems(report)
     return report

@@ -1,0 +1,97 @@
+"""What each agent publishes about its node under ``/podwire/state/nodes/<host>/``.
+
+Every other agent, the ml2 driver and the controller read these values, and any node may have
+written them, so they are untrusted input: a reader either returns a value that is safe to act
+on (a VTEP that is a unicast host address, interface names the kernel accepts) or raises
+``ValidationError``; callers log and skip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from podwire.schema import doc, fields
+
+POD_DRIVERS = ("baremetal", "nested", "noop")
+MAX_LIST = 32
+
+
+@dataclass(frozen=True)
+class Alive:
+    started_at: float
+    version: str
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    vif_types: frozenset[str]
+    network_types: frozenset[str]
+    # How the controller makes this node's ports; None: the controller's configured default.
+    pod_driver: str | None = None
+
+
+def alive_value(started_at: float, version: str) -> bytes:
+    return doc.encode_versioned({"started_at": started_at, "version": version})
+
+
+def capabilities_value(
+    vif_types: list[str], network_types: list[str], pod_driver: str | None = None
+) -> bytes:
+    body: dict[str, Any] = {"vif_types": vif_types, "network_types": network_types}
+    if pod_driver is not None:
+        body["pod_driver"] = pod_driver
+    return doc.encode_versioned(body)
+
+
+def parse_alive(raw: bytes, what: str = "alive") -> Alive:
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+    return Alive(obj.req("started_at", fields.timestamp), obj.opt("version", fields.text, ""))
+
+
+def parse_physnet(raw: bytes, what: str = "physnet") -> str:
+    """The interface serving a physnet on that host."""
+    return doc.Obj(doc.decode_versioned(raw, what), what).req("interface", fields.ifname)
+
+
+def physnet_value(interface: str) -> bytes:
+    return doc.encode_versioned({"interface": interface})
+
+
+def parse_vtep(raw: bytes, what: str = "vtep") -> str:
+    """A VXLAN endpoint: it becomes a flood entry on every other host, so only a unicast host
+    address is accepted (the family is checked against the reader's own VTEP by the caller)."""
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+    return str(obj.req("ip", fields.host_address))
+
+
+def vtep_value(ip: str) -> bytes:
+    return doc.encode_versioned({"ip": ip})
+
+
+def parse_capabilities(raw: bytes, what: str = "capabilities") -> Capabilities:
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+    return Capabilities(
+        frozenset(obj.req("vif_types", _vif_types)),
+        frozenset(obj.req("network_types", _network_types)),
+        obj.maybe("pod_driver", lambda v, w: fields.one_of(v, w, POD_DRIVERS)),
+    )
+
+
+def _vif_types(value: Any, what: str) -> list[str]:
+    return fields.each(value, what, fields.name, MAX_LIST)
+
+
+def _network_types(value: Any, what: str) -> list[str]:
+    return fields.each(
+        value, what, lambda v, w: fields.one_of(v, w, fields.NETWORK_TYPES), MAX_LIST
+    )
+
+
+def parse_port_state(raw: bytes, what: str = "port state") -> float:
+    """When the agent wired the port; validation is the point, the value is informative."""
+    return doc.Obj(doc.decode_versioned(raw, what), what).req("wired_at", fields.timestamp)
+
+
+def port_state_value(wired_at: float) -> bytes:
+    return doc.encode_versioned({"wired_at": wired_at})

@@ -1,0 +1,101 @@
+"""Values the servers (controller, ml2 workers) keep in etcd for each other and for operators.
+
+- ``/podwire/vifs/<node>/<attachment>``: the controller's record that a port is in use;
+- ``/podwire/election/<name>``: who leads (the forwarder once wrote its identity as plain
+  text; readers accept both forms through the upgrade);
+- ``/podwire/status/ml2``: the forwarder's report, which also vouches for the mirror.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from podwire.errors import ValidationError
+from podwire.schema import doc, fields
+from podwire.schema.vif import Vif
+
+
+@dataclass(frozen=True)
+class InUseValue:
+    project_id: str
+    vif: Vif
+
+    def encode(self) -> bytes:
+        return doc.encode_versioned(
+            {
+                "port_id": self.vif.port_id,
+                "project_id": self.project_id,
+                "network_id": self.vif.network_id,
+                "vif": self.vif.to_json(),
+            }
+        )
+
+
+def parse_in_use(raw: bytes, what: str) -> InUseValue:
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+    vif = obj.req("vif", lambda v, w: Vif.from_json(v, w))
+    if obj.req("network_id", fields.uuid) != vif.network_id:
+        raise ValidationError(f"{what}: network_id differs from the VIF's")
+    return InUseValue(obj.req("project_id", fields.neutron_id), vif)
+
+
+def leader_value(identity: str) -> bytes:
+    return doc.encode_versioned({"identity": identity, "since": round(time.time(), 3)})
+
+
+def parse_leader(raw: bytes, what: str = "election") -> str:
+    """The leader's identity, from either form."""
+    try:
+        value = doc.decode(raw, what, 4096)
+    except ValidationError:
+        value = None
+    if isinstance(value, dict):
+        return doc.Obj(doc.versioned(value, what), what).req("identity", _identity)
+    return _identity(raw.decode(errors="replace"), what)
+
+
+def _identity(value: Any, what: str) -> str:
+    return fields.text(value, what, 255, empty=False)
+
+
+@dataclass(frozen=True)
+class Ml2Report:
+    forwarder: str
+    journal_depth: int
+    journal_lag_seconds: float
+    sent_rows: int
+    feedback_revision: int
+    feedback_relists: int
+    updated_at: float
+
+    def encode(self) -> bytes:
+        return doc.encode_versioned(
+            {
+                "forwarder": self.forwarder,
+                "journal_depth": self.journal_depth,
+                "journal_lag_seconds": round(self.journal_lag_seconds, 3),
+                "sent_rows": self.sent_rows,
+                "feedback_revision": self.feedback_revision,
+                "feedback_relists": self.feedback_relists,
+                "updated_at": round(self.updated_at, 3),
+            }
+        )
+
+
+def _count(value: Any, what: str) -> int:
+    return fields.integer(value, what, 0, 2**63 - 1)
+
+
+def parse_ml2_report(raw: bytes, what: str = "ml2 status") -> Ml2Report:
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+    return Ml2Report(
+        forwarder=obj.opt("forwarder", _identity, ""),
+        journal_depth=obj.req("journal_depth", _count),
+        journal_lag_seconds=obj.opt("journal_lag_seconds", fields.timestamp, 0.0),
+        sent_rows=obj.opt("sent_rows", _count, 0),
+        feedback_revision=obj.opt("feedback_revision", _count, 0),
+        feedback_relists=obj.opt("feedback_relists", _count, 0),
+        updated_at=obj.req("updated_at", fields.timestamp),
+    )

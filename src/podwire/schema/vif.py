@@ -1,0 +1,147 @@
+"""The VIF API's values: what an agent asks for (``VifRequest``) and what it gets (``Vif``).
+
+They travel as JSON between agent and controller and are recorded in the agent's checkpoint and
+the controller's in-use records, so both are parsed strictly here: a malformed VIF must be
+rejected before anything is wired with it. docs/vif-api.md describes the endpoints.
+
+- ``POST /v1/nodes/{node}/vifs`` with ``Authorization: Bearer <token of that node>`` and body
+  ``VifRequest.to_json()``: ``{"attachment": "<container_id>:<ifname>", "network": "<network id
+  or name>", "project_id": "<id or null>", "security_groups": ["<sg id>", ...],
+  "pod": {"namespace": "...", "name": "...", "uid": "..."} or null}``
+  -> 200 ``{"vif": Vif.to_json()}``; idempotent: the same attachment gets the same VIF again.
+  -> 503 ``{"error": "...", "retryable": true}`` with ``Retry-After: <s>`` when no port is ready.
+  -> 400 malformed body or bad names, 401 missing/unknown token, 403 token of another node,
+  404 unknown network/project/SG, 409 node without a live agent: ``{"error": "<message>"}``.
+- ``DELETE /v1/nodes/{node}/vifs/{attachment}`` -> 204, idempotent (unknown attachment too).
+- ``GET /v1/nodes/{node}/vifs`` -> 200 ``{"attachments": {"<attachment>": Vif.to_json()}}``.
+- Ports handed out have device_owner ``compute:podwire`` and are bound to the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from podwire.errors import ValidationError
+from podwire.schema import doc, fields
+from podwire.schema.ports import FixedIp, fixed_ips
+
+DEVICE_OWNER = "compute:podwire"
+MAX_SECURITY_GROUPS = 20
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
+
+
+@dataclass(frozen=True)
+class VifRequest:
+    attachment: str
+    network: str
+    project_id: str | None
+    security_groups: tuple[str, ...]
+    pod: PodRef | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attachment": self.attachment,
+            "network": self.network,
+            "project_id": self.project_id,
+            "security_groups": list(self.security_groups),
+            "pod": None if self.pod is None else self.pod.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any, what: str = "body") -> VifRequest:
+        obj = doc.Obj(_closed(raw, what, REQUEST_FIELDS), what)
+        return cls(
+            attachment=obj.req("attachment", fields.attachment),
+            network=obj.req("network", fields.neutron_ref),
+            project_id=obj.maybe("project_id", fields.neutron_id),
+            # A set: order and duplicates never matter to Neutron, and the pools group by it.
+            security_groups=tuple(
+                sorted(set(security_groups(obj.value.get("security_groups"), what)))
+            ),
+            pod=obj.maybe("pod", _pod),
+        )
+
+
+REQUEST_FIELDS = frozenset({"attachment", "network", "project_id", "security_groups", "pod"})
+
+
+def _closed(raw: Any, what: str, allowed: frozenset[str]) -> dict[str, Any]:
+    """A request body: unknown fields are refused (a typo must not be silently ignored)."""
+    body = doc.as_object(raw, what)
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ValidationError(f"{what}: unknown fields {', '.join(unknown)}")
+    return body
+
+
+def security_groups(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return tuple(fields.each(value, what, fields.neutron_id, MAX_SECURITY_GROUPS))
+
+
+def _pod(value: Any, what: str) -> PodRef:
+    obj = doc.Obj(_closed(value, what, frozenset({"namespace", "name", "uid"})), what)
+    return PodRef(
+        obj.opt("namespace", _pod_text, ""),
+        obj.opt("name", _pod_text, ""),
+        obj.opt("uid", _pod_text, ""),
+    )
+
+
+def _pod_text(value: Any, what: str) -> str:
+    return fields.text(value, what, 253)
+
+
+@dataclass(frozen=True)
+class Vif:
+    port_id: str
+    network_id: str
+    project_id: str
+    mac_address: str
+    mtu: int
+    fixed_ips: list[FixedIp]
+    network_type: str = "vxlan"
+    segmentation_id: int | None = None
+    vif_type: str = "veth"
+    security_groups: list[str] = field(default_factory=list)
+    vlan_id: int | None = None  # nested mode: the subport's VLAN on the node's trunk
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": doc.SCHEMA_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, raw: Any, what: str = "vif") -> Vif:
+        """Parse and validate; raises ValidationError naming the bad field."""
+        obj = doc.Obj(doc.versioned(raw, what), what)
+        return cls(
+            port_id=obj.req("port_id", fields.uuid),
+            network_id=obj.req("network_id", fields.uuid),
+            project_id=obj.req("project_id", fields.neutron_id),
+            mac_address=obj.req("mac_address", fields.mac),
+            mtu=obj.req("mtu", fields.mtu),
+            fixed_ips=obj.req("fixed_ips", fixed_ips),
+            network_type=obj.opt("network_type", _network_type, "vxlan"),
+            segmentation_id=obj.maybe("segmentation_id", _segmentation_id),
+            vif_type=obj.opt("vif_type", lambda v, w: fields.text(v, w, 64, empty=False), "veth"),
+            security_groups=list(security_groups(obj.value.get("security_groups"), what)),
+            vlan_id=obj.maybe("vlan_id", fields.vlan_id),
+        )
+
+
+def _network_type(value: Any, what: str) -> str:
+    return fields.one_of(value, what, fields.NETWORK_TYPES)
+
+
+def _segmentation_id(value: Any, what: str) -> int:
+    return fields.integer(value, what, 1, fields.VNI_RANGE[1])
