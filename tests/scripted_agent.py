@@ -17,6 +17,7 @@ import pytest
 from podwire import keys
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.schema import nodes as values
+from podwire.schema.ports import parse_desired_port
 
 T = TypeVar("T")
 
@@ -81,7 +82,7 @@ class ScriptedAgent:
 
     async def desired(self, port_id: str) -> dict[str, Any] | None:
         kv = await self.etcd.get(keys.node_port(self.host, port_id))
-        return None if kv is None else values.parse_desired_port(kv.value)
+        return None if kv is None else parse_desired_port(kv.value, port_id).to_dict()
 
     async def cleanup(self) -> None:
         await self.die()

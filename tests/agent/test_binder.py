@@ -31,11 +31,13 @@ async def bound(
     nl = HostNetlink(ns)
     settings = BinderSettings(hostnames[0], vtep, {"physnet1": phys}, vlan_capable=False)
     binder = Binder(etcd, nl, settings)
-    tracker = PeerTracker(etcd, hostnames[0], binder.set_peers)
+    tracker = PeerTracker(etcd, hostnames[0], binder.set_peers, vtep)
     tasks = [asyncio.create_task(binder.run()), asyncio.create_task(tracker.run())]
     await asyncio.wait_for(binder.synced.wait(), 10)
     try:
         yield binder, ns, hostnames[0]
+        for task in tasks:  # nothing a test wrote into etcd may have stopped them
+            assert not task.done(), task
     finally:
         for task in tasks:
             task.cancel()
@@ -99,6 +101,59 @@ async def test_flood_entries_follow_alive_peers(
     await eventually(flooded, "flood entry to the new host")
     await lease.revoke()
     await eventually(not_flooded, "flood entry gone with the dead host")
+    await etcd.delete(keys.node_port(host, port))
+
+
+async def test_peer_vteps_that_cannot_be_flood_entries_are_skipped(
+    bound: tuple[Binder, str, str], etcd: EtcdClient, netenv: NetEnv
+) -> None:
+    """Any node writes its own VTEP: an IPv6 one once crashed every IPv4 agent (EAFNOSUPPORT),
+    multicast or broadcast ones became flood entries everywhere."""
+    binder, ns, host = bound
+    port, net = _ids()
+    await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:06", _ip()))
+    await binder.wait_wired(port, 10)
+    own = "192.0.2.11"  # the bound fixture's host 1
+    bad = ["2001:db8::7", "224.0.0.9", "0.0.0.0", "255.255.255.255", "240.0.0.1", own, "x", ""]
+    peers = [f"{host}-peer{i}" for i in range(len(bad) + 1)]
+    lease = await etcd.grant_lease(30)
+    try:
+        for peer, vtep in zip(peers, [*bad, "192.0.2.77"], strict=True):
+            await etcd.put(keys.state_vtep(peer), values.vtep_value(vtep))
+            await etcd.put(keys.state_alive(peer), values.alive_value(0, "t"), lease=lease.id)
+        await etcd.put(keys.state_vtep(peers[0] + "-junk"), b'{"v": 1, "ip": ' + b"[" * 5000)
+
+        def fdb() -> str:
+            return in_ns(ns, "bridge", "fdb", "show", "dev", naming.vxlan(net)).stdout
+
+        async def good_peer_flooded() -> bool:
+            return "dst 192.0.2.77" in fdb()
+
+        await eventually(good_peer_flooded, "flood entry to the one good peer")
+        entries = [line for line in fdb().splitlines() if line.startswith("00:00:00:00:00:00")]
+        assert len(entries) == 1, entries
+    finally:
+        await lease.revoke()
+        for peer in peers:
+            await etcd.delete_prefix(keys.state_node_prefix(peer))
+        await etcd.delete(keys.state_vtep(peers[0] + "-junk"))
+        await etcd.delete(keys.node_port(host, port))
+
+
+async def test_desired_keys_no_port_id_can_make_are_skipped(
+    bound: tuple[Binder, str, str], etcd: EtcdClient
+) -> None:
+    """A port id holding '/' once put the agent in a crash loop."""
+    binder, _, host = bound
+    port, net = _ids()
+    odd = [keys.node_ports_prefix(host) + name for name in ("a/b", "x\n", ".hidden", "")]
+    for key in odd:
+        await etcd.put(key, desired_value(port, net, "fa:16:3e:00:00:07", _ip()))
+    await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:07", _ip()))
+    await binder.wait_wired(port, 10)
+    assert set(binder.wired) == {port} and not binder.failed
+    for key in odd:
+        await etcd.delete(key)
     await etcd.delete(keys.node_port(host, port))
 
 

@@ -34,6 +34,10 @@ def _env_cases(pod: str) -> list[tuple[str, dict[str, str], int]]:
         ("ifname with slash", {"CNI_IFNAME": "et/h0"}, spec.INVALID_ENV),
         ("junk CNI_ARGS", {"CNI_ARGS": "IgnoreUnknown=1;garbage"}, spec.INVALID_ENV),
         ("junk pod name", {"CNI_ARGS": "K8S_POD_NAME=a b"}, spec.INVALID_ENV),
+        # "$" in a pattern accepts a trailing newline; every name is matched in full.
+        ("container id + newline", {"CNI_CONTAINERID": "abc\n"}, spec.INVALID_ENV),
+        ("ifname + newline", {"CNI_IFNAME": "eth0\n"}, spec.INVALID_ENV),
+        ("pod name + newline", {"CNI_ARGS": "K8S_POD_NAME=p\n"}, spec.INVALID_ENV),
     ]
 
 
@@ -58,6 +62,8 @@ async def test_bad_env_and_config_get_spec_codes_and_create_nothing(
     config_cases = [
         ("not json", "{oops", spec.DECODE_FAILURE),
         ("not an object", "[1]", spec.DECODE_FAILURE),
+        ("deeply nested", '{"a": ' + "[" * 50_000 + "]" * 50_000 + "}", spec.DECODE_FAILURE),
+        ("network + newline", json.dumps({**conf, "network": "net\n"}), spec.INVALID_CONFIG),
         ("old version", json.dumps({**conf, "cniVersion": "0.3.1"}), spec.INCOMPATIBLE_VERSION),
         ("no network", json.dumps({**conf, "network": ""}), spec.INVALID_CONFIG),
         ("bad sg", json.dumps({**conf, "securityGroups": "x"}), spec.INVALID_CONFIG),
@@ -94,7 +100,7 @@ def _raw_exchange(path: str, data: bytes) -> bytes:
 
 async def test_garbage_on_the_socket_gets_a_decode_error(agents: list[HostAgent]) -> None:
     agent = agents[0]
-    for garbage in (b"hello", b"[]", b'{"env": 5}', b"\xff\xfe"):
+    for garbage in (b"hello", b"[]", b'{"env": 5}', b"\xff\xfe", b"[" * 100_000):
         reply = await asyncio.to_thread(_raw_exchange, agent.socket, garbage)
         head, _, body = reply.partition(b"\n")
         assert int(head) == spec.DECODE_FAILURE, garbage

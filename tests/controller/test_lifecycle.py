@@ -36,7 +36,7 @@ async def test_restart_recovers_pools_and_in_use(
     node = await nodes.add()
     settings = settings_for(stack, [node], min=2, batch=4)
     first = await controllers(settings)
-    _, used = await request_vif(http, first.url, node, vif_body("u1.eth0", network))
+    _, used = await request_vif(http, first.url, node, vif_body("u1:eth0", network))
     await first.service.drain()
     key = PoolKey(node.name, network.project_id, network.id)
     free = pooled_ports(first, key)
@@ -46,10 +46,10 @@ async def test_restart_recovers_pools_and_in_use(
     recovered = pooled_ports(second, key)
     assert recovered == free
     assert used["vif"]["port_id"] not in recovered
-    _, again = await request_vif(http, second.url, node, vif_body("u1.eth0", network))
+    _, again = await request_vif(http, second.url, node, vif_body("u1:eth0", network))
     assert again["vif"] == used["vif"]
     # a released recovered port is recycled like any other
-    assert await release_vif(http, second.url, node, "u1.eth0") == 204
+    assert await release_vif(http, second.url, node, "u1:eth0") == 204
     assert await recycle_once(second.service, settings.pool) == (1, 0)
 
 
@@ -80,7 +80,7 @@ async def test_sg_reuse_remove_sg_max_and_network_deletion(
         status == 200 and shown["size"] == 2 and shown["groups"][0]["security_groups"] == [sgs[0]]
     )
     # another SG set: reuse of an existing port with one port update
-    _, got = await request_vif(http, running.url, node, vif_body("r.eth0", network, [sgs[1]]))
+    _, got = await request_vif(http, running.url, node, vif_body("r:eth0", network, [sgs[1]]))
     port = neutron.network.get_port(got["vif"]["port_id"])
     assert port.security_group_ids == [sgs[1]] and got["vif"]["security_groups"] == [sgs[1]]
     # what `podwire status` shows of this pool: one free, one in use, refilled once
@@ -103,7 +103,7 @@ async def test_sg_reuse_remove_sg_max_and_network_deletion(
         {"nodes": [node.name], "network": network.id, "count": 1},
     )
     assert running.service.pools.size(key) == 2
-    await release_vif(http, running.url, node, "r.eth0")
+    await release_vif(http, running.url, node, "r:eth0")
     (seen,) = (await collect_pools(status_settings))["pools"]
     assert (seen["in_use"], seen["recyclable"]) == (0, 1)
     assert await recycle_once(running.service, settings.pool) == (0, 1)
@@ -154,12 +154,12 @@ async def test_standby_takes_over(
     standby = await controllers(settings, wait_ready=False)
     async with http.get(standby.url + "/readyz") as response:
         assert response.status == 503
-    status, body = await request_vif(http, standby.url, node, vif_body("s.eth0", network))
+    status, body = await request_vif(http, standby.url, node, vif_body("s:eth0", network))
     assert status == 503 and body["retryable"] is True
-    _, used = await request_vif(http, leader.url, node, vif_body("s.eth0", network))
+    _, used = await request_vif(http, leader.url, node, vif_body("s:eth0", network))
     await leader.stop()
     await eventually(lambda: _serving(standby), "standby took over")
-    _, again = await request_vif(http, standby.url, node, vif_body("s.eth0", network))
+    _, again = await request_vif(http, standby.url, node, vif_body("s:eth0", network))
     assert again["vif"] == used["vif"]
 
 

@@ -59,7 +59,7 @@ async def _scenario(
     assert status == 200, body
     subports = neutron.network.get_trunk_subports(trunk.id)["sub_ports"]
     assert sorted(s["segmentation_id"] for s in subports) == [1, 2]
-    status, got = await request_vif(http, first.url, node, vif_body("n.eth0", network))
+    status, got = await request_vif(http, first.url, node, vif_body("n:eth0", network))
     assert status == 200 and got["vif"]["vlan_id"] in (1, 2)
     await first.stop()
     second = await controllers(settings)

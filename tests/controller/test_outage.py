@@ -74,17 +74,17 @@ async def test_outage_during_refill_is_retryable_and_leaks_nothing(
         stack, [node], endpoint=f"http://127.0.0.1:{proxy.port}/", min=0, batch=2
     )
     running = await controllers(settings)
-    for name in ("a.eth0", "b.eth0"):
+    for name in ("a:eth0", "b:eth0"):
         status, _ = await request_vif(http, running.url, node, vif_body(name, network))
         assert status == 200
     key = PoolKey(node.name, network.project_id, network.id)
     assert running.service.pools.size(key) == 0
     await proxy.cut()
-    status, body = await request_vif(http, running.url, node, vif_body("c.eth0", network))
+    status, body = await request_vif(http, running.url, node, vif_body("c:eth0", network))
     assert status == 503 and body["retryable"] is True
     assert running.controller.metrics.neutron_errors.labels("create_ports")._value.get() >= 1
     await proxy.start()
-    status, _ = await request_vif(http, running.url, node, vif_body("c.eth0", network))
+    status, _ = await request_vif(http, running.url, node, vif_body("c:eth0", network))
     assert status == 200
     await running.service.drain()
     ours = {p.id for p in neutron.network.ports(network_id=network.id)}

@@ -50,7 +50,7 @@ async def test_port_debug_names_pool_in_use_and_recycled_ports(
     assert set(pooled.values()) == {(AVAILABLE_NAME, "")}
 
     # in use: named after the pod in the request, device_id its uid
-    request = vif_body("c1.eth0", network)
+    request = vif_body("c1:eth0", network)
     request["pod"]["name"] = "web-0"
     status, got = await request_vif(http, running.url, node, request)
     assert status == 200
@@ -62,7 +62,7 @@ async def test_port_debug_names_pool_in_use_and_recycled_ports(
     assert now[other] == (AVAILABLE_NAME, "")
 
     # released and recycled: the available name is back, and the port is in the pool again
-    assert await release_vif(http, running.url, node, "c1.eth0") == 204
+    assert await release_vif(http, running.url, node, "c1:eth0") == 204
     assert await recycle_once(running.service, settings.pool) == (1, 0)
     assert names(neutron, network.project_id)[port_id] == (AVAILABLE_NAME, "")
     assert pooled_ports(running, key) == set(pooled)

@@ -43,7 +43,7 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
     node = await nodes.add()
     settings = settings_for(stack, [node], min=3, batch=3)
     first = await controllers(settings)
-    _, used = await request_vif(http, first.url, node, vif_body("u1.eth0", network))
+    _, used = await request_vif(http, first.url, node, vif_body("u1:eth0", network))
     await first.service.drain()
     key = PoolKey(node.name, network.project_id, network.id)
     free = pooled_ports(first, key)
@@ -57,7 +57,7 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
     report = second.controller.recovery
     assert report.source == "etcd"
     assert pooled_ports(second, key) == free and used["vif"]["port_id"] not in free
-    _, again = await request_vif(http, second.url, node, vif_body("u1.eth0", network))
+    _, again = await request_vif(http, second.url, node, vif_body("u1:eth0", network))
     assert again["vif"] == used["vif"]
 
     async def verified() -> bool:

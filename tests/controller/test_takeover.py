@@ -65,7 +65,7 @@ async def test_standby_takes_over_from_crashed_leader_after_lease_expiry(
         standby = await controllers(settings, wait_ready=False)
 
         status, used = await request_vif(
-            http, services.controller_url, node, vif_body("c.eth0", network)
+            http, services.controller_url, node, vif_body("c:eth0", network)
         )
         assert status == 200
         used_port = used["vif"]["port_id"]
@@ -105,15 +105,15 @@ async def test_standby_takes_over_from_crashed_leader_after_lease_expiry(
         # recovered: the in-use attachment and exactly the crashed leader's free ports
         assert pooled_ports(standby, key) == free
         assert project_ports(neutron, network.project_id) == before | free | {used_port}
-        status, again = await request_vif(http, standby.url, node, vif_body("c.eth0", network))
+        status, again = await request_vif(http, standby.url, node, vif_body("c:eth0", network))
         assert status == 200 and again["vif"] == used["vif"]
         # new requests are served from the recovered pool
-        status, fresh = await request_vif(http, standby.url, node, vif_body("d.eth0", network))
+        status, fresh = await request_vif(http, standby.url, node, vif_body("d:eth0", network))
         assert status == 200 and fresh["vif"]["port_id"] in free
         assert standby.service.pools.size(key) == 8
         # releases work for the recovered attachment and the new one; both are recycled
-        assert await release_vif(http, standby.url, node, "c.eth0") == 204
-        assert await release_vif(http, standby.url, node, "d.eth0") == 204
+        assert await release_vif(http, standby.url, node, "c:eth0") == 204
+        assert await release_vif(http, standby.url, node, "d:eth0") == 204
         assert await recycle_once(standby.service, settings.pool) == (2, 0)
         assert standby.service.pools.size(key) == 10
         assert (await etcd.get_prefix(keys.vifs_prefix(node.name)))[0] == []

@@ -34,25 +34,25 @@ async def test_request_refill_hot_path_release_recycle(
 ) -> None:
     node = await nodes.add()
     running = await controllers(settings_for(stack, [node], min=1))
-    status, first = await request_vif(http, running.url, node, vif_body("c1.eth0", network))
+    status, first = await request_vif(http, running.url, node, vif_body("c1:eth0", network))
     assert status == 200, first
     port = neutron.network.get_port(first["vif"]["port_id"])
     assert port.binding_host_id == node.name and port.device_owner == "compute:podwire"
-    record = await etcd.get(keys.vif(node.name, "c1.eth0"))
+    record = await etcd.get(keys.vif(node.name, "c1:eth0"))
     assert record is not None and json.loads(record.value)["port_id"] == port.id
     # idempotent: the same attachment gets the same VIF again
-    status, again = await request_vif(http, running.url, node, vif_body("c1.eth0", network))
+    status, again = await request_vif(http, running.url, node, vif_body("c1:eth0", network))
     assert again["vif"] == first["vif"]
     await running.service.drain()
     key = PoolKey(node.name, network.project_id, network.id)
     assert running.service.pools.size(key) >= 2
     calls = running.controller.metrics.neutron_call_count()
-    status, second = await request_vif(http, running.url, node, vif_body("c2.eth0", network))
+    status, second = await request_vif(http, running.url, node, vif_body("c2:eth0", network))
     assert status == 200 and second["vif"]["port_id"] != port.id
     assert running.controller.metrics.neutron_call_count() == calls  # hot path: no Neutron
-    assert await release_vif(http, running.url, node, "c1.eth0") == 204
-    assert await release_vif(http, running.url, node, "c1.eth0") == 204
-    assert await etcd.get(keys.vif(node.name, "c1.eth0")) is None
+    assert await release_vif(http, running.url, node, "c1:eth0") == 204
+    assert await release_vif(http, running.url, node, "c1:eth0") == 204
+    assert await etcd.get(keys.vif(node.name, "c1:eth0")) is None
     assert running.service.pools.recyclable() == {port.id: key}
     before = running.service.pools.size(key)
     assert await recycle_once(running.service, running.controller.settings.pool) == (1, 0)
@@ -72,7 +72,7 @@ async def test_hundred_concurrent_requests_get_distinct_ports(
     node = await nodes.add()
     running = await controllers(settings_for(stack, [node], min=1, batch=10))
     results = await asyncio.gather(
-        *(request_vif(http, running.url, node, vif_body(f"p{i}.eth0", network)) for i in range(100))
+        *(request_vif(http, running.url, node, vif_body(f"p{i}:eth0", network)) for i in range(100))
     )
     assert all(status == 200 for status, _ in results), [b for s, b in results if s != 200][:3]
     port_ids = [body["vif"]["port_id"] for _, body in results]
@@ -91,7 +91,7 @@ async def test_tokens_and_bad_input_change_nothing(
     node, other = await nodes.add(), await nodes.add()
     running = await controllers(settings_for(stack, [node, other], min=0))
     url = f"{running.url}/v1/nodes/{node.name}/vifs"
-    body = vif_body("x.eth0", network)
+    body = vif_body("x:eth0", network)
     async with http.post(url, json=body) as response:
         assert response.status == 401
     async with http.post(url, json=body, headers={"Authorization": f"Bearer {other.token}"}) as r:
@@ -110,6 +110,11 @@ async def test_tokens_and_bad_input_change_nothing(
             "security groups",
         ),
         (json.dumps({**body, "project_id": "ab" * 16}).encode(), 404, "project"),
+        # Regressions: a trailing newline passed "$"-anchored patterns; deep nesting was a 500.
+        (json.dumps({**body, "attachment": "c:eth0\n"}).encode(), 400, "attachment"),
+        (json.dumps({**body, "network": network.id + "\n"}).encode(), 400, "network"),
+        (b'{"attachment": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", 400, "nested"),
+        (json.dumps({**body, "pod": {"name": "p", "extra": 1}}).encode(), 400, "extra"),
     ]
     for raw, status, word in cases:
         async with http.post(url, data=raw, headers=auth) as response:

@@ -9,25 +9,20 @@ parser: it is a pipe, not a second implementation of CNI.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from podwire.cni.spec import DECODE_FAILURE, CniError
+from podwire.errors import ValidationError
+from podwire.schema import doc
 
 MAX_REQUEST = (1 << 20) + (64 << 10)
 ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
 
 
 def decode_request(data: bytes) -> tuple[dict[str, str], str]:
-    if len(data) > MAX_REQUEST:
-        raise CniError(DECODE_FAILURE, "request to the podwire agent is larger than 1 MiB")
     try:
-        body: Any = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CniError(
-            DECODE_FAILURE, f"request to the podwire agent is not a JSON object: {exc}"
-        ) from exc
-    if not isinstance(body, dict):
-        raise CniError(DECODE_FAILURE, "request to the podwire agent is not a JSON object")
+        body = doc.decode_object(data, "request to the podwire agent", MAX_REQUEST)
+    except ValidationError as exc:
+        raise CniError(DECODE_FAILURE, str(exc)) from exc
     env, stdin = body.get("env"), body.get("stdin", "")
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
