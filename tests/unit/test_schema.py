@@ -8,6 +8,7 @@ crash on it), and what a writer produced reads back as the same value.
 from __future__ import annotations
 
 import json
+import os
 import string
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,12 @@ from podwire.errors import ValidationError
 from podwire.schema import doc, fields, nodes, records
 from podwire.schema.ports import DesiredPort, FixedIp, TrunkInfo, parse_desired_port
 from podwire.schema.vif import PodRef, Vif, VifRequest
+
+
+def examples(full: int) -> int:
+    """``scripts/check`` (PODWIRE_QUICK=1) runs a tenth of the examples, to stay fast."""
+    return max(10, full // 10) if os.environ.get("PODWIRE_QUICK") else full
+
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
@@ -87,7 +94,7 @@ def _only_validation_errors(read: Callable[[bytes], Any], raw: bytes) -> None:
 
 
 @pytest.mark.parametrize(("what", "read"), READERS, ids=[r[0] for r in READERS])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(raw=st.binary(max_size=200))
 def test_random_bytes_are_refused_cleanly(
     what: str, read: Callable[[bytes], Any], raw: bytes
@@ -96,7 +103,7 @@ def test_random_bytes_are_refused_cleanly(
 
 
 @pytest.mark.parametrize(("what", "read"), READERS, ids=[r[0] for r in READERS])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(value=st.dictionaries(st.text(max_size=20), json_values, max_size=8))
 def test_random_objects_are_refused_cleanly(
     what: str, read: Callable[[bytes], Any], value: dict[str, Any]
@@ -104,13 +111,13 @@ def test_random_objects_are_refused_cleanly(
     _only_validation_errors(read, json.dumps({"v": 1, **value}).encode())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(port=desired_ports)
 def test_desired_port_round_trip(port: DesiredPort) -> None:
     assert parse_desired_port(port.encode(), port.port_id) == port
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     port=desired_ports,
     field=st.sampled_from(sorted(DesiredPort.__dataclass_fields__)),
@@ -127,7 +134,7 @@ def test_desired_port_with_one_field_mangled(port: DesiredPort, field: str, junk
     assert parsed.port_id == port.port_id  # accepted only as a value every agent can wire
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(port=desired_ports)
 def test_vif_round_trip(port: DesiredPort) -> None:
     vif = Vif(
@@ -138,7 +145,7 @@ def test_vif_round_trip(port: DesiredPort) -> None:
     assert Vif.from_json(json.loads(json.dumps(vif.to_json()))) == vif
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     container=container_ids,
     ifname=ifnames,
@@ -159,7 +166,7 @@ def _printable(value: str) -> str:
     return "".join(c for c in value if c.isprintable())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(a=container_ids, b=ifnames, c=container_ids, d=ifnames)
 def test_attachment_ids_are_injective(a: str, b: str, c: str, d: str) -> None:
     if (a, b) != (c, d):
@@ -221,7 +228,7 @@ def test_leader_values_in_both_forms() -> None:
         records.parse_leader(b"bad\nidentity")
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     env=st.dictionaries(
         st.sampled_from(["CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS"]),
