@@ -22,8 +22,12 @@ def check_segment(value: str, what: str) -> str:
     return value
 
 
+def node_prefix(host: str) -> str:
+    return f"{ROOT}/nodes/{check_segment(host, 'host')}/"
+
+
 def node_ports_prefix(host: str) -> str:
-    return f"{ROOT}/nodes/{check_segment(host, 'host')}/ports/"
+    return node_prefix(host) + "ports/"
 
 
 def node_port(host: str, port_id: str) -> str:
@@ -106,3 +110,8 @@ def parse_node_port_key(key: str) -> tuple[str, str] | None:
     if len(parts) == 3 and parts[1] == "ports" and parts[0] and parts[2]:
         return parts[0], parts[2]
     return None
+
+
+def global_prefix() -> str:
+    """Cluster-wide values every agent reads (security groups, DESIGN §12)."""
+    return f"{ROOT}/global/"

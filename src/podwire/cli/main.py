@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         cni_cmd,
         controller_cmd,
         deviceplugin_cmd,
+        etcd_cmd,
         pools_cmd,
         stack_cmd,
         status_cmd,
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         agent_cmd,
         cni_cmd,
         deviceplugin_cmd,
+        etcd_cmd,
     )
     for module in modules:
         module.register(subparsers)
