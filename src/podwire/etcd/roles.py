@@ -50,8 +50,9 @@ def server_role(component: str) -> RoleSpec:
         grants = (
             Grant("readwrite", keys.nodes_prefix()),  # desired ports, written by the forwarder
             Grant("read", keys.state_prefix()),  # feedback and the host cache
-            Grant("readwrite", keys.election("forwarder"), prefix=False),
-            Grant("readwrite", keys.KICK, prefix=False),
+            # Watched keys are ranges: a PrefixWatcher lists and watches "key*".
+            Grant("readwrite", keys.election("forwarder")),
+            Grant("readwrite", keys.KICK),
             Grant("readwrite", keys.status("ml2"), prefix=False),
             Grant("readwrite", keys.global_prefix()),  # security groups
         )
@@ -60,7 +61,7 @@ def server_role(component: str) -> RoleSpec:
             Grant("read", keys.nodes_prefix()),  # the forwarder's mirror of bound ports
             Grant("read", keys.state_prefix()),  # alive nodes, capabilities
             Grant("readwrite", keys.vifs_prefix()),
-            Grant("readwrite", keys.election("controller"), prefix=False),
+            Grant("readwrite", keys.election("controller")),  # watched: a range
             Grant("read", f"{keys.ROOT}/election/"),  # podwire status: every leader
             Grant("read", f"{keys.ROOT}/status/"),  # ml2's report; podwire status
         )
