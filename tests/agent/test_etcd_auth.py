@@ -19,6 +19,7 @@ from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.errors import EtcdPermissionDenied
+from podwire.etcd.roles import Grant, RoleSpec
 from podwire.stack.netutil import free_port
 from tests.agent.netenv import NetEnv
 from tests.conftest import PODWIRE
@@ -141,3 +142,35 @@ async def refused_elsewhere(mine: EtcdClient, peer: str) -> None:
     with pytest.raises(EtcdPermissionDenied, match=keys.node_ports_prefix(peer)):
         await mine.get_prefix(keys.node_ports_prefix(peer))
     assert await mine.get(keys.state_alive(peer)) is not None
+
+
+async def test_agent_with_a_too_narrow_role_or_a_wrong_password_exits_with_one_line(
+    tmp_path: Path, netenv: NetEnv, neutron_endpoint: str
+) -> None:
+    """The role the README once documented lacked the peers listing: the agent must say so."""
+    node = f"{netenv.tag}-n"
+    ns, vtep = netenv.host(1)
+    narrow = RoleSpec(
+        "narrow",
+        (Grant("read", keys.node_prefix(node)), Grant("readwrite", keys.state_node_prefix(node))),
+    )
+    async with started(tmp_path) as authed:
+        for password, expected in (
+            ("pw", f"etcd list {keys.state_prefix()}nodes/: permission denied for etcd user"),
+            ("wrong", "etcd refused user 'narrow-user': wrong user name or password"),
+        ):
+            await authed.user("narrow-user", narrow, "pw")
+            lines = f'user = "narrow-user"\npassword = "{password}"\n'
+            config = tmp_path / "podwire.toml"
+            agent_config(config, etcd_section(authed, lines), neutron_endpoint, node, ns, vtep)
+            proc = await asyncio.create_subprocess_exec(
+                *PODWIRE,
+                *("agent", "--config", str(config)),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 2
+            last = err.decode().strip().splitlines()[-1]
+            assert last.startswith("podwire agent: error: ") and expected in last, err.decode()
+            assert "Traceback" not in err.decode()
