@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.etcd.errors import EtcdPermissionDenied
 from podwire.etcd.roles import Grant, RoleSpec, node_role, server_role
 from podwire.etcd.watch import PrefixWatcher, WatchBatch
+from podwire.stack.netutil import free_port
 from tests.etcd.authetcd import AuthEtcd, started
 from tests.etcd.test_client import make_tls_files
 
@@ -91,6 +93,9 @@ async def test_reauthenticates_after_restart_for_calls_watch_and_keepalive(
     authed: AuthEtcd,
 ) -> None:
     node = await authed.user("podwire-node-a", node_role("a"))
+    # Two endpoints, one dead: the token is renewed on whichever one the channel is on.
+    dead = f"http://127.0.0.1:{free_port()}"
+    node = replace(node, endpoints=[dead, authed.endpoint])
     async with await EtcdClient.connect(node) as client:
         lease = await client.grant_lease(30)
         await client.put(keys.state_alive("a"), b"1", lease=lease.id)

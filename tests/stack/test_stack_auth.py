@@ -67,6 +67,10 @@ async def test_stack_with_etcd_auth(work_dir: Path) -> None:
     refused = cli("stack", "up", "--data-dir", str(data_dir))
     assert refused.returncode == 2
     assert "has authentication enabled: add --etcd-auth" in refused.stderr
+    stopped = cli("etcd", "grant-node", "n1", "--data-dir", str(data_dir))
+    assert stopped.returncode == 2
+    expected = f"podwire etcd: error: --data-dir: no stack is running on {data_dir}"
+    assert stopped.stderr.strip() == expected
 
 
 async def bind_through_the_server_user(data_dir: Path, info: dict[str, Any]) -> None:
