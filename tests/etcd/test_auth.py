@@ -89,7 +89,7 @@ async def next_batch(batches: AsyncIterator[WatchBatch]) -> WatchBatch:
     return await asyncio.wait_for(anext(batches), 20)
 
 
-async def test_reauthenticates_after_restart_for_calls_watch_and_keepalive(
+async def test_reauthenticates_after_restart_for_calls_and_keepalive(
     authed: AuthEtcd,
 ) -> None:
     node = await authed.user("podwire-node-a", node_role("a"))
@@ -116,6 +116,26 @@ async def test_reauthenticates_after_restart_for_calls_watch_and_keepalive(
         assert keys.state_vtep("a") in {e.key for e in batch.events}
         assert await client.refresh_lease(lease.id) > 0
         assert await client.get(keys.state_alive("a")) is not None
+
+
+async def test_watch_meeting_a_forgotten_token_renews_it_and_resumes(authed: AuthEtcd) -> None:
+    node = await authed.user("podwire-node-a", node_role("a"))
+    async with (
+        await EtcdClient.connect(node) as client,
+        await EtcdClient.connect(authed.root) as root,
+    ):
+        watcher = PrefixWatcher(client, keys.state_node_prefix("a"), retry_initial=0.05)
+        batches = watcher.batches()
+        assert (await next_batch(batches)).events == []
+        authed.restart()
+        await reachable(client)
+        await reachable(root)
+        await root.put(keys.state_vtep("a"), b"{}")  # root renews its own token, not ours
+        # The watcher is the first of this client to meet the forgotten token: etcd cancels
+        # its new watch as "permission denied"; one renewal later the event arrives.
+        batch = await next_batch(batches)
+        assert [e.key for e in batch.events] == [keys.state_vtep("a")]
+        assert client.authentications == 2
 
 
 async def reachable(client: EtcdClient) -> None:
