@@ -23,8 +23,12 @@ def check_segment(value: str, what: str) -> str:
         raise BadKey(str(exc)) from None
 
 
+def node_prefix(host: str) -> str:
+    return f"{ROOT}/nodes/{check_segment(host, 'host')}/"
+
+
 def node_ports_prefix(host: str) -> str:
-    return f"{ROOT}/nodes/{check_segment(host, 'host')}/ports/"
+    return node_prefix(host) + "ports/"
 
 
 def node_port(host: str, port_id: str) -> str:
@@ -110,3 +114,8 @@ def parse_node_port_key(key: str) -> tuple[str, str] | None:
     if len(parts) == 3 and parts[1] == "ports" and all(fields.NAME.fullmatch(p) for p in parts):
         return parts[0], parts[2]
     return None
+
+
+def global_prefix() -> str:
+    """Cluster-wide values every agent reads (security groups, DESIGN §12)."""
+    return f"{ROOT}/global/"

@@ -12,6 +12,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 
+from podwire import keys
 from podwire.agent.attach import Plugger
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import Checkpoint
@@ -23,7 +24,7 @@ from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
 from podwire.config import Settings
 from podwire.deviceplugin import DevicePlugin
-from podwire.errors import ConfigError, EtcdUnavailable
+from podwire.errors import ConfigError, PodwireError
 from podwire.etcd import EtcdClient
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink, PodNetlink
@@ -111,7 +112,7 @@ class Agent:
             stack.push_async_callback(releaser.close)
 
         async def ready() -> tuple[bool, str]:
-            return await _readiness(etcd, heartbeat, binder, vifs)
+            return await _readiness(etcd, agent.host, heartbeat, binder, vifs)
 
         handler = CniHandler(
             HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
@@ -142,11 +143,14 @@ class Agent:
 
 
 async def _readiness(
-    etcd: EtcdClient, heartbeat: Heartbeat, binder: Binder, vifs: VifSource
+    etcd: EtcdClient, host: str, heartbeat: Heartbeat, binder: Binder, vifs: VifSource
 ) -> tuple[bool, str]:
+    # A read of our own key, not etcd's Status: Status answers even when etcd no longer
+    # accepts this agent's token, and the agent would look ready while it cannot see a thing.
     try:
-        await etcd.status()
-    except EtcdUnavailable as exc:
+        if await etcd.get(keys.state_alive(host)) is None:
+            return False, "heartbeat key is missing in etcd; re-registering"
+    except PodwireError as exc:
         return False, f"etcd: {exc}"
     if not heartbeat.healthy:
         return False, "heartbeat lease lost; re-registering"

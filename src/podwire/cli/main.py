@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         cni_cmd,
         controller_cmd,
         deviceplugin_cmd,
+        etcd_cmd,
         pools_cmd,
         stack_cmd,
         status_cmd,
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         agent_cmd,
         cni_cmd,
         deviceplugin_cmd,
+        etcd_cmd,
     )
     for module in modules:
         module.register(subparsers)
@@ -52,10 +54,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except PodwireError as exc:
-        print(f"podwire {args.command}: error: {exc}", file=sys.stderr)
-        return 1 if exc.retryable else 2
+        return _report(args.command, exc)
+    except BaseExceptionGroup as group:
+        # A long-running command's TaskGroup wraps what stopped it.
+        cause = _podwire_cause(group)
+        if cause is None:
+            raise
+        return _report(args.command, cause)
     except KeyboardInterrupt:
         return 130
+
+
+def _report(command: str, exc: PodwireError) -> int:
+    print(f"podwire {command}: error: {exc}", file=sys.stderr)
+    return 1 if exc.retryable else 2
+
+
+def _podwire_cause(group: BaseExceptionGroup[BaseException]) -> PodwireError | None:
+    """The first PodwireError in a (nested) exception group; None if there is none."""
+    for exc in group.exceptions:
+        if isinstance(exc, PodwireError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _podwire_cause(exc)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

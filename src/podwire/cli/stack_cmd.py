@@ -21,6 +21,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument("--workers", type=int, default=2, help="Neutron API worker processes")
     up.add_argument("--ready-timeout", type=float, default=120.0)
     up.add_argument("--log-level", default="WARNING")
+    up.add_argument(
+        "--etcd-auth",
+        action="store_true",
+        help="etcd with authentication; secrets in DATA_DIR/etcd-auth/",
+    )
     up.set_defaults(handler=_up)
     down = actions.add_parser("down", help="stop the stack running on a data dir")
     down.add_argument("--data-dir", required=True, type=Path)
@@ -33,10 +38,11 @@ def _up(args: argparse.Namespace) -> int:
     if not 1 <= args.workers <= 16:
         raise ConfigError("--workers: must be between 1 and 16")
     setup_logging(LogSettings(level=args.log_level.upper()))
-    stack = Stack(StackOptions(args.data_dir, args.workers, args.ready_timeout))
+    stack = Stack(StackOptions(args.data_dir, args.workers, args.ready_timeout, args.etcd_auth))
 
     def announce(info: dict[str, Any]) -> None:
-        print(json.dumps({k: info[k] for k in ("etcd", "neutron", "data_dir", "ready_seconds")}))
+        shown = ("etcd", "etcd_auth", "neutron", "data_dir", "ready_seconds")
+        print(json.dumps({k: info[k] for k in shown}))
         sys.stdout.flush()
 
     return stack.run(announce)

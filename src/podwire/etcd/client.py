@@ -5,6 +5,11 @@ control over streams (watch resume, lease keepalive), so it drives the gRPC stub
 keeps every etcd call in this module. All keys and values cross this boundary as ``str`` keys
 and ``bytes`` values; every gRPC failure leaves as an ``EtcdUnavailable`` (retryable) or a
 ``PermanentError``.
+
+With ``etcd.user`` set, every call carries a token from the Authenticate RPC. etcd forgets
+tokens when a member restarts and when they expire, and then answers "invalid auth token" (for
+unary calls) or cancels a new watch as "permission denied": the client then authenticates
+again, once for all callers that held the stale token, and repeats the call once.
 """
 
 from __future__ import annotations
@@ -12,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import grpc
@@ -23,12 +28,20 @@ from aetcd import rpc
 
 from podwire.config import EtcdSettings
 from podwire.errors import ConfigError, EtcdUnavailable, PermanentError
-from podwire.etcd.errors import translate
+from podwire.etcd.errors import authentication_error, token_rejected, translate
 from podwire.log import get_logger
 
 log = get_logger(__name__)
 
 PAGE_SIZE = 1000
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
+What = str | Callable[[], str]  # names the call in errors; a callable when costly to build
+
+
+def _name(what: What) -> str:
+    return what if isinstance(what, str) else what()
 
 
 @dataclass(frozen=True)
@@ -159,13 +172,22 @@ def _read_file(path: str, key: str) -> bytes:
 class EtcdClient:
     """An open connection to an etcd cluster. Create with ``await EtcdClient.connect(...)``."""
 
-    def __init__(self, channel: grpc.aio.Channel, timeout: float, metadata: tuple[Any, ...]):
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        timeout: float,
+        login: tuple[str, str] | None = None,
+    ) -> None:
         self._channel = channel
         self._timeout = timeout
-        self._metadata = metadata
+        self._login = login
+        self._metadata: Metadata = ()
+        self._auth_lock = asyncio.Lock()
+        self.authentications = 0
         self._kv = rpc.KVStub(channel)
         self._lease = rpc.LeaseStub(channel)
         self._maintenance = rpc.MaintenanceStub(channel)
+        self._auth = rpc.AuthStub(channel)
         self.watch_stub = rpc.WatchStub(channel)
 
     @classmethod
@@ -184,12 +206,12 @@ class EtcdClient:
             if tls or settings.ca_file
             else grpc.aio.insecure_channel(target, options=options)
         )
-        client = cls(channel, settings.timeout, ())
+        login = (settings.user, settings.password) if settings.user else None
+        client = cls(channel, settings.timeout, login)
         try:
-            if settings.user:
-                client._metadata = await client._authenticate(settings.user, settings.password)
             if check:
                 await client.status()
+                await client.auth_metadata()  # wrong credentials fail at start, not later
         except BaseException:
             await channel.close()
             raise
@@ -202,11 +224,38 @@ class EtcdClient:
         key = _read_file(settings.key_file, "key_file") if settings.key_file else None
         return grpc.ssl_channel_credentials(ca, key, cert)
 
-    async def _authenticate(self, user: str, password: str) -> tuple[Any, ...]:
-        stub = rpc.AuthStub(self._channel)
+    @property
+    def user(self) -> str:
+        return self._login[0] if self._login else ""
+
+    async def auth_metadata(self) -> Metadata:
+        """The metadata for the next call: authenticates first if no token is held yet."""
+        if self._login and not self._metadata:
+            await self.renew_token(())
+        return self._metadata
+
+    async def renew_token(self, stale: Metadata) -> bool:
+        """Replace the token ``stale`` with a new one; False without credentials.
+
+        Callers that saw the same stale token wait for one Authenticate instead of each
+        sending their own.
+        """
+        if self._login is None:
+            return False
+        async with self._auth_lock:
+            if self._metadata == stale:
+                self._metadata = await self._authenticate(*self._login)
+        return True
+
+    async def _authenticate(self, user: str, password: str) -> Metadata:
         request = rpc.AuthenticateRequest(name=user, password=password)
-        response = await self._call(stub.Authenticate, request, "authenticate")
-        return (("token", response.token),)
+        try:
+            response = await self._auth.Authenticate(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise authentication_error(exc, user) from exc
+        self.authentications += 1
+        log.info("etcd.authenticated", user=user)
+        return (("token", str(response.token)),)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -217,15 +266,29 @@ class EtcdClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @property
-    def metadata(self) -> tuple[Any, ...]:
-        return self._metadata
+    async def _call(self, method: Any, request: Any, what: What) -> Any:
+        return await self._authed(
+            what, lambda metadata: method(request, timeout=self._timeout, metadata=metadata)
+        )
 
-    async def _call(self, method: Any, request: Any, what: str) -> Any:
+    async def _authed(self, what: What, attempt: Callable[[Metadata], Awaitable[T]]) -> T:
+        """Run ``attempt`` with the current token; once more with a new one if it was stale."""
+        metadata = await self.auth_metadata()
         try:
-            return await method(request, timeout=self._timeout, metadata=self._metadata)
+            return await attempt(metadata)
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc, what) from exc
+            if not (self._login and token_rejected(exc)):
+                raise translate(exc, _name(what), self.user) from exc
+        log.info("etcd.token_rejected", user=self.user, call=_name(what))
+        await self.renew_token(metadata)
+        try:
+            return await attempt(self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, _name(what), self.user) from exc
+
+    async def auth_rpc(self, name: str, request: Any, what: str) -> Any:
+        """One call of etcd's Auth service (user and role management), e.g. ``"UserAdd"``."""
+        return await self._call(getattr(self._auth, name), request, what)
 
     async def status(self) -> int:
         """Return the cluster's current revision; raises EtcdUnavailable if unreachable."""
@@ -233,7 +296,8 @@ class EtcdClient:
         return int(response.header.revision)
 
     async def get(self, key: str) -> KeyValue | None:
-        response = await self._call(self._kv.Range, rpc.RangeRequest(key=key.encode()), "get")
+        request = rpc.RangeRequest(key=key.encode())
+        response = await self._call(self._kv.Range, request, f"get {key}")
         return _to_kv(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
@@ -275,7 +339,7 @@ class EtcdClient:
             success=[o.message for o in success],
             failure=[o.message for o in failure],
         )
-        response = await self._call(self._kv.Txn, request, "txn")
+        response = await self._call(self._kv.Txn, request, lambda: _txn_what(request))
         return bool(response.succeeded), int(response.header.revision)
 
     async def create_if_absent(self, key: str, value: bytes, lease: int = 0) -> bool:
@@ -306,17 +370,29 @@ class EtcdClient:
 
     async def refresh_lease(self, lease_id: int) -> int:
         """One keepalive round trip; returns the remaining TTL (0 when the lease is gone)."""
-        try:
+
+        async def once(metadata: Metadata) -> int:
             call = self._lease.LeaseKeepAlive(
                 iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
                 timeout=self._timeout,
-                metadata=self._metadata,
+                metadata=metadata,
             )
             async for response in call:
                 return int(response.TTL)
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc, "lease keepalive") from exc
-        raise EtcdUnavailable("etcd lease keepalive: stream closed without an answer")
+            raise EtcdUnavailable("etcd lease keepalive: stream closed without an answer")
+
+        return await self._authed("lease keepalive", once)
+
+
+def _txn_what(request: Any) -> str:
+    """Names a txn by its keys, so a permission error says which key was refused."""
+    names = [c.key.decode() for c in request.compare]
+    for op in [*request.success, *request.failure]:
+        inner = op.request_put if op.HasField("request_put") else op.request_delete_range
+        names.append(inner.key.decode())
+    unique = list(dict.fromkeys(names))
+    shown = ", ".join(unique[:3]) + (f" and {len(unique) - 3} more" if len(unique) > 3 else "")
+    return f"txn on {shown}" if shown else "txn"
 
 
 class Lease:

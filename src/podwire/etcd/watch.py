@@ -6,6 +6,10 @@ resume (the revision it needs was compacted, or the stream broke for longer than
 history), the prefix is listed again and the *difference* against what the consumer has
 already seen is sent as synthetic puts and deletes, so the consumer's view converges without
 it having to know a re-list happened.
+
+etcd cancels a watch whose token it no longer knows (after a restart) with the same "permission
+denied" as one the user's role does not allow; so a denied watch first gets a fresh token and
+only a second denial in a row is final.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from aetcd import rpc
 
 from podwire.errors import EtcdCompacted, EtcdUnavailable
 from podwire.etcd.client import EtcdClient, KeyValue, prefix_end
-from podwire.etcd.errors import translate
+from podwire.etcd.errors import EtcdPermissionDenied, denied, translate
 from podwire.log import get_logger
 
 log = get_logger(__name__)
@@ -58,6 +62,7 @@ class PrefixWatcher:
         self._seen: dict[str, int] = {}  # key -> mod revision the consumer has
         self.revision = 0
         self.relists = 0
+        self._renewed_for_denial = False
 
     async def batches(self) -> AsyncIterator[WatchBatch]:
         delay = self._retry_initial
@@ -103,7 +108,8 @@ class PrefixWatcher:
             start_revision=self.revision + 1,
             progress_notify=True,
         )
-        call = self._client.watch_stub.Watch(metadata=self._client.metadata)
+        metadata = await self._client.auth_metadata()
+        call = self._client.watch_stub.Watch(metadata=metadata)
         try:
             await call.write(rpc.WatchRequest(create_request=create))
             while True:
@@ -114,7 +120,13 @@ class PrefixWatcher:
                 if batch is not None:
                     yield batch
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc, f"watch {self._prefix}") from exc
+            self._renewed_for_denial = False  # a new connection may meet a forgotten token
+            raise translate(exc, f"watch {self._prefix}", self._client.user) from exc
+        except EtcdPermissionDenied:
+            if self._renewed_for_denial or not await self._client.renew_token(metadata):
+                raise
+            self._renewed_for_denial = True
+            raise EtcdUnavailable(f"etcd watch {self._prefix}: denied; token renewed") from None
         finally:
             call.cancel()
 
@@ -122,8 +134,12 @@ class PrefixWatcher:
         if response.compact_revision:
             raise EtcdCompacted(int(response.compact_revision))
         if response.canceled:
-            raise EtcdUnavailable(f"etcd watch canceled: {response.cancel_reason or 'no reason'}")
+            reason = response.cancel_reason or "no reason"
+            if "permission denied" in reason:
+                raise denied(f"watch {self._prefix}", self._client.user)
+            raise EtcdUnavailable(f"etcd watch canceled: {reason}")
         if response.created:
+            self._renewed_for_denial = False
             # The ack's header revision is "now", but older events may still be on their
             # way, so it must not advance the resume point.
             return None

@@ -57,6 +57,8 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             ca_file=self.conf.etcd_ca_file,
             cert_file=self.conf.etcd_cert_file,
             key_file=self.conf.etcd_key_file,
+            user=self.conf.etcd_user,
+            password=self.conf.etcd_password,
             timeout=self.conf.etcd_timeout,
         )
         etcd.validate()

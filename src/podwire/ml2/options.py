@@ -19,6 +19,12 @@ OPTS = [
     cfg.StrOpt("etcd_cert_file", default="", help="Client certificate."),
     cfg.StrOpt("etcd_key_file", default="", help="Client key."),
     cfg.StrOpt(
+        "etcd_user",
+        default="",
+        help="etcd user (see `podwire etcd grant-server NAME --component ml2`).",
+    ),
+    cfg.StrOpt("etcd_password", default="", secret=True, help="That user's password."),
+    cfg.StrOpt(
         "vhostuser_socket_dir",
         default="/var/run/podwire/vhostuser",
         help="Directory in which vhost-user sockets of VM ports are created.",

@@ -14,13 +14,16 @@ from podwire.errors import StackError
 
 
 def start_background(
-    data_dir: Path, timeout: float = 180.0
+    data_dir: Path, timeout: float = 180.0, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Run ``podwire stack up`` as a child and return it with its stack.json once ready."""
     data_dir.mkdir(parents=True, exist_ok=True)
     console = (data_dir / "console.log").open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "podwire.cli.main", "stack", "up", "--data-dir", str(data_dir)],
+        [
+            *(sys.executable, "-m", "podwire.cli.main", "stack", "up"),
+            *("--data-dir", str(data_dir), *extra),
+        ],
         stdout=console,
         stderr=subprocess.STDOUT,
     )

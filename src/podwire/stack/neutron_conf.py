@@ -35,7 +35,7 @@ lock_path = {state_path}/lock
 
 [ml2_podwire]
 etcd_endpoints = {etcd_url}
-"""
+{etcd_auth}"""
 
 ML2_CONF = """\
 [ml2]
@@ -66,9 +66,13 @@ class NeutronConfig:
     host: str = "podwire-stack"
     vlan_ranges: str = "physnet1:100:999"
     vni_ranges: str = "1001:5000"
+    etcd_user: str = ""
+    etcd_password: str = ""
 
     def write(self) -> None:
-        self.config_dir.mkdir(parents=True, exist_ok=True)
+        # Owner-only: neutron.conf may carry the etcd server user's password.
+        self.config_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.config_dir.chmod(0o700)
         (self.state_path / "lock").mkdir(parents=True, exist_ok=True)
         values = {
             "host": self.host,
@@ -79,8 +83,14 @@ class NeutronConfig:
             "etcd_url": self.etcd_url,
             "vlan_ranges": self.vlan_ranges,
             "vni_ranges": self.vni_ranges,
+            "etcd_auth": (
+                f"etcd_user = {self.etcd_user}\netcd_password = {self.etcd_password}\n"
+                if self.etcd_user
+                else ""
+            ),
         }
         (self.config_dir / "neutron.conf").write_text(NEUTRON_CONF.format(**values))
+        (self.config_dir / "neutron.conf").chmod(0o600)
         (self.config_dir / "ml2_conf.ini").write_text(ML2_CONF.format(**values))
         shutil.copyfile(_api_paste_ini(), self.config_dir / "api-paste.ini")
 

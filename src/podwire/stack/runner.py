@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from podwire.errors import StackError
+from podwire.etcd.admin import ROOT_USER
 from podwire.log import get_logger
-from podwire.stack import procs
+from podwire.stack import etcd_auth, procs
 from podwire.stack.etcd_server import EtcdServer
 from podwire.stack.mariadb import MariaDB
 from podwire.stack.netutil import http_ok, pick_port, wait_until
@@ -40,6 +41,7 @@ class StackOptions:
     data_dir: Path
     workers: int = 2
     ready_timeout: float = 120.0
+    etcd_auth: bool = False
 
 
 class StopRequested(Exception):
@@ -87,10 +89,12 @@ class Stack:
         mariadb.ensure_database()
         self._ensure_schema(mariadb.url)
         self._wait_ready("etcd", etcd.ready)
+        server = self._etcd_server_user(etcd.client_url)
         neutron_port = pick_port(ports.get("neutron", 0))
-        self._start_neutron(mariadb.url, etcd.client_url, neutron_port)
+        self._start_neutron(mariadb.url, etcd.client_url, neutron_port, server)
         info = {
             "etcd": etcd.client_url,
+            "etcd_auth": server is not None,
             "neutron": f"http://127.0.0.1:{neutron_port}/",
             "data_dir": str(self.data_dir),
             "ports": {
@@ -109,7 +113,19 @@ class Stack:
         log.info("stack.ready", data_dir=self.data_dir, seconds=info["ready_seconds"])
         return info
 
-    def _start_neutron(self, db_url: str, etcd_url: str, port: int) -> None:
+    def _etcd_server_user(self, etcd_url: str) -> etcd_auth.Credentials | None:
+        """With --etcd-auth: auth on, and the user neutron-server's ml2 driver runs as."""
+        if self.options.etcd_auth:
+            return etcd_auth.prepare(etcd_url, self.data_dir)
+        if etcd_auth.SecretStore(self.data_dir).load(ROOT_USER) is not None:
+            raise StackError(
+                f"the etcd in {self.data_dir} has authentication enabled: add --etcd-auth"
+            )
+        return None
+
+    def _start_neutron(
+        self, db_url: str, etcd_url: str, port: int, server: etcd_auth.Credentials | None
+    ) -> None:
         config = NeutronConfig(
             config_dir=self.data_dir / "neutron-etc",
             state_path=self.data_dir / "neutron",
@@ -117,6 +133,8 @@ class Stack:
             db_url=db_url,
             etcd_url=etcd_url,
             workers=self.options.workers,
+            etcd_user=server.user if server else "",
+            etcd_password=server.password if server else "",
         )
         config.write()
         argv = [

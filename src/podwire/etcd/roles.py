@@ -1,0 +1,70 @@
+"""The etcd roles podwire's components need, derived from the key layout in ``keys``.
+
+Each role lists exactly the ranges its component reads or writes, so a node's credentials
+cannot touch another node's keys: an agent reads the ports desired for its own host only and
+writes only under its own state prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from podwire import keys
+
+Access = Literal["read", "readwrite"]
+COMPONENTS = ("ml2", "controller")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Access to one key, or to every key under it when ``prefix``."""
+
+    access: Access
+    key: str
+    prefix: bool = True
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str
+    grants: tuple[Grant, ...]
+
+
+def node_role(host: str) -> RoleSpec:
+    """What ``podwire agent`` on ``host`` touches."""
+    return RoleSpec(
+        f"podwire-node-{keys.check_segment(host, 'node')}",
+        (
+            Grant("read", keys.node_prefix(host)),
+            Grant("read", keys.state_prefix() + "nodes/"),  # peers: VTEPs, alive
+            Grant("readwrite", keys.state_node_prefix(host)),
+            Grant("read", keys.global_prefix()),
+        ),
+    )
+
+
+def server_role(component: str) -> RoleSpec:
+    """What the ml2 driver (inside neutron-server) or the controller touches."""
+    if component == "ml2":
+        grants = (
+            Grant("readwrite", keys.nodes_prefix()),  # desired ports, written by the forwarder
+            Grant("read", keys.state_prefix()),  # feedback and the host cache
+            # Watched keys are ranges: a PrefixWatcher lists and watches "key*".
+            Grant("readwrite", keys.election("forwarder")),
+            Grant("readwrite", keys.KICK),
+            Grant("readwrite", keys.status("ml2"), prefix=False),
+            Grant("readwrite", keys.global_prefix()),  # security groups
+        )
+    elif component == "controller":
+        grants = (
+            Grant("read", keys.nodes_prefix()),  # the forwarder's mirror of bound ports
+            Grant("read", keys.state_prefix()),  # alive nodes, capabilities
+            Grant("readwrite", keys.vifs_prefix()),
+            Grant("readwrite", keys.election("controller")),  # watched: a range
+            Grant("read", f"{keys.ROOT}/election/"),  # podwire status: every leader
+            Grant("read", f"{keys.ROOT}/status/"),  # ml2's report; podwire status
+        )
+    else:
+        raise ValueError(f"component {component!r}: expected one of {', '.join(COMPONENTS)}")
+    return RoleSpec(f"podwire-{component}", grants)
