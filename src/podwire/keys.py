@@ -1,4 +1,4 @@
-"""The etcd key layout (DESIGN §2). Every key podwire reads or writes is built here.
+"""The etcd key layout (docs/architecture.md §3). Every key podwire reads or writes is built here.
 
 Host names and port ids become path segments, so they are validated: a ``/`` or an empty
 segment would let one node's key alias another node's.
@@ -117,5 +117,5 @@ def parse_node_port_key(key: str) -> tuple[str, str] | None:
 
 
 def global_prefix() -> str:
-    """Cluster-wide values every agent reads (security groups, DESIGN §12)."""
+    """Cluster-wide values every agent reads (security groups)."""
     return f"{ROOT}/global/"

@@ -2,7 +2,7 @@
 
 Everything else in tests/agent gets its desired keys from the real ml2 forwarder running in the
 stack's Neutron; these tests pin values (a VNI, a physnet, a malformed field) that Neutron would
-not produce on demand. The layout is DESIGN §2's.
+not produce on demand. The value is podwire.schema.ports'.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The node agent (DESIGN §4): binder, registration, CNI server, optional device plugin."""
+"""The node agent (docs/agent.md): binder, registration, CNI server, optional device plugin."""

@@ -1,4 +1,4 @@
-"""Kubelet device plugin handing pods memif sockets (DESIGN §6)."""
+"""Kubelet device plugin handing pods memif sockets (docs/deviceplugin.md)."""
 
 from podwire.deviceplugin.model import MemifInfo, PodRef
 from podwire.deviceplugin.plugin import DevicePlugin

@@ -1,4 +1,4 @@
-"""The binding decision of DESIGN §3, free of Neutron so every rule is unit-testable.
+"""The binding decision (docs/ml2.md), free of Neutron so every rule is unit-testable.
 
 A segment is bound only where the host can serve it *now*: declining leaves the segment to
 another mechanism driver, whereas a wrong "yes" would publish a port no agent can wire.

@@ -1,4 +1,4 @@
-"""The only place podwire talks to the kernel's networking (pyroute2), DESIGN §9.
+"""The only place podwire talks to the kernel's networking (pyroute2), docs/architecture.md §4.
 
 ``links`` holds plain functions on an open ``IPRoute``; ``nsexec`` runs them on worker threads
 that sit in the right network namespace, so the event loop never blocks on netlink and never

@@ -1,7 +1,8 @@
 """Worker threads that do netlink work inside a chosen network namespace.
 
 Opening ``IPRoute(netns=...)`` forks a helper and costs ~10 ms; a thread that ``setns()``es
-into the namespace and opens a plain ``IPRoute()`` costs ~1.9 ms (DESIGN §1). ``setns`` only
+into the namespace and opens a plain ``IPRoute()`` costs ~1.9 ms (pyroute2 0.9.7, measured
+here). ``setns`` only
 moves the calling thread, so it must never run on the event loop's thread: these workers
 own that. ``HostNetlink`` keeps threads parked in the host namespace with an open socket each;
 ``PodNetlink`` enters a pod's namespace for one call and returns to where it came from.

@@ -1,6 +1,7 @@
 """A private MariaDB server for the stack: data and unix socket inside the data dir.
 
-Neutron needs a database that survives concurrent writers (SQLite does not, see DESIGN §1).
+Neutron needs a database that survives concurrent writers (SQLite does not: with 20
+concurrent clients most writes fail with "database is locked").
 The server listens on no TCP port, so several stacks can run side by side.
 """
 
