@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from podwire.cni.result import Attached
 from podwire.errors import ConfigError, ValidationError
+from podwire.files import atomic_write
 from podwire.log import get_logger
 from podwire.schema import doc, fields
 from podwire.schema.vif import Vif
@@ -140,11 +140,4 @@ class Checkpoint:
         return json.dumps(body, sort_keys=True).encode()
 
     def _write(self, data: bytes) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        atomic_write(self.path, data)

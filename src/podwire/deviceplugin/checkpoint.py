@@ -26,6 +26,7 @@ from podwire.deviceplugin.model import (
     valid_pod_name,
 )
 from podwire.errors import PermanentError, RetryableError
+from podwire.files import atomic_write
 from podwire.log import get_logger
 
 log = get_logger(__name__)
@@ -108,22 +109,7 @@ class CheckpointStore:
         parent = self.path.parent
         if not parent.is_dir():
             parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = parent / f".{self.path.name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(body)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic_write(self.path, body)
 
 
 def dump(data: CheckpointData) -> dict[str, Any]:

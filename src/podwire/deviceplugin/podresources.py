@@ -14,16 +14,11 @@ from podwire.deviceplugin.api import pod_resources_stub, pr
 from podwire.deviceplugin.model import PodRef, valid_pod_name
 from podwire.errors import PermanentError, RetryableError
 from podwire.log import get_logger
+from podwire.service.grpc_status import TRANSIENT
 
 log = get_logger(__name__)
 
 _MAX_MESSAGE = 16 * 1024 * 1024
-_TRANSIENT = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
 
 
 class PodResourcesUnavailable(RetryableError):
@@ -85,7 +80,7 @@ class PodResourcesClient:
                     f"kubelet pod resources {method} at {self.socket_path}:"
                     f" {exc.code().name}: {exc.details()}"
                 )
-                if exc.code() in _TRANSIENT:
+                if exc.code() in TRANSIENT:
                     raise PodResourcesUnavailable(message) from exc
                 raise PodResourcesError(message) from exc
         return response

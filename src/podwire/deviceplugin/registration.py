@@ -8,13 +8,7 @@ import grpc
 
 from podwire.deviceplugin.api import API_VERSION, dp, registration_stub
 from podwire.errors import PermanentError, RetryableError
-
-_TRANSIENT = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
+from podwire.service.grpc_status import TRANSIENT
 
 
 class KubeletUnavailable(RetryableError):
@@ -46,7 +40,7 @@ async def register(
             await registration_stub(channel).Register(request, timeout=rpc_timeout)
         except grpc.aio.AioRpcError as exc:
             message = f"kubelet at {kubelet_socket}: {exc.code().name}: {exc.details()}"
-            if exc.code() in _TRANSIENT:
+            if exc.code() in TRANSIENT:
                 raise KubeletUnavailable(message) from exc
             raise RegistrationRejected(
                 f"registration of {resource_name} refused by {message}"

@@ -5,15 +5,10 @@ from __future__ import annotations
 import grpc
 
 from podwire.errors import ConfigError, EtcdUnavailable, PermanentError, PodwireError
+from podwire.service.grpc_status import TRANSIENT
 
-_RETRYABLE = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.ABORTED,
-    grpc.StatusCode.UNKNOWN,
-}
+# etcd also answers ABORTED and UNKNOWN while its members elect a leader.
+_RETRYABLE = TRANSIENT | {grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN}
 
 # What etcd says when a token it issued is no longer valid: a restarted member forgot its
 # simple tokens, the token's TTL ran out, or the user's password changed since.

@@ -19,6 +19,7 @@ from podwire.errors import ConfigError, PermanentError, StackError
 from podwire.etcd import admin
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.roles import server_role
+from podwire.files import atomic_write
 from podwire.keys import check_segment
 
 AUTH_DIR = "etcd-auth"
@@ -52,16 +53,8 @@ class SecretStore:
     def save(self, creds: Credentials) -> None:
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.path, 0o700)
-        target = self._file(creds.user)
-        tmp = target.with_name(f".{target.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, json.dumps({"user": creds.user, "password": creds.password}).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+        body = {"user": creds.user, "password": creds.password}
+        atomic_write(self._file(creds.user), json.dumps(body).encode())
 
     def _file(self, user: str) -> Path:
         return self.path / f"{check_segment(user, 'etcd user')}.json"

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from podwire.errors import StackError
 from podwire.etcd.admin import ROOT_USER
+from podwire.files import atomic_write
 from podwire.log import get_logger
 from podwire.stack import etcd_auth, procs
 from podwire.stack.etcd_server import EtcdServer
@@ -270,9 +271,7 @@ def _exclusive_lock(data_dir: Path) -> Iterator[IO[str]]:
 
 
 def _write_json_atomic(path: Path, content: dict[str, Any]) -> None:
-    temp = path.with_suffix(".tmp")
-    temp.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(temp, path)
+    atomic_write(path, (json.dumps(content, indent=2) + "\n").encode(), 0o644)
     ports_path = path.parent / "ports.json"
     ports_path.write_text(json.dumps(content["ports"]) + "\n")
 
