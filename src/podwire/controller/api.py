@@ -163,7 +163,7 @@ class ControllerApi:
         info = request.match_info
         key = PoolKey(
             validate.segment(info["node"], "node"),
-            validate.ident(info["project_id"], "project_id"),
+            fields.project_id(info["project_id"], "project_id"),
             validate.ident(info["network_id"], "network_id"),
         )
         if key not in self.service.pools.pool_keys():
@@ -180,7 +180,7 @@ class ControllerApi:
         created = await self.service.populate(
             nodes,
             validate.ref(body.get("network"), "network"),
-            validate.optional_ident(body.get("project_id"), "project_id"),
+            fields.optional(body.get("project_id"), "project_id", fields.project_id),
             validate.security_groups(body.get("security_groups")),
             count,
         )

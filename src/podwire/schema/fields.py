@@ -79,6 +79,12 @@ def neutron_id(value: Any, what: str) -> str:
     return _pattern(value, what, NEUTRON_ID, "a Neutron id")
 
 
+def project_id(value: Any, what: str) -> str:
+    """Keystone's are hex, but Neutron takes any string (noauth clouds use names): any value
+    that is safe as a key segment, since project ids become parts of pool keys and paths."""
+    return _pattern(value, what, NAME, "a project id (letters, digits, '.', '_', ':', '-')")
+
+
 def uuid(value: Any, what: str) -> str:
     return _pattern(value, what, UUID, "a UUID (lower-case, with dashes)")
 

@@ -126,7 +126,7 @@ def parse_desired_port(raw: bytes | str, port_id: str | None = None) -> DesiredP
         device_owner=obj.opt("device_owner", fields.text, ""),
         device_id=obj.opt("device_id", fields.text, ""),
         trunk=_trunk(obj.obj("trunk")),
-        project_id=obj.maybe("project_id", fields.neutron_id),
+        project_id=obj.maybe("project_id", fields.project_id),
         vif_details=obj.opt("vif_details", _vif_details, {}),
     )
 

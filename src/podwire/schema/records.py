@@ -38,7 +38,7 @@ def parse_in_use(raw: bytes, what: str) -> InUseValue:
     vif = obj.req("vif", lambda v, w: Vif.from_json(v, w))
     if obj.req("network_id", fields.uuid) != vif.network_id:
         raise ValidationError(f"{what}: network_id differs from the VIF's")
-    return InUseValue(obj.req("project_id", fields.neutron_id), vif)
+    return InUseValue(obj.req("project_id", fields.project_id), vif)
 
 
 def leader_value(identity: str) -> bytes:

@@ -63,7 +63,7 @@ class VifRequest:
         return cls(
             attachment=obj.req("attachment", fields.attachment),
             network=obj.req("network", fields.neutron_ref),
-            project_id=obj.maybe("project_id", fields.neutron_id),
+            project_id=obj.maybe("project_id", fields.project_id),
             # A set: order and duplicates never matter to Neutron, and the pools group by it.
             security_groups=tuple(
                 sorted(set(security_groups(obj.value.get("security_groups"), what)))
@@ -127,7 +127,7 @@ class Vif:
         return cls(
             port_id=obj.req("port_id", fields.uuid),
             network_id=obj.req("network_id", fields.uuid),
-            project_id=obj.req("project_id", fields.neutron_id),
+            project_id=obj.req("project_id", fields.project_id),
             mac_address=obj.req("mac_address", fields.mac),
             mtu=obj.req("mtu", fields.mtu),
             fixed_ips=obj.req("fixed_ips", fixed_ips),
