@@ -8,6 +8,7 @@ were handed is wired, so a pod is never plugged into a bridge that does not exis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from podwire import wire as values
 from podwire.agent import metrics, plumbing
 from podwire.agent.desired import DesiredPort, parse_desired
 from podwire.agent.plumbing import NetworkPlan
+from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PermanentError, PodwireError, RetryableError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch
 from podwire.log import get_logger
@@ -54,23 +56,30 @@ class Binder:
         self._kernel = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.synced = asyncio.Event()
+        self.watcher = PrefixWatcher(etcd, keys.node_ports_prefix(settings.host))
 
     # -- running -------------------------------------------------------------------------
 
     async def run(self) -> None:
+        follow = retry_forever("binder", self._follow, Backoff(0.2, 2.0), self.watcher.health)
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._follow())
+            tg.create_task(follow)
             tg.create_task(self._retry_failed())
 
     async def _follow(self) -> None:
-        watcher = PrefixWatcher(self._etcd, keys.node_ports_prefix(self._settings.host))
-        first = True
-        async for batch in watcher.batches():
-            await self._apply(batch)
-            if first or batch.relisted:
-                await self._reconcile_leftovers()
-                first = False
-                self.synced.set()
+        """Apply the watch in order; after a failure half-way the watcher replays it all."""
+        first = not self.synced.is_set()
+        try:
+            async with contextlib.aclosing(self.watcher.batches()) as batches:
+                async for batch in batches:
+                    await self._apply(batch)
+                    if first or batch.relisted:
+                        await self._reconcile_leftovers()
+                        first = False
+                        self.synced.set()
+        except RetryableError:
+            self.watcher.replay()
+            raise
 
     async def _retry_failed(self) -> None:
         while True:

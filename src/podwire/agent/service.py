@@ -25,6 +25,7 @@ from podwire.config import Settings
 from podwire.deviceplugin import DevicePlugin
 from podwire.errors import ConfigError, EtcdUnavailable
 from podwire.etcd import EtcdClient
+from podwire.health import first_problem
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink, PodNetlink
 from podwire.service.ops_http import OpsServer
@@ -61,10 +62,10 @@ class Agent:
         self.parts = AgentParts()
 
     async def run(self) -> None:
-        """Run until cancelled; raises ConfigError/EtcdUnavailable when start-up fails."""
+        """Run until cancelled; an unreachable etcd is waited for, a permanent error leaves."""
         settings = self.settings
         agent = settings.agent
-        etcd = await EtcdClient.connect(settings.etcd)
+        etcd = await EtcdClient.connect(settings.etcd, check=False)  # registration waits for it
         host_nl = HostNetlink(agent.host_netns)
         pod_nl = PodNetlink()
         try:
@@ -94,7 +95,7 @@ class Agent:
                 network_types(),
             ),
         )
-        await heartbeat.publish()
+        await heartbeat.register()
         stack.push_async_callback(heartbeat.revoke)
         binder = Binder(
             etcd,
@@ -110,7 +111,7 @@ class Agent:
             stack.push_async_callback(releaser.close)
 
         async def ready() -> tuple[bool, str]:
-            return await _readiness(etcd, heartbeat, binder, vifs)
+            return await _readiness(etcd, heartbeat, binder, peers, vifs)
 
         handler = CniHandler(
             HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
@@ -141,7 +142,7 @@ class Agent:
 
 
 async def _readiness(
-    etcd: EtcdClient, heartbeat: Heartbeat, binder: Binder, vifs: VifSource
+    etcd: EtcdClient, heartbeat: Heartbeat, binder: Binder, peers: PeerTracker, vifs: VifSource
 ) -> tuple[bool, str]:
     try:
         await etcd.status()
@@ -149,6 +150,9 @@ async def _readiness(
         return False, f"etcd: {exc}"
     if not heartbeat.healthy:
         return False, "heartbeat lease lost; re-registering"
+    problem = first_problem([heartbeat.health, binder.watcher.health, peers.watcher.health])
+    if problem is not None:
+        return False, problem
     if not binder.synced.is_set():
         return False, "binder has not listed the desired ports yet"
     return await vifs.healthy()
