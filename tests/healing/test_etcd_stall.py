@@ -144,7 +144,14 @@ async def agent_serves(world: Everything, phase: str) -> None:
     status = await acni(world.plugin, "STATUS", agent.conf("pw-stall"))
     assert status.code == 0, status.stdout
     port, net = str(uuid.uuid4()), str(uuid.uuid4())
-    fixed = [{"ip_address": "10.9.0.5", "subnet_id": "s", "cidr": "10.9.0.0/24", "gateway_ip": ""}]
+    fixed = [
+        {
+            "ip_address": "10.9.0.5",
+            "subnet_id": "s",
+            "cidr": "10.9.0.0/24",
+            "gateway_ip": "10.9.0.1",
+        }
+    ]
     value = desired_value(port, net, "fa:16:3e:00:00:09", fixed, segmentation_id=4100)
     await until_etcd_answers(lambda: world.client.put(keys.node_port(agent.host, port), value))
 

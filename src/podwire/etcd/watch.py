@@ -61,6 +61,7 @@ class PrefixWatcher:
         self._backoff = Backoff(retry_initial, retry_max)
         self._seen: dict[str, int] = {}  # key -> mod revision the consumer has
         self._replay = False
+        self._last: list[WatchEvent] = []  # the batch the consumer has now
         self.revision = 0
         self.relists = 0
         self.health = Health(f"watch {prefix}")
@@ -72,6 +73,9 @@ class PrefixWatcher:
         failure converges exactly as after a compaction.
         """
         self._seen = dict.fromkeys(self._seen, -1)
+        for event in self._last:
+            if event.kind == "delete":
+                self._seen[event.key] = -1  # still gone at the re-list: sent as a delete again
         self._replay = True
 
     async def batches(self) -> AsyncGenerator[WatchBatch, None]:
@@ -82,8 +86,10 @@ class PrefixWatcher:
                     batch = await self._relist()
                     need_list = self._replay = False
                     self._healthy()
+                    self._last = batch.events
                     yield batch
                 async for batch in self._stream():
+                    self._last = batch.events
                     yield batch
             except EtcdCompacted as exc:
                 log.info(

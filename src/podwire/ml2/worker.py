@@ -81,6 +81,10 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 asyncio.run(self._main())
+            except asyncio.CancelledError:
+                if self._stopping.is_set():
+                    return  # stop() cancelled every task: the normal way out
+                log.warning("ml2.worker.cancelled")
             except Exception:  # top level of the thread: log, then start over
                 log.exception("ml2.worker.crashed")
             if not self._stopping.wait(RESTART_DELAY):
