@@ -52,10 +52,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except PodwireError as exc:
-        print(f"podwire {args.command}: error: {exc}", file=sys.stderr)
-        return 1 if exc.retryable else 2
+        return _fail(args.command, exc)
+    except BaseExceptionGroup as group:  # a TaskGroup's: report the error that ended it
+        first = _first_podwire_error(group)
+        if first is None:
+            raise
+        return _fail(args.command, first)
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(command: str, exc: PodwireError) -> int:
+    print(f"podwire {command}: error: {exc}", file=sys.stderr)
+    return 1 if exc.retryable else 2
+
+
+def _first_podwire_error(group: BaseExceptionGroup[BaseException]) -> PodwireError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, PodwireError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_podwire_error(exc)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":
