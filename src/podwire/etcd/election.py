@@ -47,6 +47,7 @@ class Election:
         self._value = value
         self._backoff = backoff or Backoff(0.2, 2.0)
         self.lease: Lease | None = None
+        self._unrevoked: Lease | None = None
         self.terms = 0  # terms won, for operators and tests
         self.losses = 0  # terms that ended by a lost lease or a retryable failure
 
@@ -67,6 +68,9 @@ class Election:
                 log.warning("etcd.election.retry", key=self.key, error=str(exc), delay=delay)
 
     async def _campaign_once(self) -> Lease:
+        if self._unrevoked is not None:
+            await self._unrevoked.revoke()
+            self._unrevoked = None
         watcher = PrefixWatcher(self._client, self.key)
         present = False
         async with contextlib.aclosing(watcher.batches()) as batches:
@@ -105,11 +109,17 @@ class Election:
         await self.lease.keepalive()
 
     async def resign(self) -> None:
-        """Give the key up at once (best effort: if etcd is away, the TTL does it)."""
+        """Give the key up at once; if etcd is away, the next campaign revokes it first.
+
+        Without that, a restarted etcd (which extends every lease by its TTL) would keep our
+        own old key, and this candidate would wait a full TTL for itself.
+        """
         lease, self.lease = self.lease, None
         if lease is not None:
-            with contextlib.suppress(RetryableError):
+            try:
                 await asyncio.shield(lease.revoke())
+            except RetryableError:
+                self._unrevoked = lease
 
     async def lead(self, term: Term) -> None:
         """Forever: campaign, then run ``term`` while holding the lease; after a loss, again.
