@@ -129,6 +129,8 @@ class Agent:
             tg.create_task(peers.run())
             if plugin is not None:
                 tg.create_task(plugin.run())
+            if releaser is not None:
+                tg.create_task(releaser.run())
             await binder.synced.wait()
             server = CniServer(agent.cni_socket, handler)
             await server.start()
