@@ -133,12 +133,12 @@ class Binder:
 
     async def _unbind(self, port_id: str) -> None:
         port = self.wired.get(port_id)
+        # First: if etcd fails here nothing has changed yet, so the replayed delete redoes it all.
+        await self._etcd.delete(keys.state_port(self._settings.host, port_id))
         await self._set(port_id, None, None)
+        log.info("agent.port.unwired", port=port_id)
         if port is not None and not self._network_in_use(port.network_id):
             await self._remove_network(port.network_id)
-        # Last: if etcd fails here, the replayed delete finds the kernel side already done.
-        await self._etcd.delete(keys.state_port(self._settings.host, port_id))
-        log.info("agent.port.unwired", port=port_id)
 
     def _network_in_use(self, network_id: str) -> bool:
         return any(p.network_id == network_id for p in self.wired.values())
