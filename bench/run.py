@@ -22,6 +22,7 @@ SECTIONS = [
     "neutron_bench",
     "ml2_bench",
     "controller_bench",
+    "heal_bench",  # before recovery_bench: its controller lists every port of the stack
     "recovery_bench",
     "cni_bench",
     "stack_bench",

@@ -131,6 +131,7 @@ class HostAgent:
     vifs: VifSource | None = None
     physnets: dict[str, str] = field(default_factory=dict)
     ops_listen: str = ""
+    heartbeat_ttl: int = 10
     deviceplugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
     task: asyncio.Task[None] | None = None
     agent: Agent | None = None
@@ -149,7 +150,7 @@ class HostAgent:
                 state_dir=str(self.work / f"{self.host}-state"),
                 vtep_ip=self.vtep,
                 physnet_mappings=self.physnets,
-                heartbeat_ttl=10,
+                heartbeat_ttl=self.heartbeat_ttl,
                 host_netns=self.netns,
                 vif_source="neutron",
                 cni_timeout=30.0,

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,19 @@ class PrivateEtcd:
         self.proc = procs.spawn(self.server.argv(), self.log)
         proc = self.proc
         wait_until(self.server.ready, "etcd", 30, alive=lambda: proc.poll() is None)
+
+    async def stall(self, seconds: float) -> float:
+        """Freeze the server (SIGSTOP) like a hung disk or a paused VM; the monotonic resume time.
+
+        Connections stay open and nothing answers: clients see timeouts, not refusals.
+        """
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
+        return time.monotonic()
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -163,3 +163,52 @@ async def test_restart_and_compaction_while_disconnected(private_etcd: PrivateEt
         )
         assert watcher.relists == 1
         await stream.aclose()
+
+
+async def test_replay_resends_everything_after_a_consumer_failure(
+    etcd: EtcdClient, prefix: str
+) -> None:
+    """A consumer that failed half-way through a batch gets the whole picture again."""
+    await etcd.put(prefix + "a", b"1")
+    await etcd.put(prefix + "b", b"1")
+    watcher = PrefixWatcher(etcd, prefix)
+    stream = watcher.batches()
+    assert {e.key for e in (await next_batch(stream)).events} == {prefix + "a", prefix + "b"}
+    await etcd.delete(prefix + "a")
+    lost = await next_batch(stream)  # the consumer fails while applying this delete
+    assert [(e.kind, e.key) for e in lost.events] == [("delete", prefix + "a")]
+    await stream.aclose()
+    assert watcher.health.problem is None
+
+    watcher.replay()
+    await etcd.put(prefix + "c", b"1")
+    stream = watcher.batches()
+    again = await next_batch(stream)
+    assert again.relisted
+    assert {(e.kind, e.key) for e in again.events} == {
+        ("delete", prefix + "a"),
+        ("put", prefix + "b"),
+        ("put", prefix + "c"),
+    }
+    await stream.aclose()
+
+
+async def test_health_names_the_problem_while_etcd_is_away(private_etcd: PrivateEtcd) -> None:
+    settings = EtcdSettings(endpoints=[private_etcd.server.client_url], timeout=1)
+    async with await EtcdClient.connect(settings) as client:
+        watcher = PrefixWatcher(client, "/h/", retry_max=0.2)
+        stream = watcher.batches()
+        await next_batch(stream)
+        pending = asyncio.ensure_future(next_batch(stream, timeout=60))
+        private_etcd.stop()
+        try:
+            async with asyncio.timeout(20):
+                while watcher.health.problem is None:
+                    await asyncio.sleep(0.05)
+            assert "etcd" in watcher.health.problem
+        finally:
+            private_etcd.start()
+        await put_when_back(client, "/h/x", b"1")
+        await pending
+        assert watcher.health.problem is None
+        await stream.aclose()

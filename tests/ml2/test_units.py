@@ -8,6 +8,7 @@ import json
 import pytest
 
 from podwire import keys
+from podwire.backoff import Backoff
 from podwire.errors import RetryableError, ValidationError
 from podwire.ml2 import feedback as feedback_module
 from podwire.ml2.binding import Binding, Decline, Segment, decide
@@ -175,12 +176,14 @@ class FlakySink:
 
 
 async def test_feedback_retries_a_failed_neutron_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(feedback_module, "RETRY_INITIAL", 0.01)
+    monkeypatch.setattr(feedback_module, "RETRY", Backoff(0.01, 0.1))
     sink = FlakySink(failures=2)
     feedback = Feedback(None, fed_cache(), sink, is_active=lambda: True)  # type: ignore[arg-type]
-    await feedback._act([Change("port_wired", HOST, "port-1")])
-    assert sink.completed == []
-    async with asyncio.timeout(10):
-        while not sink.completed:
-            await asyncio.sleep(0.01)
+    async with asyncio.TaskGroup() as group:  # what run() gives its retries
+        feedback._group = group
+        await feedback._act([Change("port_wired", HOST, "port-1")])
+        assert sink.completed == []
+        async with asyncio.timeout(10):
+            while not sink.completed:
+                await asyncio.sleep(0.01)
     assert sink.completed == ["port-1"] and sink.failures == 0

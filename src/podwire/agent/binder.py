@@ -8,12 +8,14 @@ were handed is wired, so a pod is never plugged into a bridge that does not exis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
 from podwire import keys
 from podwire.agent import metrics, plumbing
 from podwire.agent.plumbing import NetworkPlan
+from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PermanentError, PodwireError, RetryableError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch
 from podwire.log import get_logger
@@ -54,23 +56,30 @@ class Binder:
         self._kernel = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.synced = asyncio.Event()
+        self.watcher = PrefixWatcher(etcd, keys.node_ports_prefix(settings.host))
 
     # -- running -------------------------------------------------------------------------
 
     async def run(self) -> None:
+        follow = retry_forever("binder", self._follow, Backoff(0.2, 2.0), self.watcher.health)
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._follow())
+            tg.create_task(follow)
             tg.create_task(self._retry_failed())
 
     async def _follow(self) -> None:
-        watcher = PrefixWatcher(self._etcd, keys.node_ports_prefix(self._settings.host))
-        first = True
-        async for batch in watcher.batches():
-            await self._apply(batch)
-            if first or batch.relisted:
-                await self._reconcile_leftovers()
-                first = False
-                self.synced.set()
+        """Apply the watch in order; after a failure half-way the watcher replays it all."""
+        first = not self.synced.is_set()
+        try:
+            async with contextlib.aclosing(self.watcher.batches()) as batches:
+                async for batch in batches:
+                    await self._apply(batch)
+                    if first or batch.relisted:
+                        await self._reconcile_leftovers()
+                        first = False
+                        self.synced.set()
+        except RetryableError:
+            self.watcher.replay()
+            raise
 
     async def _retry_failed(self) -> None:
         while True:
@@ -129,8 +138,9 @@ class Binder:
 
     async def _unbind(self, port_id: str) -> None:
         port = self.wired.get(port_id)
-        await self._set(port_id, None, None)
+        # First: if etcd fails here nothing has changed yet, so the replayed delete redoes it all.
         await self._etcd.delete(keys.state_port(self._settings.host, port_id))
+        await self._set(port_id, None, None)
         log.info("agent.port.unwired", port=port_id)
         if port is not None and not self._network_in_use(port.network_id):
             await self._remove_network(port.network_id)

@@ -34,10 +34,10 @@ class PeerTracker:
         self._alive: set[str] = set()
         self._vteps: dict[str, str] = {}
         self.peers: set[str] = set()
+        self.watcher = PrefixWatcher(etcd, keys.state_prefix() + "nodes/")
 
     async def run(self) -> None:
-        watcher = PrefixWatcher(self._etcd, keys.state_prefix() + "nodes/")
-        async for batch in watcher.batches():
+        async for batch in self.watcher.batches():
             for event in batch.events:
                 self._apply(event)
             await self._publish()

@@ -23,11 +23,24 @@ class PodReleaser:
         self._release = release
         self._grace = grace
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._group: asyncio.TaskGroup | None = None
+
+    async def run(self) -> None:
+        """Own the scheduled releases in a TaskGroup, so an unexpected failure is not lost."""
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self._group = None
 
     def schedule(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         self.cancel(namespace, name)
-        self._pending[key] = asyncio.create_task(self._later(key))
+        if self._group is None:  # stopping: reconciliation with kubelet releases it later
+            log.info("agent.pod_release.skipped", namespace=namespace, pod=name)
+            return
+        self._pending[key] = self._group.create_task(self._later(key))
 
     def cancel(self, namespace: str, name: str) -> None:
         task = self._pending.pop((namespace, name), None)

@@ -7,15 +7,15 @@ as a host Neutron believes dead.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
 from podwire import __version__, keys
 from podwire.agent import metrics
-from podwire.errors import EtcdUnavailable
+from podwire.backoff import Backoff, retry_forever
 from podwire.etcd import EtcdClient, Lease
 from podwire.etcd.client import LeaseLost
+from podwire.health import Health
 from podwire.log import get_logger
 from podwire.schema import nodes as values
 
@@ -42,6 +42,7 @@ class Heartbeat:
         self._lease: Lease | None = None
         self.started_at = time.time()
         self.healthy = False
+        self.health = Health("heartbeat")
 
     async def publish(self) -> None:
         """Write the static keys, then the leased ``alive`` key last (it makes us bindable)."""
@@ -68,28 +69,23 @@ class Heartbeat:
         self.healthy = True
         log.info("agent.registered", host=self._reg.host, lease=hex(self._lease.id))
 
+    async def register(self) -> None:
+        """``publish`` until it succeeds: an unreachable etcd is waited out, never fatal."""
+        await retry_forever("agent registration", self.publish, Backoff(0.2, 2.0), self.health)
+        self.health.ok()
+
     async def run(self) -> None:
         """Keep the lease alive; when it is lost, grant a new one and re-publish."""
         while True:
             assert self._lease is not None
             try:
                 await self._lease.keepalive()
-            except LeaseLost:
+            except LeaseLost as exc:
                 metrics.HEARTBEAT_LOST.inc()
                 self.healthy = False
-                log.warning("agent.lease.lost", host=self._reg.host)
-                await self._republish()
-
-    async def _republish(self) -> None:
-        delay = 0.2
-        while True:
-            try:
-                await self.publish()
-                return
-            except EtcdUnavailable as exc:
-                log.warning("agent.register.retry", error=str(exc), delay=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                self.health.failing(f"heartbeat lease lost ({exc}); re-registering")
+                log.warning("agent.lease.lost", host=self._reg.host, error=str(exc))
+                await self.register()
 
     async def revoke(self) -> None:
         """On shutdown: the alive key goes at once instead of after the TTL."""

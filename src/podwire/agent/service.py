@@ -26,6 +26,7 @@ from podwire.config import Settings
 from podwire.deviceplugin import DevicePlugin
 from podwire.errors import ConfigError, PodwireError
 from podwire.etcd import EtcdClient
+from podwire.health import first_problem
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink, PodNetlink
 from podwire.service.ops_http import OpsServer
@@ -62,10 +63,10 @@ class Agent:
         self.parts = AgentParts()
 
     async def run(self) -> None:
-        """Run until cancelled; raises ConfigError/EtcdUnavailable when start-up fails."""
+        """Run until cancelled; an unreachable etcd is waited for, a permanent error leaves."""
         settings = self.settings
         agent = settings.agent
-        etcd = await EtcdClient.connect(settings.etcd)
+        etcd = await EtcdClient.connect(settings.etcd, check=False)  # registration waits for it
         host_nl = HostNetlink(agent.host_netns)
         pod_nl = PodNetlink()
         try:
@@ -96,7 +97,7 @@ class Agent:
                 "nested" if agent.nested_uplink else None,
             ),
         )
-        await heartbeat.publish()
+        await heartbeat.register()
         stack.push_async_callback(heartbeat.revoke)
         binder = Binder(
             etcd,
@@ -112,7 +113,7 @@ class Agent:
             stack.push_async_callback(releaser.close)
 
         async def ready() -> tuple[bool, str]:
-            return await _readiness(etcd, agent.host, heartbeat, binder, vifs)
+            return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs)
 
         handler = CniHandler(
             HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
@@ -130,6 +131,8 @@ class Agent:
             tg.create_task(peers.run())
             if plugin is not None:
                 tg.create_task(plugin.run())
+            if releaser is not None:
+                tg.create_task(releaser.run())
             await binder.synced.wait()
             server = CniServer(agent.cni_socket, handler)
             await server.start()
@@ -143,7 +146,12 @@ class Agent:
 
 
 async def _readiness(
-    etcd: EtcdClient, host: str, heartbeat: Heartbeat, binder: Binder, vifs: VifSource
+    etcd: EtcdClient,
+    host: str,
+    heartbeat: Heartbeat,
+    binder: Binder,
+    peers: PeerTracker,
+    vifs: VifSource,
 ) -> tuple[bool, str]:
     # A read of our own key, not etcd's Status: Status answers even when etcd no longer
     # accepts this agent's token, and the agent would look ready while it cannot see a thing.
@@ -154,6 +162,9 @@ async def _readiness(
         return False, f"etcd: {exc}"
     if not heartbeat.healthy:
         return False, "heartbeat lease lost; re-registering"
+    problem = first_problem([heartbeat.health, binder.watcher.health, peers.watcher.health])
+    if problem is not None:
+        return False, problem
     if not binder.synced.is_set():
         return False, "binder has not listed the desired ports yet"
     return await vifs.healthy()

@@ -31,7 +31,7 @@ async def _serve(settings: Settings) -> None:
     from podwire.etcd.client import EtcdClient
     from podwire.neutron.client import connect
 
-    etcd = await EtcdClient.connect(settings.etcd)
+    etcd = await EtcdClient.connect(settings.etcd, check=False)  # the election waits for it
     try:
         await Controller(settings, etcd, connect(settings.neutron)).run()
     finally:

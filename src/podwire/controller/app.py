@@ -1,5 +1,9 @@
-"""Wires a controller together and runs it: HTTP first (not ready), then leadership, recovery,
-and the periodic recycler and node sweeper, all in one TaskGroup.
+"""Wires a controller together and runs it: HTTP first (not ready), then leader terms.
+
+Each term (won by the election) recovers the pools, then serves, with the periodic recycler,
+the node sweeper and the background refills in one TaskGroup. A lost lease ends the term, not
+the process: the controller stops serving (agents fail over to another controller), forgets
+the term's state and campaigns again.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from podwire.config import Settings
 from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, NoopDriver, PortDriver
 from podwire.controller.inuse import InUseStore
-from podwire.controller.leader import Leadership
+from podwire.controller.leader import controller_election
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
@@ -26,7 +30,7 @@ from podwire.controller.recycler import recycle_once
 from podwire.controller.service import PoolService
 from podwire.controller.sweeper import NodeSweeper
 from podwire.errors import PodwireError
-from podwire.etcd.client import EtcdClient
+from podwire.etcd.client import EtcdClient, Lease
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient
 
@@ -45,7 +49,7 @@ class Controller:
         self.settings = settings
         self.etcd = etcd
         self.metrics = ControllerMetrics()
-        self.leadership = Leadership(
+        self.leadership = controller_election(
             etcd, identity or f"{socket.gethostname()}:{os.getpid()}", election_ttl
         )
         self.neutron = NeutronOps(neutron, self.metrics)
@@ -75,6 +79,10 @@ class Controller:
     async def ready(self) -> tuple[bool, str]:
         if self.service.serving:
             return True, "leader, pools recovered"
+        if self.leadership.is_leader:
+            return False, "leader, recovering pools"
+        if self.leadership.losses:
+            return False, "standby: leadership was lost, campaigning again"
         return False, "standby or recovering"
 
     async def start_http(self) -> None:
@@ -88,23 +96,31 @@ class Controller:
         log.info("controller.listening", host=host, port=self.port)
 
     async def run(self) -> None:
-        """Serve until cancelled or leadership is lost (then raise, so a supervisor restarts)."""
+        """Serve leader terms until cancelled; only a permanent error leaves."""
         await self.start_http()
         try:
-            await self.leadership.campaign()
-            report = self.recovery = await recover(self.service, self.nested, self.etcd)
-            self.service.serving = True
+            await self.leadership.lead(self._term)
+        finally:
+            self.service.serving = False
+            await self.stop()
+
+    async def _term(self, _lease: Lease) -> None:
+        self.service.reset()
+        self.nested.vlans.clear()
+        report = self.recovery = await recover(self.service, self.nested, self.etcd)
+        try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self.leadership.hold())
+                group.create_task(self.service.run_background())
                 if report.source == "etcd":
                     group.create_task(self._verify(report))
                 group.create_task(self._every(self.settings.pool.update_interval, self._recycle))
                 group.create_task(
                     self._every(self.settings.pool.node_cleanup_interval, self.sweeper.sweep_once)
                 )
+                self.service.serving = True
+                log.info("controller.serving", term=self.leadership.terms, source=report.source)
         finally:
             self.service.serving = False
-            await self.stop()
 
     async def _verify(self, report: RecoveryReport) -> None:
         """Retried until Neutron answers: until then leftovers simply wait."""

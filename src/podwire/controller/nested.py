@@ -46,6 +46,10 @@ class VlanAllocator:
     def in_use(self, trunk_id: str) -> set[int]:
         return set(self._used.get(trunk_id, set()))
 
+    def clear(self) -> None:
+        """Before a new leader term re-learns every trunk's VLAN ids from Neutron."""
+        self._used.clear()
+
 
 class NestedDriver:
     """Subports created in bulk, then added to the node's trunk in one call."""

@@ -49,6 +49,7 @@ class PoolService:
         self.attachments: dict[tuple[str, str], InUse] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[Vif]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self.serving = False
 
     # --- VIF API ---------------------------------------------------------------------------
@@ -181,9 +182,38 @@ class PoolService:
     # --- background work -------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
+        if self._group is None:  # the term is ending: the next term's requests refill again
+            coro.close()
+            return
+        task = self._group.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def run_background(self) -> None:
+        """Own the background refills and port updates of one leader term, in a TaskGroup.
+
+        An unexpected error in one of them ends the term instead of vanishing with its task.
+        When the term ends, what is under way finishes first, so no created port is dropped
+        half-way.
+        """
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            try:
+                await asyncio.Event().wait()
+            finally:
+                self._group = None
+                await self.drain()
+
+    def reset(self) -> None:
+        """Forget a past term's pools and attachments; the next term recovers them afresh.
+
+        Another controller may have led meanwhile and handed out what this one still holds
+        in memory, so nothing of the old term is trusted.
+        """
+        self.pools = Pools()
+        self.refiller = Refiller(self.pools, self.settings, self.metrics)
+        self.attachments.clear()
+        self.metrics.in_use.set(0)
 
     async def _background_refill(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo

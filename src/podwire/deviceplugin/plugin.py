@@ -11,6 +11,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from podwire.backoff import Backoff
 from podwire.config import DevicePluginSettings
 from podwire.deviceplugin.allocator import MemifAllocator
 from podwire.deviceplugin.api import KUBELET_SOCKET
@@ -182,7 +183,7 @@ class DevicePlugin:
             log.warning("deviceplugin.kubelet_restart", reason=reason)
 
     async def _register_until_done(self, endpoint: PluginEndpoint) -> None:
-        delay = 0.01
+        backoff = Backoff(0.01, self.register_backoff_max)
         warned = False
         while True:
             try:
@@ -204,8 +205,7 @@ class DevicePlugin:
                 self._stats.inc("registration_failures")
                 self._stats.inc("errors")
                 raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.register_backoff_max)
+            await backoff.sleep()
 
     # -- reconciliation and pod deletion -------------------------------------------------
 

@@ -409,16 +409,29 @@ class Lease:
         self.ttl = ttl
 
     async def keepalive(self) -> None:
+        """Refresh every third of the TTL; LeaseLost once etcd or our own clock says it is over.
+
+        The local deadline matters while etcd is unreachable or stalled: after one TTL without
+        a refresh, etcd may already have expired the lease, so its keys cannot be trusted.
+        """
+        loop = asyncio.get_running_loop()
         interval = max(self.ttl / 3, 0.5)
+        expires = loop.time() + self.ttl
         while True:
             await asyncio.sleep(interval)
+            sent = loop.time()
             try:
                 remaining = await self.client.refresh_lease(self.id)
             except EtcdUnavailable as exc:
+                if loop.time() >= expires:
+                    raise LeaseLost(
+                        f"etcd lease {self.id:#x} not renewed for {self.ttl} s"
+                    ) from exc
                 log.warning("etcd.lease.keepalive_failed", lease=hex(self.id), error=str(exc))
                 continue
             if remaining <= 0:
                 raise LeaseLost(f"etcd lease {self.id:#x} expired")
+            expires = sent + remaining
 
     async def revoke(self) -> None:
         await self.client.revoke_lease(self.id)

@@ -10,21 +10,26 @@ it having to know a re-list happened.
 etcd cancels a watch whose token it no longer knows (after a restart) with the same "permission
 denied" as one the user's role does not allow; so a denied watch first gets a fresh token and
 only a second denial in a row is final.
+
+An unreachable etcd is retried with backoff for as long as it takes; meanwhile ``health``
+names the problem, so readiness shows a watcher that follows nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import grpc
 from aetcd import rpc
 
+from podwire.backoff import Backoff
 from podwire.errors import EtcdCompacted, EtcdUnavailable
 from podwire.etcd.client import EtcdClient, KeyValue, prefix_end
 from podwire.etcd.errors import EtcdPermissionDenied, denied, translate
+from podwire.health import Health
 from podwire.log import get_logger
 
 log = get_logger(__name__)
@@ -57,23 +62,39 @@ class PrefixWatcher:
     ) -> None:
         self._client = client
         self._prefix = prefix
-        self._retry_initial = retry_initial
-        self._retry_max = retry_max
+        self._backoff = Backoff(retry_initial, retry_max)
         self._seen: dict[str, int] = {}  # key -> mod revision the consumer has
+        self._replay = False
+        self._last: list[WatchEvent] = []  # the batch the consumer has now
         self.revision = 0
         self.relists = 0
         self._renewed_for_denial = False
+        self.health = Health(f"watch {prefix}")
 
-    async def batches(self) -> AsyncIterator[WatchBatch]:
-        delay = self._retry_initial
-        need_list = self.revision == 0  # a resumed iteration first tries the watch history
+    def replay(self) -> None:
+        """The consumer lost the last batch: the next iteration re-lists and sends every key.
+
+        Keys that went meanwhile still arrive as deletes, so a consumer restarted after a
+        failure converges exactly as after a compaction.
+        """
+        self._seen = dict.fromkeys(self._seen, -1)
+        for event in self._last:
+            if event.kind == "delete":
+                self._seen[event.key] = -1  # still gone at the re-list: sent as a delete again
+        self._replay = True
+
+    async def batches(self) -> AsyncGenerator[WatchBatch, None]:
+        need_list = self.revision == 0 or self._replay  # a resumed iteration tries the history
         while True:
             try:
                 if need_list:
-                    yield await self._relist()
-                    need_list = False
+                    batch = await self._relist()
+                    need_list = self._replay = False
+                    self._healthy()
+                    self._last = batch.events
+                    yield batch
                 async for batch in self._stream():
-                    delay = self._retry_initial
+                    self._last = batch.events
                     yield batch
             except EtcdCompacted as exc:
                 log.info(
@@ -84,9 +105,14 @@ class PrefixWatcher:
                 )
                 need_list = True
             except EtcdUnavailable as exc:
+                self.health.failing(str(exc))
+                delay = self._backoff.next()
                 log.warning("etcd.watch.retry", prefix=self._prefix, error=str(exc), delay=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._retry_max)
+
+    def _healthy(self) -> None:
+        self.health.ok()
+        self._backoff.reset()
 
     async def _relist(self) -> WatchBatch:
         items, revision = await self._client.get_prefix(self._prefix)
@@ -142,6 +168,7 @@ class PrefixWatcher:
             self._renewed_for_denial = False
             # The ack's header revision is "now", but older events may still be on their
             # way, so it must not advance the resume point.
+            self._healthy()
             return None
         if not response.events:
             # Progress notification: sent only once this watcher has caught up, so its

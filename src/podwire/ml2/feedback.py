@@ -9,10 +9,11 @@ rather than from the missed events.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from podwire import keys
+from podwire.backoff import Backoff
 from podwire.errors import RetryableError
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
@@ -21,8 +22,7 @@ from podwire.ml2.mlog import get_logger
 
 log = get_logger(__name__)
 
-RETRY_INITIAL = 0.5
-RETRY_MAX = 30.0
+RETRY = Backoff(0.5, 30.0)  # only its delay(attempt): each change counts its own attempts
 
 
 class PortStatusSink(Protocol):
@@ -56,10 +56,29 @@ class Feedback:
         self._is_active = is_active
         self._prefix = prefix
         self._lock = asyncio.Lock()
-        self._retries: set[asyncio.Task[None]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self.watcher: PrefixWatcher | None = None
 
     async def run(self) -> None:
+        """Follow the state prefix; retries and resyncs run in this TaskGroup, none is lost."""
+        async with asyncio.TaskGroup() as group:
+            self._group = group
+            try:
+                await self._follow()
+            finally:
+                self._group = None
+
+    def request_resync(self) -> None:
+        """Resync in the background (on becoming leader); dropped if feedback is not running."""
+        self._spawn(self.resync())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        if self._group is None:
+            coro.close()
+            return
+        self._group.create_task(coro)
+
+    async def _follow(self) -> None:
         self.watcher = PrefixWatcher(self._client, self._prefix)
         async for batch in self.watcher.batches():
             changes: list[Change] = []
@@ -107,7 +126,7 @@ class Feedback:
                 for _host, wired in self._cache.wired_ports(host):
                     await self._act_one(Change("port_wired", host, wired))
         except RetryableError as exc:
-            delay = min(RETRY_INITIAL * 2**attempt, RETRY_MAX)
+            delay = RETRY.delay(attempt)
             log.error(
                 "ml2.feedback.neutron_failed",
                 change=change.kind,
@@ -116,9 +135,7 @@ class Feedback:
                 error=str(exc),
                 retry_in=delay,
             )
-            task = asyncio.create_task(self._retry(change, attempt + 1, delay))
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
+            self._spawn(self._retry(change, attempt + 1, delay))
 
     async def _retry(self, change: Change, attempt: int, delay: float) -> None:
         """Act again later; the sink re-reads the port, so a stale retry does no harm."""

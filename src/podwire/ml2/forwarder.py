@@ -1,8 +1,9 @@
 """Replays the journal into etcd, in order, from exactly one process at a time.
 
-Leadership is an etcd key bound to a lease. The lease id is also the fencing token: each batch
-is one etcd txn guarded by "the election key still carries *my* lease", so a forwarder that
-stalled past its TTL and woke up after another took over cannot write a single stale key.
+Leadership is ``podwire.etcd.election`` (the same election the controller uses): an etcd key
+bound to a lease, campaigned for again after a loss. The lease id is also the fencing token:
+each batch is one etcd txn guarded by the election's fence, so a forwarder that stalled past
+its TTL and woke up after another took over cannot write a single stale key.
 Rows are deleted only after etcd accepted their txn; a crash in between replays them, which is
 harmless because later rows are never sent before earlier ones.
 """
@@ -16,20 +17,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from podwire import keys
+from podwire.backoff import Backoff
 from podwire.errors import EtcdUnavailable, NotLeader, RetryableError
-from podwire.etcd.client import (
-    EtcdClient,
-    Lease,
-    LeaseLost,
-    Op,
-    delete_op,
-    key_exists,
-    lease_is,
-    put_op,
-)
+from podwire.etcd.client import EtcdClient, Lease, Op, delete_op, put_op
+from podwire.etcd.election import Election, fence
 from podwire.etcd.watch import PrefixWatcher
 from podwire.ml2.journal import Entry
 from podwire.ml2.mlog import get_logger
+from podwire.schema.records import leader_value
 
 log = get_logger(__name__)
 
@@ -86,6 +81,13 @@ class Forwarder:
         self._settings = settings
         self._on_leadership = on_leadership or (lambda _leader: None)
         self._wake = asyncio.Event()
+        self._election = Election(
+            client,
+            settings.election_key,
+            settings.lease_ttl,
+            lambda: leader_value(settings.identity),
+            Backoff(settings.retry_initial, settings.retry_max),
+        )
         self.is_leader = False
         self.sent_rows = 0
 
@@ -104,67 +106,31 @@ class Forwarder:
             self._wake.set()
 
     async def _elect_and_lead(self) -> None:
-        delay = self._settings.retry_initial
-        while True:
-            try:
-                lease = await self._campaign()
-                delay = self._settings.retry_initial
-                await self._lead(lease)
-            except RetryableError as exc:
-                log.warning("ml2.forwarder.retry", error=str(exc), delay=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._settings.retry_max)
-
-    async def _campaign(self) -> Lease:
-        settings = self._settings
-        poll = min(1.0, settings.lease_ttl / 4)
-        while True:
-            if await self._client.get(settings.election_key) is None:
-                lease = await self._client.grant_lease(settings.lease_ttl)
-                identity = settings.identity.encode()
-                if await self._client.create_if_absent(settings.election_key, identity, lease.id):
-                    log.info(
-                        "ml2.forwarder.elected", identity=settings.identity, lease=hex(lease.id)
-                    )
-                    return lease
-                await lease.revoke()
-            await asyncio.sleep(poll)
+        await self._election.lead(self._lead)
 
     async def _lead(self, lease: Lease) -> None:
         self.is_leader = True
         self._on_leadership(True)
         try:
-            async with asyncio.TaskGroup() as group:
-                group.create_task(lease.keepalive())
-                group.create_task(self._drain_forever(lease))
-        except* (NotLeader, LeaseLost) as group_exc:
-            log.warning("ml2.forwarder.lost_leadership", error=str(group_exc.exceptions[0]))
+            await self._drain_forever(lease)
         finally:
             self.is_leader = False
             self._on_leadership(False)
-            with contextlib.suppress(RetryableError):
-                await asyncio.shield(lease.revoke())
 
     async def _drain_forever(self, lease: Lease) -> None:
         settings = self._settings
-        delay = settings.retry_initial
+        backoff = Backoff(settings.retry_initial, settings.retry_max)
         while True:
             self._wake.clear()
             try:
                 sent = await self.drain_once(lease)
-            except EtcdUnavailable as exc:
-                log.warning("ml2.forwarder.etcd_unavailable", error=str(exc), delay=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, settings.retry_max)
-                continue
+            except NotLeader:
+                raise
             except RetryableError as exc:
-                if isinstance(exc, NotLeader):
-                    raise
-                log.warning("ml2.forwarder.journal_unavailable", error=str(exc), delay=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, settings.retry_max)
+                delay = await backoff.sleep()
+                log.warning("ml2.forwarder.drain_failed", error=str(exc), delay=delay)
                 continue
-            delay = settings.retry_initial
+            backoff.reset()
             if sent < settings.batch_size:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), settings.poll_interval)
@@ -176,7 +142,7 @@ class Forwarder:
         if not rows:
             return 0
         ids = [row.id for row in rows]
-        guards = [key_exists(settings.election_key), lease_is(settings.election_key, lease.id)]
+        guards = fence(settings.election_key, lease.id)
         try:
             accepted, revision = await self._client.txn(guards, batch_ops(rows))
         except EtcdUnavailable:

@@ -49,7 +49,6 @@ class Worker:
         self._client: EtcdClient | None = None
         self._forwarder: Forwarder | None = None
         self._feedback: Feedback | None = None
-        self._background: set[asyncio.Task[None]] = set()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -82,6 +81,10 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 asyncio.run(self._main())
+            except asyncio.CancelledError:
+                if self._stopping.is_set():
+                    return  # stop() cancelled every task: the normal way out
+                log.warning("ml2.worker.cancelled")
             except Exception:  # top level of the thread: log, then start over
                 log.exception("ml2.worker.crashed")
             if not self._stopping.wait(RESTART_DELAY):
@@ -121,9 +124,7 @@ class Worker:
         log.info("ml2.worker.leadership", leader=leader)
         if leader and self._feedback is not None and self._cache.synced.is_set():
             # Whatever the previous leader left undone is redone from the full picture.
-            task = asyncio.get_running_loop().create_task(self._feedback.resync())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._feedback.request_resync()
 
 
 def _log_kick_failure(future: concurrent.futures.Future[int]) -> None:

@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
+from podwire.backoff import Backoff
 from podwire.errors import StackError
 
 
@@ -52,12 +53,11 @@ def wait_until(
 ) -> None:
     """Poll ``check`` until true; fail early if the process behind it died."""
     deadline = time.monotonic() + timeout
-    delay = 0.02
+    backoff = Backoff(0.02, 0.25, factor=1.5)
     while time.monotonic() < deadline:
         if check():
             return
         if not alive():
             raise StackError(f"{what} exited during start-up; see its log")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
+        time.sleep(backoff.next())
     raise StackError(f"{what} did not become ready within {timeout:.0f} s; see its log")
