@@ -202,3 +202,11 @@ def capabilities_value(vif_types: list[str], network_types: list[str]) -> bytes:
 
 def port_state_value(wired_at: float) -> bytes:
     return json.dumps({"v": SCHEMA_VERSION, "wired_at": wired_at}).encode()
+
+
+# The vif types podwire's ml2 driver binds with; a port bound with any other type (or
+# ``binding_failed``) was not bound for a podwire agent and cannot be wired by one.
+VIF_TAP = "tap"
+VIF_VETH = "veth"
+VIF_VHOSTUSER = "vhostuser"
+PODWIRE_VIF_TYPES = (VIF_TAP, VIF_VETH, VIF_VHOSTUSER)
