@@ -22,7 +22,13 @@ from podwire.agent.checkpoint import Attachment, Checkpoint
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni import spec
-from podwire.cni.request import CniRequest, parse_command, parse_request, valid_attachments
+from podwire.cni.request import (
+    CniRequest,
+    attachment_id,
+    parse_command,
+    parse_request,
+    valid_attachments,
+)
 from podwire.cni.result import Address, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError
@@ -237,8 +243,22 @@ class CniHandler:
         for attachment in stale:
             async with self._lock(attachment):
                 await self._del(attachment, None)
-        log.info("agent.cni.gc", network=req.conf.name, released=len(stale))
+        orphans = await self._gc_orphans({attachment_id(c, i) for c, i in keep})
+        log.info("agent.cni.gc", network=req.conf.name, released=len(stale), orphans=orphans)
         return ""
+
+    async def _gc_orphans(self, keep: set[str]) -> list[str]:
+        """Release ports the VIF source holds for attachments neither the runtime (``keep``)
+        nor the checkpoint knows: left by an agent crash between the VIF answer and the
+        checkpoint write. Checked again under each attachment's lock, so an ADD in flight
+        (VIF requested, checkpoint not yet written) is never released under it."""
+        released = []
+        for attachment in sorted(await self._vifs.held() - keep):
+            async with self._lock(attachment):
+                if self._checkpoint.get(attachment) is None:
+                    await self._del(attachment, None)
+                    released.append(attachment)
+        return released
 
     async def _status(self) -> str:
         ready, detail = await self._ready()

@@ -91,6 +91,14 @@ class NeutronVifSource:
         ):
             await asyncio.to_thread(self._client.delete_port, port.id)
 
+    async def held(self) -> set[str]:
+        ports = await asyncio.to_thread(
+            self._client.list_ports, device_owner=DEVICE_OWNER, **{"binding:host_id": self._host}
+        )
+        prefix = self.port_name("")
+        names = [str(p.name or "") for p in ports]
+        return {n.removeprefix(prefix) for n in names if n.startswith(prefix) and n != prefix}
+
     async def healthy(self) -> tuple[bool, str]:
         try:
             await asyncio.to_thread(self._client.list_networks, limit=1)

@@ -22,7 +22,10 @@ from podwire.cni.spec import (
     CniError,
 )
 
-MAX_CONFIG = 1 << 20
+MAX_CONFIG = 1 << 20  # bytes of UTF-8 on stdin for ADD
+# More for the other commands: a runtime adds prevResult to the ADD config for DEL and CHECK
+# (a DEL must never be refused for a config its ADD was accepted with), GC lists attachments.
+MAX_CONFIG_EXTRA = 256 << 10
 _CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
 _K8S_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
 _ARG_KEY = re.compile(r"^[A-Za-z0-9_]{1,64}$")
@@ -58,8 +61,7 @@ class CniRequest:
 
     @property
     def attachment(self) -> str:
-        """The pod attachment id the VIF API and the checkpoint use: ``<container>.<ifname>``."""
-        return f"{self.container_id}.{self.ifname}"
+        return attachment_id(self.container_id, self.ifname)
 
     @property
     def pod(self) -> PodRef | None:
@@ -67,6 +69,11 @@ class CniRequest:
         if not ns or not name:
             return None
         return PodRef(ns, name, self.args.get("K8S_POD_UID", ""))
+
+
+def attachment_id(container_id: str, ifname: str) -> str:
+    """The pod attachment id the VIF API and the checkpoint use: ``<container>.<ifname>``."""
+    return f"{container_id}.{ifname}"
 
 
 def parse_command(env: dict[str, str]) -> str:
@@ -88,7 +95,7 @@ def parse_request(env: dict[str, str], stdin: str) -> CniRequest:
         command=command,
         container_id=_container_id(env) if needs_container else "",
         ifname=check_ifname(env.get("CNI_IFNAME", "")) if needs_container else "",
-        netns=_netns(env, needs_netns) if needs_container else "",
+        netns=_netns(env, True) if needs_netns else "",  # DEL: may be missing, stale or gone
         args=parse_args(env.get("CNI_ARGS", "")),
         conf=conf,
     )
@@ -147,9 +154,21 @@ def parse_args(raw: str) -> dict[str, str]:
     return args
 
 
+def config_limit(command: str) -> int:
+    return MAX_CONFIG if command == "ADD" else MAX_CONFIG + MAX_CONFIG_EXTRA
+
+
+def check_config_size(stdin: str, command: str) -> None:
+    """The plugins' limit, in bytes as the runtime wrote them (not characters)."""
+    limit = config_limit(command)
+    if len(stdin) > limit or len(stdin.encode("utf-8", "surrogatepass")) > limit:
+        raise CniError(
+            DECODE_FAILURE, f"network config on stdin is too large: more than {limit} bytes"
+        )
+
+
 def parse_conf(stdin: str, command: str) -> NetConf:
-    if len(stdin) > MAX_CONFIG:
-        raise CniError(DECODE_FAILURE, "network config on stdin is larger than 1 MiB")
+    check_config_size(stdin, command)
     try:
         raw = json.loads(stdin) if stdin.strip() else {}
     except ValueError as exc:
