@@ -15,6 +15,7 @@ import pytest
 
 from podwire import keys
 from podwire.agent.controller_vifs import ControllerVifSource
+from podwire.cni import spec
 from podwire.config import EtcdSettings
 from podwire.controller.app import Controller
 from podwire.controller.leader import ELECTION
@@ -112,3 +113,34 @@ class _Running:
 
     def __init__(self, controller: Controller) -> None:
         self.service = controller.service
+
+
+async def test_del_succeeds_for_every_id_add_accepted(
+    pooled: tuple[Controller, HostAgent, Node],
+    netenv: NetEnv,
+    vxnet: Any,
+    plugin: Path,
+) -> None:
+    """ADD accepts container ids and ifnames the VIF API cannot name (its ADD then fails);
+    the runtime's DEL after that failed ADD, and a DEL whose netns is missing, stale or gone,
+    must still succeed (CNI spec: DEL cleans up whatever is there)."""
+    controller, agent, node = pooled
+    ns = netenv.namespace("del")
+    conf = agent.conf(vxnet.id)
+    for cid, ifname in (("c" * 253, "eth0"), ("cdel", "eth@1"), ("cdel", "nét1")):
+        add = await acni(
+            plugin, "ADD", conf, container_id=cid, netns=f"/run/netns/{ns}", ifname=ifname
+        )
+        assert add.code == spec.INVALID_CONFIG, add.stdout  # the VIF API refused the name
+        assert links_in(ns) == ["lo"]
+        delete = await acni(plugin, "DEL", conf, container_id=cid, ifname=ifname)
+        assert delete.code == 0, (cid[:8], ifname, delete.stdout)
+
+    cid = uuid.uuid4().hex
+    add = await acni(plugin, "ADD", conf, container_id=cid, netns=f"/run/netns/{ns}")
+    assert add.code == 0, add.stdout
+    for netns in ("", "relative/path", f"/run/netns/{ns}-gone"):
+        delete = await acni(plugin, "DEL", conf, container_id=cid, netns=netns)
+        assert delete.code == 0, (netns, delete.stdout)
+    assert controller.service.node_attachments(node.name) == {}
+    assert links_in(ns) == ["lo"]
