@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from podwire import keys
+from podwire.agent import naming
 from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.cni import spec
 from podwire.config import EtcdSettings
@@ -24,7 +25,7 @@ from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
 from tests.agent.harness import HostAgent, acni
-from tests.agent.netenv import NetEnv, links_in
+from tests.agent.netenv import NetEnv, in_ns, links_in
 from tests.controller.conftest import Node, pooled_ports, request_vif, settings_for, vif_body
 from tests.scripted_agent import eventually
 
@@ -90,6 +91,10 @@ async def test_gc_releases_vifs_the_checkpoint_never_recorded(
         status, body = await request_vif(http, base, node, vif_body("crashed.eth0", vxnet))
     assert status == 200, body
     orphan = body["vif"]["port_id"]
+    # ... and it may have got as far as the host veth (created and marked, never recorded).
+    veth = naming.host_veth("crashed.eth0")
+    in_ns(agent.netns, "ip", "link", "add", veth, "type", "veth", "peer", "name", "pwtc0")
+    in_ns(agent.netns, "ip", "link", "set", veth, "alias", naming.MARK)
     assert set(controller.service.node_attachments(node.name)) == {
         f"{kept_cid}.eth0",
         "crashed.eth0",
@@ -100,6 +105,7 @@ async def test_gc_releases_vifs_the_checkpoint_never_recorded(
     assert gc.code == 0, gc.stdout
     assert set(controller.service.node_attachments(node.name)) == {f"{kept_cid}.eth0"}
     assert "eth0" in links_in(kept_ns)  # the valid attachment is untouched
+    assert veth not in links_in(agent.netns)
     await recycle_once(controller.service, controller.settings.pool)
     key = PoolKey(node.name, vxnet.project_id, vxnet.id)
     assert orphan in pooled_ports(_Running(controller), key)  # back in the pool

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from podwire import keys
 from podwire import wire as values
-from podwire.agent import metrics, plumbing
+from podwire.agent import metrics, naming, plumbing
 from podwire.agent.desired import DesiredPort, parse_desired
 from podwire.agent.plumbing import NetworkPlan
 from podwire.errors import PermanentError, PodwireError, RetryableError
@@ -153,9 +153,11 @@ class Binder:
                 await self._etcd.delete(kv.key)
         keep = {plan.bridge for plan in self._plans.values()}
         async with self._kernel:
-            removed = await self._nl.run(plumbing.sweep_unused, keep)
-        if removed:
-            log.info("agent.network.swept", bridges=removed)
+            sweep = await self._nl.run(plumbing.sweep_unused, keep)
+        if sweep.removed:
+            log.info("agent.network.swept", bridges=sweep.removed)
+        if sweep.foreign:
+            log.info("agent.network.foreign_left_alone", bridges=sweep.foreign, mark=naming.MARK)
 
     async def _set(self, port_id: str, port: DesiredPort | None, error: str | None) -> None:
         async with self._changed:
