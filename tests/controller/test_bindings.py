@@ -7,12 +7,16 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from podwire import keys
+from podwire.controller.app import Controller
 from podwire.controller.bindings import settle_bindings
 from podwire.controller.neutron_ops import DEVICE_OWNER
 from podwire.controller.pools import PoolKey
+from podwire.controller.recovery import recover
 from podwire.etcd.client import EtcdClient
+from podwire.neutron.client import connect
 from tests.controller.conftest import (
     Node,
     ScriptedNodes,
@@ -137,6 +141,7 @@ async def test_refill_skips_node_without_live_agent(
     nodes: ScriptedNodes,
     controllers: Any,
     http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     node = await nodes.add()
     running = await controllers(settings_for(stack, [node], min=2, batch=2))
@@ -150,4 +155,34 @@ async def test_refill_skips_node_without_live_agent(
     await running.service.drain()
     assert calls(running, "create_ports") == before
     assert running.service.liveness.noted_dead(node.name)
+    skipped = [r for r in caplog.records if r.getMessage() == "pool.refill_skipped"]
+    assert len(skipped) == 1  # logged once, not per skipped refill
     assert host_ports(neutron, network, node.name) == []
+
+
+async def test_recovery_deletes_ports_whose_binding_failed(
+    stack: dict[str, Any], neutron: Any, network: Any, nodes: ScriptedNodes
+) -> None:
+    """Recovery from a Neutron listing: a port of ours whose binding failed is deleted, never
+    pooled, while a bound one is pooled."""
+    live, dead = await nodes.add(), await nodes.add()
+    await nodes.kill(dead)
+    await ml2_binds(neutron, network, live.name, want=True)
+    await ml2_binds(neutron, network, dead.name, want=False)
+    ports = {}
+    for node in (live, dead):
+        ports[node.name] = neutron.network.create_port(
+            network_id=network.id,
+            project_id=network.project_id,
+            binding_host_id=node.name,
+            device_owner=DEVICE_OWNER,
+        )
+    assert ports[dead.name].binding_vif_type == "binding_failed"
+    settings = settings_for(stack, [live, dead])
+    controller = Controller(settings, nodes.etcd, connect(settings.neutron))
+    await recover(controller.service, None)  # no etcd: always the Neutron listing
+    assert neutron.network.find_port(ports[dead.name].id) is None
+    key = PoolKey(live.name, network.project_id, network.id)
+    pooled = {p for _, group in controller.service.pools.groups(key) for p in group}
+    assert ports[live.name].id in pooled
+    assert all(k.node != dead.name for k in controller.service.pools.pool_keys())
