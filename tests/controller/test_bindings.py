@@ -75,6 +75,7 @@ async def test_populate_refuses_node_without_live_agent(
     assert status == 409
     assert answer["error"].startswith(f"node {dead.name} has no live agent")
     assert host_ports(neutron, network, dead.name) == []
+    assert host_ports(neutron, network, live.name) == []  # refused as a whole
     status, answer = await admin(
         http, "POST", f"{running.url}/v1/pools/populate", {**body, "nodes": [live.name]}
     )

@@ -239,9 +239,11 @@ class PoolService:
         sgs = sg_key(security_groups)
         network = await self.neutron.network(network_ref, project_id)
         await self.neutron.check_security_groups(sgs)
+        nodes = list(nodes)
+        for node in nodes:  # all before any port is made: a refused populate changes nothing
+            await self.liveness.require(node)
         created: dict[str, int] = {}
         for node in nodes:
-            await self.liveness.require(node)
             driver = await self.drivers.for_node(node)
             if not driver.pooled:
                 created[node] = 0
