@@ -96,6 +96,7 @@ async def test_any_byte_gets_an_answer_that_names_the_problem(
         ("overlong UTF-8", {}, good[:-1] + b',"x":"\xc0\xaf"}', 6, "not valid UTF-8"),
         ("UTF-8 surrogate", {}, good[:-1] + b',"x":"\xed\xa0\x80"}', 6, "not valid UTF-8"),
         ("invalid UTF-8 in env", {"CNI_ARGS": b"K8S_POD_NAME=\xff"}, good, 4, "CNI_ARGS"),
+        ("invalid UTF-8 netns", {"CNI_NETNS": b"/run/netns/\xff"}, good, 4, "CNI_NETNS"),
         ("raw control byte", {}, good[:-1] + b',"x":"a\x01b"}', 6, "not valid JSON"),
         ("NUL byte", {}, good[:-1] + b',"x":"a\x00b"}', 6, "not valid JSON"),
         ("quotes and backslashes", {"CNI_ARGS": 'A="\\"'}, good, 0, ""),
@@ -109,7 +110,8 @@ async def test_any_byte_gets_an_answer_that_names_the_problem(
             assert links_in(ns) == ["lo"], what
         else:
             assert "eth0" in links_in(ns), what
-            delete = await raw_cni(plugin, {**env, **extra, "CNI_COMMAND": "DEL"}, stdin)
+            netns: dict[str, str | bytes] = {"CNI_NETNS": b"/run/netns/\xfe"}  # ignored by DEL
+            delete = await raw_cni(plugin, {**env, **extra, **netns, "CNI_COMMAND": "DEL"}, stdin)
             assert delete.code == 0, (what, delete.stdout)
 
 

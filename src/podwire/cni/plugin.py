@@ -88,12 +88,15 @@ def _read_config(command: str) -> str:
         ) from exc
 
 
-def _environment() -> dict[str, str]:
+def _environment(command: str) -> dict[str, str]:
     env = {key: os.environ[key] for key in ENV_KEYS if key in os.environ}
-    for key, value in env.items():
+    for key, value in list(env.items()):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:  # os.environ keeps undecodable bytes as surrogates
+            if command == "DEL" and key == "CNI_NETNS":
+                del env[key]  # DEL must succeed whatever its netns (the agent ignores it there)
+                continue
             raise _Refused(INVALID_ENV, f"environment variable is not valid UTF-8: {key}") from exc
     return env
 
@@ -112,7 +115,7 @@ def main() -> int:
         return 0
     try:
         config = _read_config(command)
-        env = _environment()
+        env = _environment(command)
     except _Refused as exc:
         return _error(exc.code, exc.msg)
     request = json.dumps({"env": env, "stdin": config}, ensure_ascii=False).encode()

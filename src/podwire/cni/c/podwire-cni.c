@@ -199,6 +199,7 @@ int main(void) {
         return 0;
     }
     int unavailable = (command && strcmp(command, "STATUS") == 0) ? 50 : 11;
+    int is_del = command && strcmp(command, "DEL") == 0;
 
     size_t limit = MAX_CONFIG + ((command && strcmp(command, "ADD") == 0) ? 0 : MAX_CONFIG_EXTRA);
     struct buf config = {0};
@@ -226,8 +227,11 @@ int main(void) {
     for (size_t i = 0; i < sizeof ENV_KEYS / sizeof *ENV_KEYS; i++) {
         const char *value = getenv(ENV_KEYS[i]);
         if (!value) continue;
-        if (utf8_error((const unsigned char *)value, strlen(value)) >= 0)
+        if (utf8_error((const unsigned char *)value, strlen(value)) >= 0) {
+            /* DEL must succeed whatever its netns (the agent ignores it there): drop it. */
+            if (is_del && strcmp(ENV_KEYS[i], "CNI_NETNS") == 0) continue;
             return fail(4, "environment variable is not valid UTF-8", ENV_KEYS[i]);
+        }
         puts_raw(&req, first ? "\"" : ",\"");
         puts_raw(&req, ENV_KEYS[i]);
         puts_raw(&req, "\":\"");
