@@ -81,9 +81,11 @@ class PoolSettings:
     node_cleanup_interval: float = 600.0
     port_debug: bool = False
     default_driver: str = "baremetal"
+    # Rebinds tried for a new port whose binding failed before it is deleted (0: delete at once).
+    binding_retries: int = 2
 
     def validate(self) -> None:
-        for name in ("min", "max"):
+        for name in ("min", "max", "binding_retries"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"pool.{name}: must be 0 or more")
         if self.max and self.min > self.max:

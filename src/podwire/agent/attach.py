@@ -16,9 +16,12 @@ from typing import Any
 from podwire.agent import naming
 from podwire.cni.result import Address, Attached
 from podwire.errors import PodwireError
+from podwire.log import get_logger
 from podwire.netlink import HostNetlink, PodNetlink, is_netns, links
 from podwire.netlink.nsexec import RtnlContext, open_netns
 from podwire.netlink.rtnl import RtnlError, VethSpec
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,12 @@ def _plug_veth(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str) 
         except RtnlError as exc:
             if exc.code != errno.EEXIST:
                 raise
-            # A leftover of a crashed ADD (same derived name): replace it.
-            ctx.host.delete_link(host_name)
+            # A leftover of a crashed ADD (same derived name): replace it, if it is ours.
+            if _own_veth(ctx, host_name, host_mac) is not False:
+                ctx.host.delete_link(host_name)
             ctx.host.add_veth(veth)
         try:
+            ctx.host.set_alias(host_name, naming.MARK)
             _configure_in(ctx, fd, spec)
         except BaseException:
             ctx.host.delete_link(host_name)
@@ -86,8 +91,21 @@ def _configure_pod(ctx: RtnlContext, spec: PlugSpec) -> None:
         os.close(fd)
 
 
-def _delete_link(ctx: RtnlContext, name: str) -> bool:
-    return ctx.host.delete_link(name)
+def _own_veth(ctx: RtnlContext, name: str, mac: str) -> bool | None:
+    """Whether the host veth ``name`` is podwire's: marked, or with the MAC podwire derives
+    for it (veths of agents from before marks). None when there is no such link."""
+    found = ctx.host.link_mark(name)
+    if found is None:
+        return None
+    return naming.is_marked(found.alias) or found.mac == mac
+
+
+def _delete_own_veth(ctx: RtnlContext, name: str, mac: str) -> bool:
+    """Remove the attachment's host veth if it is ours; a foreign link of that name stays."""
+    owned = _own_veth(ctx, name, mac)
+    if owned is False:
+        log.warning("agent.veth.foreign_left_alone", interface=name)
+    return bool(owned) and ctx.host.delete_link(name)
 
 
 def host_mac(attachment: str) -> str:
@@ -153,10 +171,13 @@ class Plugger:
             if not is_netns(attached.sandbox):
                 return False
             return await self._pod.run(attached.sandbox, links.remove_link, attached.ifname)
-        # The recorded name first: entries from before the attachment-id change were named by
-        # the old id's digest.
-        host_end = attached.host_ifname if attached is not None else naming.host_veth(attachment)
-        return await self._host.run_rtnl(_delete_link, host_end)
+        # The recorded name and MAC first: entries from before the attachment-id change were
+        # named by the old id's digest.
+        if attached is not None:
+            name, mac = attached.host_ifname, attached.host_mac
+        else:
+            name, mac = naming.host_veth(attachment), host_mac(attachment)
+        return await self._host.run_rtnl(_delete_own_veth, name, mac)
 
     async def check(self, attached: Attached, bridge: str) -> str | None:
         """None when the attachment is as ADD left it, else what is wrong."""

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
-from podwire.agent import metrics, plumbing
+from podwire.agent import metrics, naming, plumbing
 from podwire.agent.plumbing import NetworkPlan
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PermanentError, PodwireError, RetryableError
@@ -168,9 +168,11 @@ class Binder:
                 await self._etcd.delete(kv.key)
         keep = {plan.bridge for plan in self._plans.values()}
         async with self._kernel:
-            removed = await self._nl.run(plumbing.sweep_unused, keep)
-        if removed:
-            log.info("agent.network.swept", bridges=removed)
+            sweep = await self._nl.run(plumbing.sweep_unused, keep)
+        if sweep.removed:
+            log.info("agent.network.swept", bridges=sweep.removed)
+        if sweep.foreign:
+            log.info("agent.network.foreign_left_alone", bridges=sweep.foreign, mark=naming.MARK)
 
     async def _set(self, port_id: str, port: DesiredPort | None, error: str | None) -> None:
         async with self._changed:

@@ -22,13 +22,19 @@ from podwire.agent.checkpoint import Attachment, Checkpoint
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni import spec
-from podwire.cni.request import CniRequest, parse_command, parse_request, valid_attachments
+from podwire.cni.request import (
+    CniRequest,
+    NoSuchAttachment,
+    parse_command,
+    parse_request,
+    valid_attachments,
+)
 from podwire.cni.result import Address, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.netlink import NotANamespace, is_netns
-from podwire.schema import doc
+from podwire.schema import doc, fields
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
@@ -80,7 +86,11 @@ class CniHandler:
     async def _handle(self, env: dict[str, str], stdin: str) -> str:
         if parse_command(env) == "VERSION":
             return spec.version_result()
-        req = parse_request(env, stdin)
+        try:
+            req = parse_request(env, stdin)
+        except NoSuchAttachment as exc:
+            log.info("agent.cni.deleted", attachment=None, known=False, reason=exc.msg)
+            return ""
         try:
             if req.command == "STATUS":
                 return await self._status()
@@ -238,8 +248,22 @@ class CniHandler:
         for attachment in stale:
             async with self._lock(attachment):
                 await self._del(attachment, None)
-        log.info("agent.cni.gc", network=req.conf.name, released=len(stale))
+        orphans = await self._gc_orphans({fields.attachment_id(c, i) for c, i in keep})
+        log.info("agent.cni.gc", network=req.conf.name, released=len(stale), orphans=orphans)
         return ""
+
+    async def _gc_orphans(self, keep: set[str]) -> list[str]:
+        """Release ports the VIF source holds for attachments neither the runtime (``keep``)
+        nor the checkpoint knows: left by an agent crash between the VIF answer and the
+        checkpoint write. Checked again under each attachment's lock, so an ADD in flight
+        (VIF requested, checkpoint not yet written) is never released under it."""
+        released = []
+        for attachment in sorted(await self._vifs.held() - keep):
+            async with self._lock(attachment):
+                if self._checkpoint.get(attachment) is None:
+                    await self._del(attachment, None)
+                    released.append(attachment)
+        return released
 
     async def _status(self) -> str:
         ready, detail = await self._ready()

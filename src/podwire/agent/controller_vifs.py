@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from podwire import keys
 from podwire.agent.vifsource import VifRequest
 from podwire.errors import ConfigError, PermanentError, RetryableError, ValidationError
 from podwire.log import get_logger
@@ -112,6 +113,11 @@ class ControllerVifSource:
             raise ControllerUnavailable(f"controller at {self._base}: {exc}") from exc
 
     async def release(self, attachment: str, vif: Vif | None) -> None:
+        if not nameable(attachment):
+            # The VIF API refuses such a name, so it never handed a VIF out under it: there
+            # is nothing to release, and the runtime's DEL (e.g. after a failed ADD) succeeds.
+            log.info("agent.vif.release_skipped", attachment=attachment, reason="no VIF API name")
+            return
         await self._on_any(lambda: self._delete(attachment))
 
     async def _delete(self, attachment: str) -> None:
@@ -126,6 +132,9 @@ class ControllerVifSource:
 
     async def attachments(self) -> dict[str, Vif]:
         return await self._on_any(self._list)
+
+    async def held(self) -> set[str]:
+        return set(await self.attachments())
 
     async def _list(self) -> dict[str, Vif]:
         try:
@@ -178,6 +187,15 @@ def _error(resp: aiohttp.ClientResponse, payload: dict[str, Any]) -> Exception:
             f"controller: HTTP {resp.status}: {message}", _retry_after(resp)
         )
     return ControllerRefused(f"controller: HTTP {resp.status}: {message}", resp.status)
+
+
+def nameable(attachment: str) -> bool:
+    """Whether the VIF API can name this attachment (one key segment, as it checks)."""
+    try:
+        keys.check_segment(attachment, "attachment")
+    except ValueError:
+        return False
+    return True
 
 
 def _retry_after(resp: aiohttp.ClientResponse) -> float:

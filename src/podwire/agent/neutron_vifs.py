@@ -10,9 +10,10 @@ import asyncio
 from typing import Any
 
 from podwire.agent.vifsource import VifRequest
-from podwire.errors import PermanentError, RetryableError
+from podwire.errors import PermanentError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient, NeutronNotFound, NeutronRequestError
+from podwire.schema import fields
 from podwire.schema.ports import FixedIp
 from podwire.schema.vif import DEVICE_OWNER, Vif
 
@@ -84,10 +85,31 @@ class NeutronVifSource:
         if vif is not None:
             await asyncio.to_thread(self._client.delete_port, vif.port_id)
             return
-        for port in await asyncio.to_thread(
-            self._client.list_ports, name=self.port_name(attachment), device_owner=DEVICE_OWNER
-        ):
-            await asyncio.to_thread(self._client.delete_port, port.id)
+        for port_id, held in await self._held_ports():
+            if held == attachment:
+                await asyncio.to_thread(self._client.delete_port, port_id)
+
+    async def held(self) -> set[str]:
+        return {attachment for _, attachment in await self._held_ports()}
+
+    async def _held_ports(self) -> list[tuple[str, str]]:
+        """(port id, canonical attachment) of this host's ports; names from before the
+        ``<container>:<ifname>`` ids read as the canonical id, so GC never mistakes a running
+        pod's older port for an orphan."""
+        ports = await asyncio.to_thread(
+            self._client.list_ports, device_owner=DEVICE_OWNER, **{"binding:host_id": self._host}
+        )
+        prefix = self.port_name("")
+        found = []
+        for port in ports:
+            name = str(port.name or "")
+            if not name.startswith(prefix):
+                continue
+            try:
+                found.append((str(port.id), fields.attachment(name.removeprefix(prefix), name)))
+            except ValidationError:
+                log.info("agent.vif.unknown_port_name", port=port.id, name=name[:300])
+        return found
 
     async def healthy(self) -> tuple[bool, str]:
         try:

@@ -3,6 +3,11 @@
 The functions here run on a host netlink worker thread (they take an open ``IPRoute``); the
 plan is computed first, on the loop, so configuration errors surface without touching the
 kernel.
+
+Ownership (see ``naming``): the bridge and the VXLAN/VLAN device of a network some desired
+port needs are ensured, adopted if they exist already (an agent from before marks made them),
+and marked. Only marked links are ever deleted or replaced; a link that has our prefix but
+not the mark is someone else's, and is left alone.
 """
 
 from __future__ import annotations
@@ -70,15 +75,31 @@ def plan_network(
 
 def ensure_network(ipr: Any, plan: NetworkPlan, peers: set[str]) -> None:
     links.ensure_bridge(ipr, plan.bridge, plan.mtu)
+    links.set_alias(ipr, plan.bridge, naming.MARK)
     if plan.network_type == "vxlan":
         assert plan.uplink and plan.vtep_ip and plan.segmentation_id is not None
+        _check_replaceable(ipr, plan.uplink, plan.segmentation_id, plan.vtep_ip)
         links.ensure_vxlan(ipr, plan.uplink, plan.segmentation_id, plan.vtep_ip, plan.mtu)
+        links.set_alias(ipr, plan.uplink, naming.MARK)
         links.sync_flood(ipr, plan.uplink, peers)
     elif plan.network_type == "vlan":
         assert plan.uplink and plan.physical and plan.segmentation_id is not None
         _ensure_vlan_uplink(ipr, plan.uplink, plan.physical, plan.segmentation_id)
-    assert plan.uplink
+        links.set_alias(ipr, plan.uplink, naming.MARK)
+    assert plan.uplink  # flat: the physnet interface itself, which is never ours to mark
     links.ensure_master(ipr, plan.uplink, plan.bridge)
+
+
+def _check_replaceable(ipr: Any, name: str, vni: int, local: str) -> None:
+    """``ensure_vxlan`` replaces a device of our name with other settings: only if it is ours."""
+    link = links.get_link(ipr, name)
+    if link is None or naming.is_marked(link.alias):
+        return
+    if link.kind != "vxlan" or link.vni != vni or link.vxlan_local != local:
+        raise UnservableNetwork(
+            f"{name} exists with other settings and without podwire's mark"
+            f" (alias {naming.MARK!r}): it is not podwire's, so it is not replaced"
+        )
 
 
 def _ensure_vlan_uplink(ipr: Any, name: str, parent: str, vlan_id: int) -> None:
@@ -102,23 +123,41 @@ def remove_network(ipr: Any, plan: NetworkPlan) -> bool:
     if pods_on(ipr, plan.bridge):
         return False
     if plan.network_type in ("vxlan", "vlan") and plan.uplink:
-        links.remove_link(ipr, plan.uplink)
-    links.remove_link(ipr, plan.bridge)  # a flat physnet interface is released with it
+        remove_marked(ipr, plan.uplink)
+    remove_marked(ipr, plan.bridge)  # a flat physnet interface is released with it
     return True
 
 
-def sweep_unused(ipr: Any, keep: set[str]) -> list[str]:
+def remove_marked(ipr: Any, name: str) -> bool:
+    """Delete ``name`` only if it carries podwire's mark; False when absent or not ours."""
+    link = links.get_link(ipr, name)
+    if link is None or not naming.is_marked(link.alias):
+        return False
+    return links.remove_link(ipr, name)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    removed: list[str]
+    foreign: list[str]  # our prefix, no mark: someone else's, left alone
+
+
+def sweep_unused(ipr: Any, keep: set[str]) -> Sweep:
     """Remove our bridges (and their VXLAN/VLAN devices) that no desired port needs and no pod
-    uses: left behind when ports went away while the agent was down."""
-    removed = []
+    uses: left behind when ports went away while the agent was down. Bridges named like ours
+    without the mark are only reported."""
+    sweep = Sweep([], [])
     for link in links.list_links(ipr):
         if not link.name.startswith("pwbr") or link.kind != "bridge" or link.name in keep:
+            continue
+        if not naming.is_marked(link.alias):
+            sweep.foreign.append(link.name)
             continue
         if pods_on(ipr, link.name):
             continue
         suffix = link.name[4:]
         for uplink in (f"pwvx{suffix}", f"pwvl{suffix}"):
-            links.remove_link(ipr, uplink)
+            remove_marked(ipr, uplink)
         links.remove_link(ipr, link.name)
-        removed.append(link.name)
-    return removed
+        sweep.removed.append(link.name)
+    return sweep

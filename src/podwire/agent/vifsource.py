@@ -22,5 +22,9 @@ class VifSource(Protocol):
     async def release(self, attachment: str, vif: Vif | None) -> None:
         """Give the attachment's port back; succeeds when it is already gone."""
 
+    async def held(self) -> set[str]:
+        """The attachments this node holds a port for at the source (GC compares them with
+        the checkpoint: an agent crash between the answer and the checkpoint leaves some)."""
+
     async def healthy(self) -> tuple[bool, str]:
         """Whether requests can be served now (for CNI STATUS and /readyz)."""

@@ -25,7 +25,10 @@ from podwire.errors import ConfigError, ValidationError
 from podwire.schema import doc, fields
 from podwire.schema.vif import PodRef, security_groups
 
-MAX_CONFIG = 1 << 20
+MAX_CONFIG = 1 << 20  # bytes of UTF-8 on stdin for ADD
+# More for the other commands: a runtime adds prevResult to the ADD config for DEL and CHECK
+# (a DEL must never be refused for a config its ADD was accepted with), GC lists attachments.
+MAX_CONFIG_EXTRA = 256 << 10
 _ARG_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
@@ -72,17 +75,31 @@ def parse_command(env: dict[str, str]) -> str:
     return command
 
 
+class NoSuchAttachment(CniError):
+    """A DEL for a container id or ifname ADD refuses: podwire cannot have created anything
+    under it, so there is nothing to delete and the DEL succeeds (a failing DEL would make the
+    runtime retry the teardown forever)."""
+
+
 def parse_request(env: dict[str, str], stdin: str) -> CniRequest:
     command = parse_command(env)
     conf = parse_conf(stdin, command)
-    needs_netns = command in ("ADD", "CHECK")
-    needs_container = command in ("ADD", "DEL", "CHECK")
+    container_id, ifname = "", ""
+    if command in ("ADD", "DEL", "CHECK"):
+        try:
+            container_id = _container_id(env)
+            ifname = check_ifname(env.get("CNI_IFNAME", ""))
+        except CniError as exc:
+            if command == "DEL":
+                raise NoSuchAttachment(exc.code, exc.msg) from exc
+            raise
     return CniRequest(
         command=command,
-        container_id=_container_id(env) if needs_container else "",
-        ifname=check_ifname(env.get("CNI_IFNAME", "")) if needs_container else "",
-        netns=_netns(env, needs_netns) if needs_container else "",
-        args=parse_args(env.get("CNI_ARGS", "")),
+        container_id=container_id,
+        ifname=ifname,
+        # DEL: the netns may be missing, stale or gone; DEL needs nothing from the pod either.
+        netns=_netns(env, True) if command in ("ADD", "CHECK") else "",
+        args=parse_args(env.get("CNI_ARGS", "")) if command != "DEL" else {},
         conf=conf,
     )
 
@@ -141,10 +158,26 @@ _POD_ARGS = {
 }
 
 
+def config_limit(command: str) -> int:
+    return MAX_CONFIG if command == "ADD" else MAX_CONFIG + MAX_CONFIG_EXTRA
+
+
+def check_config_size(stdin: str, command: str) -> None:
+    """The plugins' limit, in bytes as the runtime wrote them (not characters)."""
+    limit = config_limit(command)
+    if len(stdin) > limit or len(stdin.encode("utf-8", "surrogatepass")) > limit:
+        raise CniError(
+            DECODE_FAILURE, f"network config on stdin is too large: more than {limit} bytes"
+        )
+
+
 def parse_conf(stdin: str, command: str) -> NetConf:
+    check_config_size(stdin, command)
     try:
         raw = (
-            doc.decode_object(stdin, "network config on stdin", MAX_CONFIG) if stdin.strip() else {}
+            doc.decode_object(stdin, "network config on stdin", config_limit(command))
+            if stdin.strip()
+            else {}
         )
     except ValidationError as exc:
         raise CniError(DECODE_FAILURE, str(exc)) from exc

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import json
 
+from podwire.cni.request import MAX_CONFIG, MAX_CONFIG_EXTRA
 from podwire.cni.spec import DECODE_FAILURE, CniError
 from podwire.errors import ValidationError
 from podwire.schema import doc
 
-MAX_REQUEST = (1 << 20) + (64 << 10)
+# Any config the plugins pass (at most MAX_CONFIG + MAX_CONFIG_EXTRA bytes) must fit after JSON
+# escaping, which is at worst 6 bytes per byte (a control byte as \u00XX), plus the CNI_*
+# environment (each value at most 128 KiB on Linux, escaped the same way): the request's limit
+# must never be what refuses a config the agent would accept.
 ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
+MAX_ENV_VALUE = 128 << 10  # Linux's MAX_ARG_STRLEN
+MAX_REQUEST = 6 * (MAX_CONFIG + MAX_CONFIG_EXTRA + len(ENV_KEYS) * MAX_ENV_VALUE) + 4096
 
 
 def decode_request(data: bytes) -> tuple[dict[str, str], str]:

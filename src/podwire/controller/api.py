@@ -15,7 +15,7 @@ from aiohttp import web
 from podwire import __version__
 from podwire.config import ControllerSettings
 from podwire.controller import openapi, validate
-from podwire.controller.errors import Forbidden, Unauthorized, UnknownResource
+from podwire.controller.errors import Forbidden, NodeNotAlive, Unauthorized, UnknownResource
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.errors import PermanentError, PodwireError, ValidationError
@@ -38,6 +38,7 @@ def _status(exc: PodwireError) -> int:
         (Unauthorized, 401),
         (Forbidden, 403),
         (UnknownResource, 404),
+        (NodeNotAlive, 409),
         (NeutronNotFound, 404),
         (ValidationError, 400),
     ):

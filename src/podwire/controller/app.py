@@ -21,6 +21,7 @@ from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, NoopDriver, PortDriver
 from podwire.controller.inuse import InUseStore
 from podwire.controller.leader import controller_election
+from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
@@ -56,9 +57,9 @@ class Controller:
         port_debug = settings.pool.port_debug
         self.nested = NestedDriver(self.neutron, port_debug, VlanAllocator())
         drivers: dict[str, PortDriver] = {
-            "neutron": BaremetalDriver(self.neutron, port_debug),
+            "neutron": BaremetalDriver(self.neutron, port_debug, settings.pool.binding_retries),
             "nested": self.nested,
-            "noop": NoopDriver(self.neutron, port_debug),
+            "noop": NoopDriver(self.neutron, port_debug, settings.pool.binding_retries),
         }
         self.service = PoolService(
             settings.pool,
@@ -67,8 +68,9 @@ class Controller:
             NodeDrivers(etcd, drivers, settings.pool.default_driver),
             InUseStore(etcd, self.leadership.fence),
             self.metrics,
+            Liveness(etcd),
         )
-        self.sweeper = NodeSweeper(self.service, etcd)
+        self.sweeper = NodeSweeper(self.service)
         self.api = ControllerApi(
             self.service, settings.controller, self.ready, self.metrics.registry
         )

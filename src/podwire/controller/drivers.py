@@ -7,13 +7,13 @@ serves that pod driver, as operators may want e.g. nested pods without pooling.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from podwire import keys
+from podwire.controller.bindings import settle_bindings
 from podwire.controller.netinfo import NetworkInfo, port_to_vif
-from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.neutron_ops import NeutronOps, delete_ports
 from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
@@ -59,33 +59,22 @@ def port_bodies(
     return [dict(body) for _ in range(count)]
 
 
-async def delete_ports(neutron: NeutronOps, port_ids: list[str], concurrency: int = 10) -> None:
-    """Delete concurrently; the first failure is raised after every deletion was tried."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(port_id: str) -> None:
-        async with gate:
-            await neutron.delete_port(port_id)
-
-    results = await asyncio.gather(*(one(p) for p in port_ids), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-
-
 class BaremetalDriver:
     """Ports bound to the node itself (``binding:host_id``), so they are wired when handed out."""
 
     name = "baremetal"
     pooled = True
 
-    def __init__(self, neutron: NeutronOps, port_debug: bool) -> None:
+    def __init__(self, neutron: NeutronOps, port_debug: bool, binding_retries: int = 2) -> None:
         self._neutron = neutron
         self._port_debug = port_debug
+        self._binding_retries = binding_retries
 
     async def create(self, key: PoolKey, sgs: SgKey, count: int, network: NetworkInfo) -> list[Vif]:
+        """Only ports whose binding succeeded (see ``bindings``): possibly fewer than asked."""
         ports = await self._neutron.create_ports(port_bodies(key, sgs, count, self._port_debug))
-        return [port_to_vif(port, network) for port in ports]
+        bound = await settle_bindings(self._neutron, key.node, ports, self._binding_retries)
+        return [port_to_vif(port, network) for port in bound]
 
     async def delete(self, key: PoolKey, vifs: list[Vif]) -> None:
         await delete_ports(self._neutron, [v.port_id for v in vifs])

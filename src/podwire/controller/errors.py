@@ -23,3 +23,7 @@ class Forbidden(PermanentError):
 
 class Unauthorized(PermanentError):
     """No token or an unknown token (HTTP 401)."""
+
+
+class NodeNotAlive(PermanentError):
+    """The node has no live agent, so ports for it could not bind (HTTP 409)."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from podwire.controller.drivers import delete_ports, port_bodies
+from podwire.controller.drivers import port_bodies
 from podwire.controller.errors import PoolNotReady, UnknownResource
 from podwire.controller.netinfo import NetworkInfo, port_to_vif
-from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.neutron_ops import NeutronOps, delete_ports
 from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import PodwireError
 from podwire.log import get_logger

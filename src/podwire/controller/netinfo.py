@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.errors import ValidationError
-from podwire.schema.ports import FixedIp
+from podwire.schema.ports import PODWIRE_VIF_TYPES, FixedIp
 from podwire.schema.vif import Vif
+
+BINDING_FAILED = "binding_failed"
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,13 @@ def port_to_vif(port: Any, network: NetworkInfo, vlan_id: int | None = None) -> 
 
 
 def is_bound(port: Any) -> bool:
-    return bool(port.binding_host_id) and port.binding_vif_type not in (
-        None,
-        "",
-        "unbound",
-        "binding_failed",
-    )
+    """Bound to a host by podwire's ml2 driver: only such a port can be wired by an agent.
+
+    ``binding_failed`` (ml2 declined the host, e.g. no live agent) and other drivers' vif types
+    are not: such a port must never be pooled or handed out.
+    """
+    return bool(port.binding_host_id) and port.binding_vif_type in PODWIRE_VIF_TYPES
+
+
+def binding_failed(port: Any) -> bool:
+    return bool(port.binding_host_id) and port.binding_vif_type == BINDING_FAILED

@@ -112,6 +112,20 @@ class NeutronOps:
         await self._call("remove_subports", self._client.delete_trunk_subports, trunk_id, port_ids)
 
 
+async def delete_ports(neutron: NeutronOps, port_ids: list[str], concurrency: int = 10) -> None:
+    """Delete concurrently; the first failure is raised after every deletion was tried."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(port_id: str) -> None:
+        async with gate:
+            await neutron.delete_port(port_id)
+
+    results = await asyncio.gather(*(one(p) for p in port_ids), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
 def _visible(info: NetworkInfo, project_id: str | None, ref: str) -> NetworkInfo:
     if project_id and project_id != info.project_id and not info.shared:
         raise UnknownResource(f"network {ref!r} does not exist in project {project_id!r}")

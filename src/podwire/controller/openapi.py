@@ -99,7 +99,10 @@ def document(version: str) -> dict[str, Any]:
             "/v1/pools/populate": {
                 "post": _op(
                     "Create N ports in the pools of nodes (admin)",
-                    {"200": _resp("created per node")},
+                    {
+                        "200": _resp("created per node (ports whose binding succeeded)"),
+                        "409": _resp("a node has no live agent"),
+                    },
                     "Populate",
                 ),
             },

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from podwire.controller.drivers import delete_ports
 from podwire.controller.mirror import pools_from_mirror
 from podwire.controller.nested import NestedDriver
 from podwire.controller.netinfo import is_bound, port_to_vif
-from podwire.controller.neutron_ops import SUBPORT_OWNER
+from podwire.controller.neutron_ops import SUBPORT_OWNER, delete_ports
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.errors import ValidationError

@@ -2,13 +2,14 @@
 
 A released port is not reused at once: its SGs may have been changed by someone else while it
 was in use, so they are refreshed from one listing for all recyclable ports. Above the pool's
-``max`` a released port is deleted instead.
+``max``, or when its binding has failed meanwhile, a released port is deleted instead.
 """
 
 from __future__ import annotations
 
 from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
+from podwire.controller.netinfo import binding_failed
 from podwire.controller.pools import PoolKey, with_sgs
 from podwire.controller.service import PoolService
 from podwire.log import get_logger
@@ -23,14 +24,14 @@ async def recycle_once(service: PoolService, settings: PoolSettings) -> tuple[in
     pending = service.pools.recyclable()
     if not pending:
         return 0, 0
-    current = await _current_sgs(service, list(pending))
+    current, failed = await _current_sgs(service, list(pending))
     returned = deleted = 0
     for port_id, key in pending.items():
         sgs = current.get(port_id)
         if sgs is None:  # deleted in Neutron meanwhile
             service.pools.forget(port_id)
             continue
-        if settings.max and service.pools.size(key) >= settings.max:
+        if port_id in failed or (settings.max and service.pools.size(key) >= settings.max):
             await _delete(service, key, port_id)
             deleted += 1
             continue
@@ -42,12 +43,17 @@ async def recycle_once(service: PoolService, settings: PoolSettings) -> tuple[in
     return returned, deleted
 
 
-async def _current_sgs(service: PoolService, port_ids: list[str]) -> dict[str, list[str]]:
+async def _current_sgs(
+    service: PoolService, port_ids: list[str]
+) -> tuple[dict[str, list[str]], set[str]]:
+    """SGs by port, and the ports whose binding has failed meanwhile (deleted, not reused)."""
     current: dict[str, list[str]] = {}
+    failed: set[str] = set()
     for start in range(0, len(port_ids), LIST_CHUNK):
         ports = await service.neutron.list_ports(id=port_ids[start : start + LIST_CHUNK])
         current.update({str(p.id): list(p.security_group_ids or []) for p in ports})
-    return current
+        failed.update(str(p.id) for p in ports if binding_failed(p))
+    return current, failed
 
 
 def _return(service: PoolService, key: PoolKey, port_id: str, sgs: list[str]) -> None:

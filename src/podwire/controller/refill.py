@@ -14,6 +14,7 @@ from collections import defaultdict
 from podwire.config import PoolSettings
 from podwire.controller.drivers import PortDriver
 from podwire.controller.errors import PoolNotReady
+from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netinfo import NetworkInfo
 from podwire.controller.pools import PoolKey, Pools, SgKey
@@ -39,8 +40,11 @@ def batches(count: int, batch: int) -> list[int]:
 
 
 class Refiller:
-    def __init__(self, pools: Pools, settings: PoolSettings, metrics: ControllerMetrics) -> None:
+    def __init__(
+        self, pools: Pools, settings: PoolSettings, metrics: ControllerMetrics, liveness: Liveness
+    ) -> None:
         self._pools = pools
+        self._liveness = liveness
         self._settings = settings
         self._metrics = metrics
         self._locks: defaultdict[PoolKey, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -58,7 +62,11 @@ class Refiller:
         network: NetworkInfo,
         count: int | None = None,
     ) -> int:
-        """Top the pool up (or add exactly ``count``); returns how many ports were created."""
+        """Top the pool up (or add exactly ``count``); returns how many ports were pooled.
+
+        A top-up skips a node without a live agent (its ports could not bind); an explicit
+        ``count`` (populate) is checked by the caller, which refuses such a node.
+        """
         lock = self._locks[key]
         try:
             await asyncio.wait_for(lock.acquire(), self._settings.populate_timeout)
@@ -66,6 +74,8 @@ class Refiller:
             raise PoolNotReady(f"pool {key} is still being filled; retry later") from exc
         try:
             if count is None:
+                if not await self._liveness.may_refill(key.node):
+                    return 0
                 count = refill_count(
                     self._pools.size(key), self._pools.waiting(key), self._settings
                 )

@@ -17,6 +17,7 @@ from podwire.config import PoolSettings
 from podwire.controller.drivers import NodeDrivers, PortDriver
 from podwire.controller.errors import NotServing, PoolNotReady
 from podwire.controller.inuse import InUse, InUseStore
+from podwire.controller.liveness import Liveness, no_agent
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netinfo import NetworkInfo
 from podwire.controller.neutron_ops import NeutronOps
@@ -38,14 +39,16 @@ class PoolService:
         drivers: NodeDrivers,
         store: InUseStore,
         metrics: ControllerMetrics,
+        liveness: Liveness,
     ) -> None:
         self.settings = settings
+        self.liveness = liveness
         self.pools = pools
         self.neutron = neutron
         self.drivers = drivers
         self.store = store
         self.metrics = metrics
-        self.refiller = Refiller(pools, settings, metrics)
+        self.refiller = Refiller(pools, settings, metrics, liveness)
         self.attachments: dict[tuple[str, str], InUse] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[Vif]] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -84,7 +87,7 @@ class PoolService:
         if driver.pooled:
             vif = await self._from_pool(key, req.security_groups, driver, network)
         else:
-            (vif,) = await driver.create(key, req.security_groups, 1, network)
+            vif = await self._create_one(key, req.security_groups, driver, network)
         record = InUse(node, req.attachment, key, vif)
         try:
             await self.store.put(record)
@@ -96,6 +99,14 @@ class PoolService:
         if self.settings.port_debug:
             self._spawn(self._name_port(vif.port_id, req))
         return vif
+
+    async def _create_one(
+        self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
+    ) -> Vif:
+        vifs = await driver.create(key, wanted, 1, network)
+        if not vifs:
+            raise PoolNotReady(f"the port for pool {tuple(key)} could not be bound; retry")
+        return vifs[0]
 
     async def _from_pool(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
@@ -130,6 +141,8 @@ class PoolService:
             raise
         if not got.done():
             waiter.cancelled = True
+            if self.liveness.noted_dead(key.node):
+                raise PoolNotReady(f"pool {tuple(key)} is empty: {no_agent(key.node)}")
             raise PoolNotReady(f"pool {tuple(key)} has no port ready yet; retry")
         return got.result()
 
@@ -211,7 +224,7 @@ class PoolService:
         in memory, so nothing of the old term is trusted.
         """
         self.pools = Pools()
-        self.refiller = Refiller(self.pools, self.settings, self.metrics)
+        self.refiller = Refiller(self.pools, self.settings, self.metrics, self.liveness)
         self.attachments.clear()
         self.metrics.in_use.set(0)
 
@@ -246,6 +259,9 @@ class PoolService:
         sgs = sg_key(security_groups)
         network = await self.neutron.network(network_ref, project_id)
         await self.neutron.check_security_groups(sgs)
+        nodes = list(nodes)
+        for node in nodes:  # all before any port is made: a refused populate changes nothing
+            await self.liveness.require(node)
         created: dict[str, int] = {}
         for node in nodes:
             driver = await self.drivers.for_node(node)

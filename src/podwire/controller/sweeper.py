@@ -7,10 +7,8 @@ now, must not lose its ports to one unlucky pass.
 
 from __future__ import annotations
 
-from podwire import keys
 from podwire.controller.netinfo import is_bound
 from podwire.controller.service import PoolService
-from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
 from podwire.schema.vif import DEVICE_OWNER
 
@@ -18,24 +16,14 @@ log = get_logger(__name__)
 
 
 class NodeSweeper:
-    def __init__(self, service: PoolService, etcd: EtcdClient) -> None:
+    def __init__(self, service: PoolService) -> None:
         self._service = service
-        self._etcd = etcd
         self._dead_before: set[str] = set()
         self._unbound_before: set[str] = set()
 
-    async def alive_nodes(self) -> set[str]:
-        items, _ = await self._etcd.get_prefix(f"{keys.ROOT}/state/nodes/")
-        alive = set()
-        for kv in items:
-            parsed = keys.parse_state_key(kv.key)
-            if parsed is not None and parsed[1] == "alive":
-                alive.add(parsed[0])
-        return alive
-
     async def sweep_once(self) -> tuple[set[str], int]:
         """One pass; returns the nodes freed and the unbound ports deleted."""
-        alive = await self.alive_nodes()
+        alive = await self._service.liveness.alive_nodes()
         pool_nodes = {key.node for key in self._service.pools.pool_keys()}
         dead = pool_nodes - alive
         freeing = dead & self._dead_before

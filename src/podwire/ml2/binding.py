@@ -10,14 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.ml2.host_cache import HostState
+from podwire.schema.ports import VIF_TAP, VIF_VETH, VIF_VHOSTUSER
 
 SUPPORTED_NETWORK_TYPES = ("flat", "vlan", "vxlan")
 INFRA_OWNER_PREFIXES = ("network:", "neutron:")
 POD_OWNERS = ("compute:podwire", "trunk:subport")
-VIF_TAP = "tap"
-VIF_VETH = "veth"
-VIF_VHOSTUSER = "vhostuser"
-PODWIRE_VIF_TYPES = (VIF_TAP, VIF_VETH, VIF_VHOSTUSER)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from neutron_lib.plugins import directory
 from oslo_db import exception as db_exc
 
 from podwire.errors import RetryableError
-from podwire.ml2.binding import PODWIRE_VIF_TYPES
+from podwire.schema.ports import PODWIRE_VIF_TYPES
 
 
 class NeutronPortStatus:

@@ -29,6 +29,7 @@ class LinkInfo:
     up: bool
     vni: int | None = None
     vxlan_local: str | None = None
+    alias: str = ""  # IFLA_IFALIAS: where podwire's agent marks the links it created
 
 
 def _info(msg: Any) -> LinkInfo:
@@ -49,6 +50,7 @@ def _info(msg: Any) -> LinkInfo:
         up=bool(msg["flags"] & 1),
         vni=vni,
         vxlan_local=local,
+        alias=str(msg.get("ifalias") or ""),
     )
 
 
@@ -74,6 +76,13 @@ def remove_link(ipr: Any, name: str) -> bool:
             return False
         raise
     return True
+
+
+def set_alias(ipr: Any, name: str, alias: str) -> None:
+    """Set the link's alias (``ip link set NAME alias ALIAS``) unless it already has it."""
+    link = _require(ipr, name)
+    if link.alias != alias:
+        ipr.link("set", index=link.index, ifalias=alias)
 
 
 def ensure_bridge(ipr: Any, name: str, mtu: int) -> LinkInfo:

@@ -27,7 +27,7 @@ SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
 NLMSGERR_ATTR_MSG = 1
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 17, 18, 20, 24
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER = 1, 3, 4, 10
-IFLA_LINKINFO, IFLA_NET_NS_FD = 18, 28
+IFLA_LINKINFO, IFLA_IFALIAS, IFLA_NET_NS_FD = 18, 20, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_OIF, RTA_GATEWAY = 4, 5
@@ -118,21 +118,34 @@ def default_route_message(index: int, gateway: str) -> bytes:
     return body + attr(RTA_GATEWAY, via.packed) + attr(RTA_OIF, _U32.pack(index))
 
 
+def parse_attrs(payload: bytes, offset: int) -> dict[int, bytes]:
+    """Netlink attributes from ``offset`` on, by type (nested/byte-order flags masked off)."""
+    found: dict[int, bytes] = {}
+    while offset + _ATTR.size <= len(payload):
+        length, kind = _ATTR.unpack_from(payload, offset)
+        if length < _ATTR.size:
+            break
+        found.setdefault(kind & 0x3FFF, payload[offset + _ATTR.size : offset + length])
+        offset += (length + 3) & ~3
+    return found
+
+
 def _ack_message(payload: bytes, flags: int) -> str:
     """The kernel's extended-ack text, if it sent one (after the 4-byte error code and the
     echoed request header, since we asked for capped acks)."""
     if not flags & NLM_F_ACK_TLVS:
         return ""
-    offset = _ERRNO.size + _HEADER.size
-    while offset + _ATTR.size <= len(payload):
-        length, kind = _ATTR.unpack_from(payload, offset)
-        if length < _ATTR.size:
-            break
-        if kind & 0x3FFF == NLMSGERR_ATTR_MSG:
-            text = payload[offset + _ATTR.size : offset + length].rstrip(b"\0")
-            return text.decode(errors="replace")
-        offset += (length + 3) & ~3
-    return ""
+    text = parse_attrs(payload, _ERRNO.size + _HEADER.size).get(NLMSGERR_ATTR_MSG, b"")
+    return text.rstrip(b"\0").decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class LinkMark:
+    """What tells whose a link is: its alias and its MAC."""
+
+    index: int
+    alias: str
+    mac: str
 
 
 class Rtnl:
@@ -199,6 +212,23 @@ class Rtnl:
                 return None
             raise
         return int(_IFINFO.unpack_from(payload)[2])
+
+    def link_mark(self, name: str) -> LinkMark | None:
+        seq = self._send(RTM_GETLINK, 0, _ifinfo() + attr(IFLA_IFNAME, _name(name)))
+        try:
+            _, payload = self._reply(seq, f"get link {name}")
+        except RtnlError as exc:
+            if exc.code == errno.ENODEV:
+                return None
+            raise
+        attrs = parse_attrs(payload, _IFINFO.size)
+        alias = attrs.get(IFLA_IFALIAS, b"").rstrip(b"\0").decode(errors="replace")
+        mac = ":".join(f"{b:02x}" for b in attrs.get(IFLA_ADDRESS, b""))
+        return LinkMark(int(_IFINFO.unpack_from(payload)[2]), alias, mac)
+
+    def set_alias(self, name: str, alias: str) -> None:
+        body = _ifinfo() + attr(IFLA_IFNAME, _name(name)) + attr(IFLA_IFALIAS, _name(alias))
+        self.request(RTM_NEWLINK, body, f"set alias of {name}")
 
     def require_index(self, name: str) -> int:
         index = self.link_index(name)

@@ -29,8 +29,9 @@ NEUTRON_ID = re.compile(r"[0-9a-fA-F-]{1,64}")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 # Runtimes use 64 hex digits; the spec allows letters, digits, '_', '.', '-'. No ':' — it
-# separates the container id from the ifname in an attachment id.
-CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+# separates the container id from the ifname in an attachment id — and at most 237 characters,
+# so that an attachment id (with ':' and a 15-character ifname) is still one key segment.
+CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,236}")
 # Linux allows almost any byte in an interface name; podwire takes the portable subset, which
 # is also safe in an etcd key segment and in the attachment id.
 IFNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
@@ -95,7 +96,7 @@ def container_id(value: Any, what: str) -> str:
         what,
         CONTAINER_ID,
         "a container id: it must start with a letter or digit and contain only letters,"
-        " digits, '_', '.' or '-'",
+        " digits, '_', '.' or '-', at most 237 characters",
     )
 
 

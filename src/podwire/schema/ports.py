@@ -15,6 +15,13 @@ from typing import Any
 from podwire.errors import ValidationError
 from podwire.schema import doc, fields
 
+# The vif types podwire's ml2 driver binds with; a port bound with any other type (or
+# ``binding_failed``) was not bound for a podwire agent and cannot be wired by one.
+VIF_TAP = "tap"
+VIF_VETH = "veth"
+VIF_VHOSTUSER = "vhostuser"
+PODWIRE_VIF_TYPES = (VIF_TAP, VIF_VETH, VIF_VHOSTUSER)
+
 MAX_FIXED_IPS = 32
 MAX_SECURITY_GROUPS = 64
 MAX_VIF_DETAILS = 4096

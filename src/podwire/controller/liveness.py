@@ -1,0 +1,70 @@
+"""Which nodes have a live agent: the ``alive`` heartbeat key, bound to the agent's lease.
+
+Ports created for a node without a live agent cannot bind (ml2 declines such a host), so they
+would only churn through Neutron: populate refuses such a node and background refills skip it.
+A node found dead is logged once when it goes dead and once when it comes back, not on every
+refill that skips it.
+"""
+
+from __future__ import annotations
+
+from podwire import keys
+from podwire.controller.errors import NodeNotAlive
+from podwire.errors import ValidationError
+from podwire.etcd.client import EtcdClient
+from podwire.log import get_logger
+from podwire.schema.nodes import parse_alive
+
+log = get_logger(__name__)
+
+
+class Liveness:
+    def __init__(self, etcd: EtcdClient) -> None:
+        self._etcd = etcd
+        self._dead: set[str] = set()  # nodes whose skipped refills were already logged
+
+    async def alive(self, node: str) -> bool:
+        kv = await self._etcd.get(keys.state_alive(node))
+        if kv is None:
+            return False
+        try:
+            parse_alive(kv.value, kv.key)
+        except ValidationError as exc:
+            log.warning("controller.node.bad_alive", node=node, error=str(exc))
+            return False
+        return True
+
+    async def alive_nodes(self) -> set[str]:
+        """Every node with an alive key (one range read; the sweeper's view)."""
+        items, _ = await self._etcd.get_prefix(keys.state_prefix())
+        alive = set()
+        for kv in items:
+            parsed = keys.parse_state_key(kv.key)
+            if parsed is not None and parsed[1] == "alive":
+                alive.add(parsed[0])
+        return alive
+
+    async def require(self, node: str) -> None:
+        if not await self.alive(node):
+            raise NodeNotAlive(no_agent(node))
+
+    async def may_refill(self, node: str) -> bool:
+        """Whether a background refill may create ports for ``node``; logs changes once."""
+        alive = await self.alive(node)
+        if not alive and node not in self._dead:
+            self._dead.add(node)
+            log.warning("pool.refill_skipped", node=node, reason=no_agent(node))
+        elif alive and node in self._dead:
+            self._dead.discard(node)
+            log.info("pool.refill_resumed", node=node)
+        return alive
+
+    def noted_dead(self, node: str) -> bool:
+        return node in self._dead
+
+
+def no_agent(node: str) -> str:
+    return (
+        f"node {node} has no live agent (no {keys.state_alive(node)} key): "
+        "ports for it could not bind; start its podwire agent first"
+    )
