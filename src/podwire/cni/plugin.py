@@ -35,7 +35,7 @@ def _error(code: int, msg: str) -> int:
 def _socket_path(config: str) -> str:
     try:
         value = json.loads(config).get("agentSocket")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # deep nesting: the agent says so
         value = None
     if isinstance(value, str) and value:
         return value
