@@ -28,6 +28,18 @@ PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
 start_stack = start_background
 stop_stack = stop_background
 
+# Fixtures that create kernel objects only root may (network namespaces). A test that uses one,
+# directly or through another fixture, is marked ``netns`` here, so ``-m "not netns"`` (CI on
+# the other Pythons) needs no hand-kept list; tests that create namespaces otherwise are marked
+# in their module.
+ROOT_KERNEL_FIXTURES = frozenset({"netenv"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ROOT_KERNEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.netns)
+
 
 @pytest.fixture(scope="session")
 def work_dir() -> Iterator[Path]:
