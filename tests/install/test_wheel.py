@@ -26,6 +26,7 @@ from typing import Any
 
 import pymysql
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
@@ -123,7 +124,7 @@ def test_the_wheel_carries_sources_migrations_and_metadata(wheel: Path) -> None:
         "podwire/py.typed",
     ):
         assert shipped in names
-    assert meta["Requires-Python"] == PYPROJECT["requires-python"]
+    assert SpecifierSet(meta["Requires-Python"]) == SpecifierSet(PYPROJECT["requires-python"])
     assert set(meta.get_all("Classifier") or []) == set(PYPROJECT["classifiers"])
     assert "podwire = podwire.ml2.driver:PodwireMechanismDriver" in entry_points
     assert "podwire = podwire.ml2.migration:alembic_migrations" in entry_points
