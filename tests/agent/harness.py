@@ -23,6 +23,7 @@ from podwire.config import (
     Settings,
 )
 
+
 def plugin_binary(kind: str, tmp: Path) -> Path:
     """The C build from scripts/setup (built here if missing) or the Python fallback."""
     if kind == "python":
