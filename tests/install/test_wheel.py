@@ -12,6 +12,7 @@ meet the session stack's in one election.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import subprocess
@@ -93,7 +94,14 @@ def run(argv: list[Any], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``python -m build``: the sdist, then the wheel built from that sdist."""
     out = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "build", "--outdir", out, ROOT])
+    # The sdist step writes src/podwire.egg-info, as editable installs do: scripts/setup holds
+    # the same lock on src while it installs (.ci/run sets up other venvs meanwhile).
+    src = os.open(ROOT / "src", os.O_RDONLY)
+    try:
+        fcntl.flock(src, fcntl.LOCK_EX)
+        run([sys.executable, "-m", "build", "--outdir", out, ROOT])
+    finally:
+        os.close(src)
     (built,) = out.glob("podwire-*.whl")
     return built
 
@@ -103,7 +111,9 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv of its own (no system site packages) with the wheel and the pinned versions."""
     path = tmp_path_factory.mktemp("wheel-venv") / "venv"
     run([sys.executable, "-m", "venv", path])
-    pip = [path / "bin" / "python", "-m", "pip", "install", "-q"]
+    # Byte-compiling all of Neutron's tree up front is most of the install time; imports
+    # compile what they load.
+    pip = [path / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile"]
     run([*pip, "-c", ROOT / "constraints.txt", wheel])
     return path
 
