@@ -28,6 +28,24 @@ PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
 start_stack = start_background
 stop_stack = stop_background
 
+# Fixtures that create kernel objects only root may (network namespaces). A test that uses one,
+# directly or through another fixture, is marked ``netns`` here, so ``-m "not netns"`` (CI on
+# the other Pythons) needs no hand-kept list; tests that create namespaces otherwise are marked
+# in their module.
+ROOT_KERNEL_FIXTURES = frozenset({"netenv"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers from fixtures: ``netns`` (root kernel features) and ``stack`` (the session's
+    etcd + MariaDB + Neutron), so ``scripts/check`` (``-m "not stack and not netns"``) selects
+    the fast tests without a hand-kept list."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if ROOT_KERNEL_FIXTURES & used:
+            item.add_marker(pytest.mark.netns)
+        if "stack" in used:
+            item.add_marker(pytest.mark.stack)
+
 
 @pytest.fixture(scope="session")
 def work_dir() -> Iterator[Path]:

@@ -6,6 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.netns  # the demo's hosts and pods are network namespaces
+
 
 def test_demo_attaches_pods_that_reach_each_other_and_leaves_nothing() -> None:
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -14,6 +14,7 @@ from typing import Any
 
 from podwire.agent.service import Agent
 from podwire.agent.vifsource import VifSource
+from podwire.cni.build import PYTHON_PLUGIN, build, prebuilt
 from podwire.config import (
     AgentSettings,
     DevicePluginSettings,
@@ -22,21 +23,12 @@ from podwire.config import (
     Settings,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-C_PLUGIN = ROOT / ".venv" / "bin" / "podwire-cni"
-PY_PLUGIN = ROOT / "src" / "podwire" / "cni" / "plugin.py"
-
 
 def plugin_binary(kind: str, tmp: Path) -> Path:
     """The C build from scripts/setup (built here if missing) or the Python fallback."""
     if kind == "python":
-        return PY_PLUGIN
-    if not C_PLUGIN.exists():
-        out = tmp / "podwire-cni"
-        source = ROOT / "src" / "podwire" / "cni" / "c" / "podwire-cni.c"
-        subprocess.run(["gcc", "-O2", "-o", str(out), str(source)], check=True)
-        return out
-    return C_PLUGIN
+        return PYTHON_PLUGIN
+    return prebuilt() or build(tmp / "podwire-cni").path
 
 
 @dataclass

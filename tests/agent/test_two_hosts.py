@@ -20,6 +20,7 @@ def _cid() -> str:
     return uuid.uuid4().hex
 
 
+@pytest.mark.smoke  # CI's end-to-end check on every supported Python (.ci/run)
 async def test_pods_on_two_hosts_ping_and_del_leaves_nothing(
     agents: list[HostAgent],
     netenv: NetEnv,

@@ -317,3 +317,15 @@ def test_cni_install_writes_binary_and_conflist(tmp_path: Any) -> None:
     )
     with pytest.raises(ConfigError, match="--network"):
         bad.handler(bad)
+
+
+def test_cni_build_makes_the_c_plugin_and_reports_a_failing_compiler(tmp_path: Any) -> None:
+    from podwire.cli.main import main
+    from podwire.cni.build import build
+    from podwire.errors import PermanentError
+
+    assert main(["cni", "build", "--output", str(tmp_path / "ok" / "podwire-cni")]) == 0
+    assert (tmp_path / "ok" / "podwire-cni").read_bytes()[:4] == b"\x7fELF"
+    with pytest.raises(PermanentError, match=r"false failed to build .*podwire-cni\.c: exit 1"):
+        build(tmp_path / "bad" / "podwire-cni", compiler="false")
+    assert list((tmp_path / "bad").iterdir()) == []  # no half-written plugin left

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from podwire import keys
 from podwire.controller.leader import ELECTION
@@ -39,6 +40,7 @@ def project_ports(neutron: Any, project_id: str) -> set[str]:
     return {str(p.id) for p in neutron.network.ports(project_id=project_id)}
 
 
+@pytest.mark.slow
 async def test_standby_takes_over_from_crashed_leader_after_lease_expiry(
     stack: dict[str, Any],
     etcd: EtcdClient,

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from podwire import keys
 from podwire.controller.pools import PoolKey
@@ -62,6 +63,7 @@ async def test_request_refill_hot_path_release_recycle(
     assert "podwire_pool_hits_total" in text and "podwire_neutron_calls_total" in text
 
 
+@pytest.mark.slow
 async def test_hundred_concurrent_requests_get_distinct_ports(
     stack: dict[str, Any],
     network: Any,

@@ -155,6 +155,7 @@ async def _caught_up(recorder: Recorder, final: dict[str, int]) -> bool:
     return all(history.get(key, [-1])[-1] == value for key, value in final.items())
 
 
+@pytest.mark.slow
 async def test_etcd_outage_during_200_port_updates(
     neutron: Any,
     project_id: str,

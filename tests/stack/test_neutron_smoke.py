@@ -6,6 +6,8 @@ import concurrent.futures
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.conftest import neutron_connection
 from tests.scripted_agent import ScriptedAgent, bound_on
 
@@ -97,6 +99,7 @@ def test_trunk_with_subports(neutron: Any, project_id: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_twenty_clients_create_ports_at_once(
     neutron_endpoint: str, neutron: Any, project_id: str
 ) -> None:

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.stack import procs
@@ -39,6 +41,7 @@ async def etcd_roundtrip(url: str, value: bytes | None) -> bytes | None:
         return kv.value if kv else None
 
 
+@pytest.mark.slow
 def test_restart_keeps_data_and_leaves_nothing_behind(work_dir: Path) -> None:
     data_dir = work_dir / "lifecycle"
     proc, info = start_stack(data_dir)

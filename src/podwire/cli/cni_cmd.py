@@ -1,10 +1,11 @@
-"""``podwire cni install``: put the plugin binary and a conflist where the runtime looks."""
+"""``podwire cni install`` (plugin and conflist where the runtime looks) and ``cni build``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from podwire.cni.build import build
 from podwire.cni.install import InstallSpec, install
 
 
@@ -20,12 +21,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add.add_argument("--security-group", action="append", default=[], dest="security_groups")
     add.add_argument("--agent-socket", default="/run/podwire/agent.sock")
     add.add_argument("--chain", action="append", default=[], help="plugin to chain after podwire")
-    add.add_argument("--binary", type=Path, default=None, help="plugin to install (default: built)")
+    add.add_argument(
+        "--binary", type=Path, default=None, help="plugin to install (default: the built one)"
+    )
     add.set_defaults(handler=run_install)
+    make = verbs.add_parser("build", help="build the plugin (C with gcc/cc, else the Python one)")
+    make.add_argument("--output", required=True, type=Path, help="path of the executable")
+    make.set_defaults(handler=run_build)
 
 
 def run_install(args: argparse.Namespace) -> int:
-    binary, conf = install(
+    plugin, conf = install(
         InstallSpec(
             bin_dir=args.bin_dir,
             conf_dir=args.conf_dir,
@@ -38,5 +44,11 @@ def run_install(args: argparse.Namespace) -> int:
             binary=args.binary,
         )
     )
-    print(f"installed {binary} and {conf}")
+    print(f"installed {plugin.path} ({plugin.how}) and {conf}")
+    return 0
+
+
+def run_build(args: argparse.Namespace) -> int:
+    plugin = build(args.output)
+    print(f"built {plugin.path} ({plugin.how})")
     return 0

@@ -1,8 +1,10 @@
 """Installing the plugin and a network config where a container runtime looks for them.
 
 The binary is copied under the plugin type name ``podwire`` (runtimes look the ``type`` up in
-their bin dir); the conflist is written atomically so a runtime that watches the conf dir
-never reads half a file.
+their bin dir): the one given, else the one the set-up script built next to the interpreter,
+else one built here from the C source the package ships (a wheel install has no set-up step).
+The conflist is written atomically so a runtime that watches the conf dir never reads half a
+file.
 """
 
 from __future__ import annotations
@@ -10,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from podwire.cni.build import Plugin, build, prebuilt
 from podwire.cni.request import check_network_name
 from podwire.errors import ConfigError
 
@@ -32,14 +34,6 @@ class InstallSpec:
     agent_socket: str = "/run/podwire/agent.sock"
     chain: list[str] = field(default_factory=list)
     binary: Path | None = None
-
-
-def default_binary() -> Path:
-    """The plugin the set-up script built next to the interpreter (C, or Python fallback)."""
-    built = Path(sys.executable).parent / "podwire-cni"
-    if built.is_file():
-        return built
-    return Path(__file__).with_name("plugin.py")
 
 
 def conflist(spec: InstallSpec) -> dict[str, Any]:
@@ -61,21 +55,26 @@ def conflist(spec: InstallSpec) -> dict[str, Any]:
     return {"cniVersion": "1.1.0", "name": spec.name, "plugins": plugins}
 
 
-def install(spec: InstallSpec) -> tuple[Path, Path]:
+def install(spec: InstallSpec) -> tuple[Plugin, Path]:
     for value, what in ((spec.network, "--network"), (spec.name, "--name")):
         check_network_name(value, what)
-    binary = spec.binary or default_binary()
-    if not binary.is_file():
-        raise ConfigError(f"--binary: {binary} does not exist; run scripts/setup first")
+    if spec.binary is not None and not spec.binary.is_file():
+        raise ConfigError(f"--binary: {spec.binary} does not exist")
     spec.bin_dir.mkdir(parents=True, exist_ok=True)
     spec.conf_dir.mkdir(parents=True, exist_ok=True)
-    target = spec.bin_dir / PLUGIN_NAME
-    tmp = target.with_name(f".{PLUGIN_NAME}.tmp")
-    shutil.copyfile(binary, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, target)
+    plugin = _install_binary(spec.binary or prebuilt(), spec.bin_dir / PLUGIN_NAME)
     conf = spec.conf_dir / f"10-{spec.name}.conflist"
     tmp_conf = conf.with_name(f".{conf.name}.tmp")
     tmp_conf.write_text(json.dumps(conflist(spec), indent=2) + "\n")
     os.replace(tmp_conf, conf)
-    return target, conf
+    return plugin, conf
+
+
+def _install_binary(source: Path | None, target: Path) -> Plugin:
+    if source is None:
+        return build(target)
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(source, tmp)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, target)
+    return Plugin(target, f"copied from {source}")
