@@ -27,7 +27,7 @@ def _report(**fields: Any) -> bytes:
     ("report", "doubt"),
     [
         (None, "no ml2 forwarder has reported"),
-        (b"{", "not JSON"),
+        (b"{", "not valid JSON"),
         (_report(journal_depth=3), "holds 3 rows"),
         (_report(updated_at=NOW - REPORT_MAX_AGE - 5), "15 s old"),
         (_report(updated_at="yesterday"), "updated_at: expected a number"),

@@ -102,7 +102,7 @@ async def controller_serves(world: Everything, phase: str) -> None:
 
     await eventually(ready, f"controller ready ({phase})", timeout=BACK)
     status, body = await request_vif(
-        world.http, url, world.node, vif_body(f"{phase}.eth0", world.network)
+        world.http, url, world.node, vif_body(f"{phase}:eth0", world.network)
     )
     assert status == 200, body
 
@@ -217,6 +217,10 @@ async def test_every_component_serves_again_after_etcd_stall(
         running_controller(stack, client, settings, node) as controller,
     ):
         worker.start()
+        # The controller (on the private etcd) fills pools only for nodes alive there too.
+        lease = await client.grant_lease(600)
+        alive = values.alive_value(time.time(), "test")
+        await client.put(keys.state_alive(node.name), alive, lease=lease.id)
         try:
             await agent.start()
             world = Everything(

@@ -108,6 +108,13 @@ def _delete_own_veth(ctx: RtnlContext, name: str, mac: str) -> bool:
     return bool(owned) and ctx.host.delete_link(name)
 
 
+def _derived_ids(attachment: str) -> list[str]:
+    """The ids a veth of this attachment may be named by: the current one, and the
+    ``<container>.<ifname>`` form agents before 0.2 derived names from (no record of it may be
+    left after a crash)."""
+    return [attachment, attachment.replace(":", ".", 1)] if ":" in attachment else [attachment]
+
+
 def host_mac(attachment: str) -> str:
     """A stable, locally administered unicast MAC for the host end (no read-back needed)."""
     digest = hashlib.sha256(b"podwire-host:" + attachment.encode()).digest()
@@ -171,13 +178,15 @@ class Plugger:
             if not is_netns(attached.sandbox):
                 return False
             return await self._pod.run(attached.sandbox, links.remove_link, attached.ifname)
-        # The recorded name and MAC first: entries from before the attachment-id change were
-        # named by the old id's digest.
-        if attached is not None:
-            name, mac = attached.host_ifname, attached.host_mac
-        else:
-            name, mac = naming.host_veth(attachment), host_mac(attachment)
-        return await self._host.run_rtnl(_delete_own_veth, name, mac)
+        if attached is not None:  # the recorded name and MAC: right for any agent version
+            return await self._host.run_rtnl(
+                _delete_own_veth, attached.host_ifname, attached.host_mac
+            )
+        removed = False
+        for derived in _derived_ids(attachment):
+            name, mac = naming.host_veth(derived), host_mac(derived)
+            removed = await self._host.run_rtnl(_delete_own_veth, name, mac) or removed
+        return removed
 
     async def check(self, attached: Attached, bridge: str) -> str | None:
         """None when the attachment is as ADD left it, else what is wrong."""

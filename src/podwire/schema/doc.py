@@ -32,7 +32,7 @@ def decode(raw: bytes | str, what: str, max_bytes: int = MAX_VALUE) -> Any:
     except RecursionError as exc:
         raise fields.fail(what, f"nested deeper than {MAX_DEPTH} levels") from exc
     except (ValueError, UnicodeDecodeError) as exc:
-        raise fields.fail(what, f"not JSON: {exc}") from exc
+        raise fields.fail(what, f"not valid JSON: {exc}") from exc
     _check_depth(value, what)
     return value
 
