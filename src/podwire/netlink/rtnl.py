@@ -203,7 +203,8 @@ class Rtnl:
         flags = NLM_F_ACK | (NLM_F_CREATE | NLM_F_EXCL if create else 0)
         self._reply(self._send(kind, flags, body), what)
 
-    def link_index(self, name: str) -> int | None:
+    def _get_link(self, name: str) -> bytes | None:
+        """The kernel's ifinfo message for the link, or None when there is none."""
         seq = self._send(RTM_GETLINK, 0, _ifinfo() + attr(IFLA_IFNAME, _name(name)))
         try:
             _, payload = self._reply(seq, f"get link {name}")
@@ -211,16 +212,16 @@ class Rtnl:
             if exc.code == errno.ENODEV:
                 return None
             raise
-        return int(_IFINFO.unpack_from(payload)[2])
+        return payload
+
+    def link_index(self, name: str) -> int | None:
+        payload = self._get_link(name)
+        return None if payload is None else int(_IFINFO.unpack_from(payload)[2])
 
     def link_mark(self, name: str) -> LinkMark | None:
-        seq = self._send(RTM_GETLINK, 0, _ifinfo() + attr(IFLA_IFNAME, _name(name)))
-        try:
-            _, payload = self._reply(seq, f"get link {name}")
-        except RtnlError as exc:
-            if exc.code == errno.ENODEV:
-                return None
-            raise
+        payload = self._get_link(name)
+        if payload is None:
+            return None
         attrs = parse_attrs(payload, _IFINFO.size)
         alias = attrs.get(IFLA_IFALIAS, b"").rstrip(b"\0").decode(errors="replace")
         mac = ":".join(f"{b:02x}" for b in attrs.get(IFLA_ADDRESS, b""))
