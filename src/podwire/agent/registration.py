@@ -25,7 +25,7 @@ VIF_TYPES = ["veth"]
 
 
 @dataclass(frozen=True)
-class Registration:
+class HostPresence:
     host: str
     ttl: int
     vtep_ip: str
@@ -36,7 +36,7 @@ class Registration:
 
 
 class Heartbeat:
-    def __init__(self, etcd: EtcdClient, reg: Registration) -> None:
+    def __init__(self, etcd: EtcdClient, reg: HostPresence) -> None:
         self._etcd = etcd
         self._reg = reg
         self._lease: Lease | None = None

@@ -19,7 +19,7 @@ from podwire.agent.checkpoint import Checkpoint
 from podwire.agent.cni_handler import CniHandler, HandlerSettings
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
-from podwire.agent.registration import Heartbeat, Registration
+from podwire.agent.registration import Heartbeat, HostPresence
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
 from podwire.config import Settings
@@ -88,7 +88,7 @@ class Agent:
         vifs = self._vifs or await _default_vifs(self.settings)
         heartbeat = Heartbeat(
             etcd,
-            Registration(
+            HostPresence(
                 agent.host,
                 agent.heartbeat_ttl,
                 agent.vtep_ip,
