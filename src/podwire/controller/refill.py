@@ -98,7 +98,6 @@ class Refiller:
         )
         created = sum(len(r) for r in results if isinstance(r, list))
         self._metrics.refill_seconds.observe(time.monotonic() - started)
-        self._metrics.pool_size.labels(*key).set(self._pools.size(key))
         self.last_refill[key] = time.time()
         log.info("pool.refilled", key=key, created=created, wanted=count)
         for result in results:
