@@ -13,9 +13,9 @@ from typing import Any, Protocol, TypeVar
 
 from podwire.controller.errors import UnknownResource
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netinfo import NetworkInfo
 from podwire.errors import PodwireError
 from podwire.neutron.client import NeutronClient, PortSummary
+from podwire.neutron.vifs import NetworkInfo
 
 T = TypeVar("T")
 SUBPORT_OWNER = "trunk:subport"

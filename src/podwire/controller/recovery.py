@@ -19,13 +19,13 @@ from typing import Any
 
 from podwire.controller.mirror import pools_from_mirror
 from podwire.controller.nested import NestedDriver
-from podwire.controller.netinfo import is_bound, port_to_vif
 from podwire.controller.neutron_ops import SUBPORT_OWNER, PortOps, delete_ports
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
+from podwire.neutron.vifs import is_bound, port_to_vif
 from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
-from podwire.controller.netinfo import binding_failed
 from podwire.controller.neutron_ops import PortOps
 from podwire.controller.service import PoolService
 from podwire.log import get_logger
+from podwire.neutron.vifs import binding_failed
 
 log = get_logger(__name__)
 

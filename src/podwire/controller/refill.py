@@ -16,9 +16,9 @@ from podwire.controller.drivers import PortDriver
 from podwire.controller.errors import PoolNotReady
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netinfo import NetworkInfo
 from podwire.controller.pools import PoolKey, Pools, SgKey
 from podwire.log import get_logger
+from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

@@ -21,7 +21,6 @@ from podwire.controller.errors import NotServing, PoolNotReady
 from podwire.controller.inuse import InUse, InUseStore
 from podwire.controller.liveness import Liveness, no_agent
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netinfo import NetworkInfo
 from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pools import (
     PoolKey,
@@ -36,6 +35,7 @@ from podwire.controller.pools import (
 from podwire.controller.refill import Refiller
 from podwire.errors import PodwireError, ValidationError
 from podwire.log import get_logger
+from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import PodRef, Vif, VifRequest
 
 log = get_logger(__name__)

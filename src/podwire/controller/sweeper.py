@@ -7,10 +7,10 @@ now, must not lose its ports to one unlucky pass.
 
 from __future__ import annotations
 
-from podwire.controller.netinfo import is_bound
 from podwire.controller.neutron_ops import PortOps
 from podwire.controller.service import PoolService
 from podwire.log import get_logger
+from podwire.neutron.vifs import is_bound
 from podwire.schema.vif import DEVICE_OWNER
 
 log = get_logger(__name__)
