@@ -102,7 +102,7 @@ async def _warm_and_pods(
             rates.append(WARM_PORTS / (time.perf_counter() - started))
             calls += ctl.metrics.neutron_call_count() - before
             await asyncio.gather(*(service.release(nodes[0], q.attachment) for q in reqs))
-            await recycle_once(service, ctl.settings.pool)
+            await recycle_once(service, ctl.neutron, ctl.settings.pool)
         rows = [
             row(
                 f"controller: warm requests/s ({calls / (rounds * WARM_PORTS):.0f}"
@@ -115,7 +115,7 @@ async def _warm_and_pods(
         for r in range(min(rounds, 3)):
             pools_ms.append(await _fifty(service, nodes[0], net, f"pp{r}"))
             noop_ms.append(await _fifty(service, nodes[1], net, f"np{r}"))
-            await recycle_once(service, ctl.settings.pool)
+            await recycle_once(service, ctl.neutron, ctl.settings.pool)
         rows.append(
             row(
                 "controller: 50 pods attached on one node (pools)",

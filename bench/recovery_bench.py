@@ -133,7 +133,7 @@ async def _recover(stack: dict[str, Any], etcd: EtcdClient, use_mirror: bool) ->
     )
     fresh = Controller(settings, etcd, connect(settings.neutron))
     started = time.perf_counter()
-    report = await recover(fresh.service, fresh.nested, etcd if use_mirror else None)
+    report = await recover(fresh.service, fresh.neutron, fresh.nested, etcd if use_mirror else None)
     elapsed = (time.perf_counter() - started) * 1000
     if report.source != ("etcd" if use_mirror else "neutron"):
         raise RuntimeError("the forwarder's mirror was not used: see the controller's log")

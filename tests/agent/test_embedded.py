@@ -50,8 +50,25 @@ async def test_ops_endpoint_and_embedded_device_plugin(
             async with http.get(base + "/readyz") as response:
                 assert response.status == 200, await response.text()
             async with http.get(base + "/metrics") as response:
-                assert "podwire_agent_" in await response.text()
+                text = await response.text()
+                assert "podwire_agent_" in text
+        # This agent's own registry: its counters, and the embedded plugin's figures.
+        samples = _samples(text)
+        assert samples["podwire_agent_ports_wired_total"] >= 0
+        assert samples["podwire_deviceplugin_devices"] == 3
+        assert samples["podwire_deviceplugin_registered"] == 1
+        assert samples["podwire_deviceplugin_registrations_total"] >= 1
     finally:
         await agent.stop()
         await kubelet.stop()
         shutil.rmtree(short_root, ignore_errors=True)
+
+
+def _samples(text: str) -> dict[str, float]:
+    """Unlabelled samples of a Prometheus text exposition, by name."""
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if line and not line.startswith("#") and "{" not in name:
+            found[name] = float(value)
+    return found

@@ -106,7 +106,7 @@ async def test_gc_releases_vifs_the_checkpoint_never_recorded(
     assert set(controller.service.node_attachments(node.name)) == {f"{kept_cid}:eth0"}
     assert "eth0" in links_in(kept_ns)  # the valid attachment is untouched
     assert veth not in links_in(agent.netns)
-    await recycle_once(controller.service, controller.settings.pool)
+    await recycle_once(controller.service, controller.neutron, controller.settings.pool)
     key = PoolKey(node.name, vxnet.project_id, vxnet.id)
     assert orphan in pooled_ports(_Running(controller), key)  # back in the pool
 

@@ -181,7 +181,9 @@ async def test_recovery_deletes_ports_whose_binding_failed(
     assert ports[dead.name].binding_vif_type == "binding_failed"
     settings = settings_for(stack, [live, dead])
     controller = Controller(settings, nodes.etcd, connect(settings.neutron))
-    await recover(controller.service, None)  # no etcd: always the Neutron listing
+    await recover(
+        controller.service, controller.neutron, None
+    )  # no etcd: always the Neutron listing
     assert neutron.network.find_port(ports[dead.name].id) is None
     key = PoolKey(live.name, network.project_id, network.id)
     pooled = {p for _, group in controller.service.pools.groups(key) for p in group}

@@ -50,7 +50,7 @@ async def test_restart_recovers_pools_and_in_use(
     assert again["vif"] == used["vif"]
     # a released recovered port is recycled like any other
     assert await release_vif(http, second.url, node, "u1:eth0") == 204
-    assert await recycle_once(second.service, settings.pool) == (1, 0)
+    assert await recycle_once(second.service, second.controller.neutron, settings.pool) == (1, 0)
 
 
 async def test_sg_reuse_remove_sg_max_and_network_deletion(
@@ -106,7 +106,7 @@ async def test_sg_reuse_remove_sg_max_and_network_deletion(
     await release_vif(http, running.url, node, "r:eth0")
     (seen,) = (await collect_pools(status_settings))["pools"]
     assert (seen["in_use"], seen["recyclable"]) == (0, 1)
-    assert await recycle_once(running.service, settings.pool) == (0, 1)
+    assert await recycle_once(running.service, running.controller.neutron, settings.pool) == (0, 1)
     assert neutron.network.find_port(got["vif"]["port_id"]) is None
     # network deletion frees its pools and their ports
     status, freed = await admin(http, "DELETE", f"{running.url}/v1/networks/{network.id}/pools")

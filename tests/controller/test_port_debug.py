@@ -63,7 +63,7 @@ async def test_port_debug_names_pool_in_use_and_recycled_ports(
 
     # released and recycled: the available name is back, and the port is in the pool again
     assert await release_vif(http, running.url, node, "c1:eth0") == 204
-    assert await recycle_once(running.service, settings.pool) == (1, 0)
+    assert await recycle_once(running.service, running.controller.neutron, settings.pool) == (1, 0)
     assert names(neutron, network.project_id)[port_id] == (AVAILABLE_NAME, "")
     assert pooled_ports(running, key) == set(pooled)
 

@@ -71,7 +71,7 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
     gone = sorted(free)[0]
     neutron.network.delete_port(gone)
     later = replace(report, started_at=time.time() + LEFTOVER_MARGIN + 1, verified=False)
-    await verify(second.service, later)
+    await verify(second.service, second.controller.neutron, later)
     assert neutron.network.find_port(leftover.id) is None
     assert pooled_ports(second, key) == free - {gone}
     assert not second.service.pools.known(gone)

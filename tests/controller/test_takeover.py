@@ -116,7 +116,10 @@ async def test_standby_takes_over_from_crashed_leader_after_lease_expiry(
         # releases work for the recovered attachment and the new one; both are recycled
         assert await release_vif(http, standby.url, node, "c:eth0") == 204
         assert await release_vif(http, standby.url, node, "d:eth0") == 204
-        assert await recycle_once(standby.service, settings.pool) == (2, 0)
+        assert await recycle_once(standby.service, standby.controller.neutron, settings.pool) == (
+            2,
+            0,
+        )
         assert standby.service.pools.size(key) == 10
         assert (await etcd.get_prefix(keys.vifs_prefix(node.name)))[0] == []
         status, freed = await admin(

@@ -56,7 +56,9 @@ async def test_request_refill_hot_path_release_recycle(
     assert await etcd.get(keys.vif(node.name, "c1:eth0")) is None
     assert running.service.pools.recyclable() == {port.id: key}
     before = running.service.pools.size(key)
-    assert await recycle_once(running.service, running.controller.settings.pool) == (1, 0)
+    assert await recycle_once(
+        running.service, running.controller.neutron, running.controller.settings.pool
+    ) == (1, 0)
     assert running.service.pools.size(key) == before + 1
     async with http.get(running.url + "/metrics") as response:
         text = await response.text()

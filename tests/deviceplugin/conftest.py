@@ -34,7 +34,7 @@ from podwire.deviceplugin.api import (
     dp,
     pr,
 )
-from podwire.deviceplugin.model import PodRef
+from podwire.deviceplugin.model import PodName
 
 
 @dataclasses.dataclass
@@ -55,7 +55,7 @@ class FakeKubelet(RegistrationServicerBase, PodResourcesListerServicerBase):  # 
         self.reject_with: str | None = None
         self.registrations: list[Registered] = []
         self.register_events: asyncio.Queue[Registered] = asyncio.Queue()
-        self.pods: dict[PodRef, list[str]] = {}
+        self.pods: dict[PodName, list[str]] = {}
         self.get_enabled = True
         self.devices: list[Any] = []
         self.device_updates = 0
@@ -148,7 +148,7 @@ class FakeKubelet(RegistrationServicerBase, PodResourcesListerServicerBase):  # 
 
     # -- PodResources service --
 
-    def _pod(self, pod: PodRef, devices: list[str]) -> Any:
+    def _pod(self, pod: PodName, devices: list[str]) -> Any:
         return pr.PodResources(
             name=pod.name,
             namespace=pod.namespace,
@@ -171,7 +171,7 @@ class FakeKubelet(RegistrationServicerBase, PodResourcesListerServicerBase):  # 
     async def Get(self, request: Any, context: Any) -> Any:
         if not self.get_enabled:
             await context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
-        pod = PodRef(request.pod_namespace, request.pod_name)
+        pod = PodName(request.pod_namespace, request.pod_name)
         if pod not in self.pods:
             await context.abort(grpc.StatusCode.UNKNOWN, f"pod {pod} not found")
         return pr.GetPodResourcesResponse(pod_resources=self._pod(pod, self.pods[pod]))

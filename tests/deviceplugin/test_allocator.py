@@ -17,7 +17,7 @@ from podwire.deviceplugin.checkpoint import (
     CheckpointStore,
     CheckpointWriteError,
 )
-from podwire.deviceplugin.model import Allocation, PodRef
+from podwire.deviceplugin.model import Allocation, PodName
 from podwire.deviceplugin.reconcile import plan
 
 from .conftest import dirs_in, make_settings
@@ -174,7 +174,7 @@ def test_restore_refuses_a_checkpoint_of_another_configuration(tmp_path: Path) -
 
 
 def test_reconcile_plan() -> None:
-    pod = PodRef("ns", "a")
+    pod = PodName("ns", "a")
     live = Allocation("a" * 20, ("memif-0",), "s" * 24, 0.0)
     bound = Allocation("b" * 20, ("memif-1",), "s" * 24, 0.0, pod)
     young = Allocation("c" * 20, ("memif-2",), "s" * 24, 95.0)

@@ -18,7 +18,7 @@ from podwire.deviceplugin.checkpoint import (
     CheckpointWriteError,
     dump,
 )
-from podwire.deviceplugin.model import Allocation, PodRef
+from podwire.deviceplugin.model import Allocation, PodName
 
 ALLOC = Allocation("0123456789abcdef0123", ("memif-1", "memif-2"), "s" * 24, 1700000000.5)
 
@@ -29,7 +29,7 @@ def data(*allocations: Allocation) -> CheckpointData:
 
 async def test_round_trip_is_root_only_and_leaves_no_temp_file(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "state" / "cp.json")
-    bound = Allocation("abcdefabcdefabcdefab", ("memif-3",), "t" * 24, 1.0, PodRef("ns", "pod-a"))
+    bound = Allocation("abcdefabcdefabcdefab", ("memif-3",), "t" * 24, 1.0, PodName("ns", "pod-a"))
     await store.save(data(ALLOC, bound))
     assert store.load() == data(ALLOC, bound)
     assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o600

@@ -16,7 +16,7 @@ import pytest
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.api import dp
 from podwire.deviceplugin.checkpoint import CheckpointIncompatible
-from podwire.deviceplugin.model import PodRef
+from podwire.deviceplugin.model import PodName
 from podwire.deviceplugin.registration import RegistrationRejected
 from podwire.errors import ConfigError, ValidationError
 
@@ -203,7 +203,7 @@ async def test_pod_deletion_removes_dir_and_socket(
     plugin = running.plugin
     one = (await kubelet.stub.Allocate(allocate_request(["memif-1"]))).container_responses[0]
     two = (await kubelet.stub.Allocate(allocate_request(["memif-2"]))).container_responses[0]
-    kubelet.pods = {PodRef("default", "one"): ["memif-1"], PodRef("default", "two"): ["memif-2"]}
+    kubelet.pods = {PodName("default", "one"): ["memif-1"], PodName("default", "two"): ["memif-2"]}
     # The agent's CNI ADD learns the pod's memif; VPP then creates the socket in the dir.
     (info,) = await plugin.pod_memif("default", "one")
     assert info.host_dir == one.mounts[0].host_path
@@ -228,7 +228,7 @@ async def test_plugin_restart_keeps_live_grants_and_cleans_the_rest(
     first = await start_plugin()
     live = (await kubelet.stub.Allocate(allocate_request(["memif-0"]))).container_responses[0]
     gone = (await kubelet.stub.Allocate(allocate_request(["memif-1"]))).container_responses[0]
-    kubelet.pods = {PodRef("ns", "live"): ["memif-0"]}
+    kubelet.pods = {PodName("ns", "live"): ["memif-0"]}
     await first.stop()
     assert not (kubelet.plugins_dir / "podwire-memif.sock").exists()
     stray = short_root / "memif" / ("f" * 20)  # a dir no checkpoint knows: left alone
@@ -241,7 +241,7 @@ async def test_plugin_restart_keeps_live_grants_and_cleans_the_rest(
     assert stray.is_dir()
     (kept,) = second.plugin.allocator.allocations()
     assert kept.devices == ("memif-0",)
-    assert kept.pod == PodRef("ns", "live")
+    assert kept.pod == PodName("ns", "live")
     assert kept.secret == live.envs["MEMIF_SECRET"]
     # The new process serves on: the kept grant is untouched by a new one.
     await kubelet.stub.Allocate(allocate_request(["memif-2"]))

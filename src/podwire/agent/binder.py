@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
-from podwire.agent import metrics, naming, plumbing
+from podwire.agent import naming, plumbing
+from podwire.agent.metrics import AgentMetrics
 from podwire.agent.plumbing import NetworkPlan
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PermanentError, PodwireError, RetryableError
@@ -44,8 +45,15 @@ class BinderSettings:
 
 
 class Binder:
-    def __init__(self, etcd: EtcdClient, host_nl: HostNetlink, settings: BinderSettings) -> None:
+    def __init__(
+        self,
+        etcd: EtcdClient,
+        host_nl: HostNetlink,
+        settings: BinderSettings,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
         self._etcd = etcd
+        self._metrics = metrics or AgentMetrics()
         self._nl = host_nl
         self._settings = settings
         self._desired: dict[str, bytes] = {}
@@ -122,11 +130,11 @@ class Binder:
             )
         except PodwireError as exc:
             log.warning("agent.port.not_wired", port=port_id, error=str(exc))
-            metrics.BIND_FAILURES.inc()
+            self._metrics.bind_failures.inc()
             await self._set(port_id, None, str(exc))
             return
         log.info("agent.port.wired", port=port_id, network=port.network_id, bridge=plan.bridge)
-        metrics.PORTS_WIRED.inc()
+        self._metrics.ports_wired.inc()
         await self._set(port_id, port, None)
 
     async def _ensure_plan(self, plan: NetworkPlan) -> None:

@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from podwire.agent import metrics, naming
+from podwire.agent import naming
 from podwire.agent.attach import Plugger, PlugSpec
 from podwire.agent.binder import Binder
 from podwire.agent.checkpoint import Attachment, Checkpoint
+from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni import spec
@@ -59,8 +60,10 @@ class CniHandler:
         checkpoint: Checkpoint,
         ready: ReadyCheck,
         pods: PodReleaser | None = None,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self._settings = settings
+        self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
         self._binder = binder
         self._plugger = plugger
@@ -76,11 +79,11 @@ class CniHandler:
         try:
             out = await self._handle(env, stdin)
         except CniError as exc:
-            metrics.CNI_REQUESTS.labels(command, str(exc.code)).inc()
+            self._metrics.cni_requests.labels(command, str(exc.code)).inc()
             log.warning("agent.cni.error", command=command, code=exc.code, msg=exc.msg)
             return exc.code, exc.to_json(_version_of(stdin))
-        metrics.CNI_REQUESTS.labels(command, "0").inc()
-        metrics.CNI_SECONDS.labels(command).observe(time.perf_counter() - started)
+        self._metrics.cni_requests.labels(command, "0").inc()
+        self._metrics.cni_seconds.labels(command).observe(time.perf_counter() - started)
         return 0, out
 
     async def _handle(self, env: dict[str, str], stdin: str) -> str:
@@ -200,7 +203,7 @@ class CniHandler:
             attached=attached,
         )
         await self._checkpoint.put(entry)
-        metrics.ATTACHMENTS.set(len(self._checkpoint.entries))
+        self._metrics.attachments.set(len(self._checkpoint.entries))
         return entry
 
     # -- DEL, CHECK, GC, STATUS ----------------------------------------------------------
@@ -210,7 +213,7 @@ class CniHandler:
         await self._plugger.unplug(attachment, entry.attached if entry else None)
         await self._vifs.release(attachment, entry.vif if entry else None)
         await self._checkpoint.remove(attachment)
-        metrics.ATTACHMENTS.set(len(self._checkpoint.entries))
+        self._metrics.attachments.set(len(self._checkpoint.entries))
         pod = entry.pod if entry else None
         if pod and self._pods is not None and not self._pod_attached(pod):
             self._pods.schedule(pod["namespace"], pod["name"])

@@ -1,19 +1,40 @@
-"""Prometheus metrics of the agent (served by the ops endpoint's /metrics)."""
+"""Prometheus metrics of one agent, on a registry of its own (served by its /metrics).
+
+A registry per agent, as the controller has one, lets tests and the bench run several agents
+in one process without their counts mixing; the embedded device plugin's figures join the
+same registry, so one scrape shows the whole node.
+"""
 
 from __future__ import annotations
 
 import prometheus_client as prom
 
-PORTS_WIRED = prom.Counter("podwire_agent_ports_wired", "Desired ports wired on this host")
-BIND_FAILURES = prom.Counter("podwire_agent_bind_failures", "Desired ports that failed to wire")
-CNI_REQUESTS = prom.Counter(
-    "podwire_agent_cni_requests", "CNI requests handled", ["command", "result"]
-)
-CNI_SECONDS = prom.Histogram(
-    "podwire_agent_cni_seconds",
-    "Time the agent spent on a CNI request",
-    ["command"],
-    buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-)
-ATTACHMENTS = prom.Gauge("podwire_agent_attachments", "Pod attachments in the checkpoint")
-HEARTBEAT_LOST = prom.Counter("podwire_agent_lease_lost", "Heartbeat leases lost and re-granted")
+CNI_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class AgentMetrics:
+    def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
+        self.registry = registry or prom.CollectorRegistry()
+        r = self.registry
+        self.ports_wired = prom.Counter(
+            "podwire_agent_ports_wired", "Desired ports wired on this host", registry=r
+        )
+        self.bind_failures = prom.Counter(
+            "podwire_agent_bind_failures", "Desired ports that failed to wire", registry=r
+        )
+        self.cni_requests = prom.Counter(
+            "podwire_agent_cni_requests", "CNI requests handled", ["command", "result"], registry=r
+        )
+        self.cni_seconds = prom.Histogram(
+            "podwire_agent_cni_seconds",
+            "Time the agent spent on a CNI request",
+            ["command"],
+            buckets=CNI_BUCKETS,
+            registry=r,
+        )
+        self.attachments = prom.Gauge(
+            "podwire_agent_attachments", "Pod attachments in the checkpoint", registry=r
+        )
+        self.heartbeat_lost = prom.Counter(
+            "podwire_agent_lease_lost", "Heartbeat leases lost and re-granted", registry=r
+        )

@@ -13,8 +13,8 @@ from podwire.agent.vifsource import VifRequest
 from podwire.errors import PermanentError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient, NeutronNotFound, NeutronRequestError
+from podwire.neutron.vifs import NetworkInfo, port_to_vif
 from podwire.schema import fields
-from podwire.schema.ports import FixedIp
 from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
@@ -40,7 +40,7 @@ class NeutronVifSource:
         if port is None:
             port = await self._create(req, network)
         subnets = await asyncio.to_thread(self._client.list_subnets, network_id=network.id)
-        return _vif(port, network, {s.id: s for s in subnets})
+        return port_to_vif(port, NetworkInfo.from_neutron(network, subnets))
 
     async def _network(self, name_or_id: str, project_id: str | None) -> Any:
         key = (name_or_id, project_id)
@@ -117,23 +117,3 @@ class NeutronVifSource:
         except RetryableError as exc:
             return False, f"neutron: {exc}"
         return True, "neutron reachable"
-
-
-def _vif(port: Any, network: Any, subnets: dict[str, Any]) -> Vif:
-    fixed = []
-    for item in port.fixed_ips or []:
-        subnet = subnets.get(item["subnet_id"])
-        if subnet is None:
-            continue
-        fixed.append(FixedIp(item["ip_address"], subnet.id, subnet.cidr, subnet.gateway_ip))
-    return Vif(
-        port_id=port.id,
-        network_id=network.id,
-        project_id=port.project_id or "",
-        mac_address=port.mac_address,
-        mtu=int(network.mtu or 1500),
-        fixed_ips=fixed,
-        network_type=network.provider_network_type or "vxlan",
-        segmentation_id=network.provider_segmentation_id,
-        security_groups=list(port.security_group_ids or []),
-    )

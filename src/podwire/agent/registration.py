@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from podwire import __version__, keys
-from podwire.agent import metrics
+from podwire.agent.metrics import AgentMetrics
 from podwire.backoff import Backoff, retry_forever
 from podwire.etcd import EtcdClient, Lease
 from podwire.etcd.client import LeaseLost
@@ -25,7 +25,7 @@ VIF_TYPES = ["veth"]
 
 
 @dataclass(frozen=True)
-class Registration:
+class HostPresence:
     host: str
     ttl: int
     vtep_ip: str
@@ -36,8 +36,11 @@ class Registration:
 
 
 class Heartbeat:
-    def __init__(self, etcd: EtcdClient, reg: Registration) -> None:
+    def __init__(
+        self, etcd: EtcdClient, reg: HostPresence, metrics: AgentMetrics | None = None
+    ) -> None:
         self._etcd = etcd
+        self._metrics = metrics or AgentMetrics()
         self._reg = reg
         self._lease: Lease | None = None
         self.started_at = time.time()
@@ -81,7 +84,7 @@ class Heartbeat:
             try:
                 await self._lease.keepalive()
             except LeaseLost as exc:
-                metrics.HEARTBEAT_LOST.inc()
+                self._metrics.heartbeat_lost.inc()
                 self.healthy = False
                 self.health.failing(f"heartbeat lease lost ({exc}); re-registering")
                 log.warning("agent.lease.lost", host=self._reg.host, error=str(exc))

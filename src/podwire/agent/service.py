@@ -17,13 +17,15 @@ from podwire.agent.attach import Plugger
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import Checkpoint
 from podwire.agent.cni_handler import CniHandler, HandlerSettings
+from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
-from podwire.agent.registration import Heartbeat, Registration
+from podwire.agent.registration import Heartbeat, HostPresence
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
 from podwire.config import Settings
 from podwire.deviceplugin import DevicePlugin
+from podwire.deviceplugin.metrics import StatsCollector
 from podwire.errors import ConfigError, PodwireError
 from podwire.etcd import EtcdClient
 from podwire.health import first_problem
@@ -60,6 +62,7 @@ class Agent:
             raise ConfigError("agent.host: required (this node's name as Neutron knows it)")
         self.settings = settings
         self._vifs = vifs
+        self.metrics = AgentMetrics()
         self.parts = AgentParts()
 
     async def run(self) -> None:
@@ -88,7 +91,7 @@ class Agent:
         vifs = self._vifs or await _default_vifs(self.settings)
         heartbeat = Heartbeat(
             etcd,
-            Registration(
+            HostPresence(
                 agent.host,
                 agent.heartbeat_ttl,
                 agent.vtep_ip,
@@ -96,6 +99,7 @@ class Agent:
                 network_types(),
                 "nested" if agent.nested_uplink else None,
             ),
+            self.metrics,
         )
         await heartbeat.register()
         stack.push_async_callback(heartbeat.revoke)
@@ -103,6 +107,7 @@ class Agent:
             etcd,
             host_nl,
             BinderSettings(agent.host, agent.vtep_ip, agent.physnet_mappings, vlan_capable()),
+            self.metrics,
         )
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
@@ -111,6 +116,10 @@ class Agent:
         releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
         if releaser is not None:
             stack.push_async_callback(releaser.close)
+        if plugin is not None:
+            collector = StatsCollector(plugin.stats)
+            self.metrics.registry.register(collector)
+            stack.callback(self.metrics.registry.unregister, collector)
 
         async def ready() -> tuple[bool, str]:
             return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs)
@@ -123,6 +132,7 @@ class Agent:
             checkpoint,
             ready,
             releaser,
+            self.metrics,
         )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
         async with asyncio.TaskGroup() as tg:
@@ -138,7 +148,7 @@ class Agent:
             await server.start()
             stack.push_async_callback(server.stop)
             if agent.ops_listen:
-                ops = OpsServer(agent.ops_listen, ready)
+                ops = OpsServer(agent.ops_listen, ready, self.metrics.registry)
                 await ops.start()
                 stack.push_async_callback(ops.stop)
             log.info("agent.started", host=agent.host, socket=agent.cni_socket)

@@ -17,7 +17,7 @@ from podwire.config import ControllerSettings
 from podwire.controller import openapi, validate
 from podwire.controller.errors import Forbidden, NodeNotAlive, Unauthorized, UnknownResource
 from podwire.controller.pools import PoolKey
-from podwire.controller.service import PoolService
+from podwire.controller.service import PoolService, PoolSnapshot
 from podwire.errors import PermanentError, PodwireError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronNotFound, NeutronRequestError
@@ -95,18 +95,15 @@ async def _json(request: web.Request) -> Any:
     return doc.decode(await request.read(), "body", MAX_BODY)
 
 
-def _pool_json(service: PoolService, key: PoolKey) -> dict[str, Any]:
+def _pool_json(pool: PoolSnapshot) -> dict[str, Any]:
     return {
-        "key": key.to_json(),
-        "size": service.pools.size(key),
-        "in_use": sum(1 for record in service.attachments.values() if record.key == key),
-        "recyclable": sum(1 for k in service.pools.recyclable().values() if k == key),
-        "last_refill": service.refiller.last_refill.get(key),
-        "waiting": service.pools.waiting(key),
-        "groups": [
-            {"security_groups": list(sgs), "ports": ports}
-            for sgs, ports in service.pools.groups(key)
-        ],
+        "key": pool.key.to_json(),
+        "size": pool.size,
+        "in_use": pool.in_use,
+        "recyclable": pool.recyclable,
+        "last_refill": pool.last_refill,
+        "waiting": pool.waiting,
+        "groups": [{"security_groups": list(sgs), "ports": ports} for sgs, ports in pool.groups],
     }
 
 
@@ -156,7 +153,7 @@ class ControllerApi:
 
     async def list_pools(self, request: web.Request) -> web.Response:
         self.tokens.check_admin(request)
-        pools = [_pool_json(self.service, key) for key in self.service.pools.pool_keys()]
+        pools = [_pool_json(self.service.snapshot(key)) for key in self.service.pool_keys()]
         return web.json_response({"pools": pools})
 
     async def show_pool(self, request: web.Request) -> web.Response:
@@ -167,9 +164,9 @@ class ControllerApi:
             fields.project_id(info["project_id"], "project_id"),
             validate.ident(info["network_id"], "network_id"),
         )
-        if key not in self.service.pools.pool_keys():
+        if key not in self.service.pool_keys():
             raise UnknownResource(f"no pool {key.to_json()}")
-        return web.json_response(_pool_json(self.service, key))
+        return web.json_response(_pool_json(self.service.snapshot(key)))
 
     async def populate(self, request: web.Request) -> web.Response:
         self.tokens.check_admin(request)

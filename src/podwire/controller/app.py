@@ -25,7 +25,6 @@ from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
-from podwire.controller.pools import Pools
 from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
 from podwire.controller.service import PoolService
@@ -63,14 +62,13 @@ class Controller:
         }
         self.service = PoolService(
             settings.pool,
-            Pools(),
             self.neutron,
             NodeDrivers(etcd, drivers, settings.pool.default_driver),
             InUseStore(etcd, self.leadership.fence),
             self.metrics,
             Liveness(etcd),
         )
-        self.sweeper = NodeSweeper(self.service)
+        self.sweeper = NodeSweeper(self.service, self.neutron)
         self.api = ControllerApi(
             self.service, settings.controller, self.ready, self.metrics.registry
         )
@@ -109,7 +107,7 @@ class Controller:
     async def _term(self, _lease: Lease) -> None:
         self.service.reset()
         self.nested.vlans.clear()
-        report = self.recovery = await recover(self.service, self.nested, self.etcd)
+        report = self.recovery = await recover(self.service, self.neutron, self.nested, self.etcd)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.service.run_background())
@@ -128,14 +126,14 @@ class Controller:
         """Retried until Neutron answers: until then leftovers simply wait."""
         while True:
             try:
-                await verify(self.service, report)
+                await verify(self.service, self.neutron, report)
                 return
             except PodwireError as exc:
                 log.warning("controller.recovery.verify_failed", error=str(exc))
             await asyncio.sleep(self.settings.pool.update_interval)
 
     async def _recycle(self) -> object:
-        return await recycle_once(self.service, self.settings.pool)
+        return await recycle_once(self.service, self.neutron, self.settings.pool)
 
     @staticmethod
     async def _every(interval: float, job: Callable[[], Awaitable[object]]) -> None:

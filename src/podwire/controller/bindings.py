@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from podwire.controller.netinfo import is_bound
 from podwire.controller.neutron_ops import NeutronOps, delete_ports
 from podwire.errors import PodwireError
 from podwire.log import get_logger
+from podwire.neutron.vifs import is_bound
 
 log = get_logger(__name__)
 

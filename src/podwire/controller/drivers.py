@@ -12,12 +12,12 @@ from typing import Any, Protocol
 
 from podwire import keys
 from podwire.controller.bindings import settle_bindings
-from podwire.controller.netinfo import NetworkInfo, port_to_vif
 from podwire.controller.neutron_ops import NeutronOps, delete_ports
 from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
+from podwire.neutron.vifs import NetworkInfo, port_to_vif
 from podwire.schema.nodes import parse_capabilities
 from podwire.schema.vif import DEVICE_OWNER, Vif
 

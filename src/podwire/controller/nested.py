@@ -11,11 +11,11 @@ from typing import Any
 
 from podwire.controller.drivers import port_bodies
 from podwire.controller.errors import PoolNotReady, UnknownResource
-from podwire.controller.netinfo import NetworkInfo, port_to_vif
 from podwire.controller.neutron_ops import NeutronOps, delete_ports
 from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import PodwireError
 from podwire.log import get_logger
+from podwire.neutron.vifs import NetworkInfo, port_to_vif
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from podwire.controller.errors import UnknownResource
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netinfo import NetworkInfo
 from podwire.errors import PodwireError
 from podwire.neutron.client import NeutronClient, PortSummary
+from podwire.neutron.vifs import NetworkInfo
 
 T = TypeVar("T")
 SUBPORT_OWNER = "trunk:subport"
+
+
+class PortOps(Protocol):
+    """The Neutron calls recovery, recycling and the sweeper make: small enough for a fake."""
+
+    async def networks(self, network_ids: Iterable[str]) -> dict[str, NetworkInfo]: ...
+    async def update_port(self, port_id: str, **changes: Any) -> Any: ...
+    async def delete_port(self, port_id: str) -> None: ...
+    async def list_ports(self, **filters: Any) -> list[Any]: ...
+    async def list_port_summaries(self, **filters: str) -> list[PortSummary]: ...
+    async def list_trunks(self, **filters: Any) -> list[Any]: ...
 
 
 class NeutronOps:
@@ -112,7 +123,7 @@ class NeutronOps:
         await self._call("remove_subports", self._client.delete_trunk_subports, trunk_id, port_ids)
 
 
-async def delete_ports(neutron: NeutronOps, port_ids: list[str], concurrency: int = 10) -> None:
+async def delete_ports(neutron: PortOps, port_ids: list[str], concurrency: int = 10) -> None:
     """Delete concurrently; the first failure is raised after every deletion was tried."""
     gate = asyncio.Semaphore(concurrency)
 

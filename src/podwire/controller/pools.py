@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from podwire.schema.vif import Vif
 
@@ -59,10 +59,32 @@ class _Pool:
         return sum(len(ports) for ports in self.groups.values())
 
 
-class Pools:
-    """All pools of one controller. Ports are known by id; their VIF is kept with them."""
+class PoolsView(Protocol):
+    """The queries of ``Pools``: what tests and operators may read, never change."""
 
-    def __init__(self) -> None:
+    def pool_keys(self) -> list[PoolKey]: ...
+    def size(self, key: PoolKey) -> int: ...
+    def waiting(self, key: PoolKey) -> int: ...
+    def groups(self, key: PoolKey) -> list[tuple[SgKey, list[str]]]: ...
+    def vif(self, port_id: str) -> Vif | None: ...
+    def recyclable(self) -> dict[str, PoolKey]: ...
+    def known(self, port_id: str) -> bool: ...
+    def pool_of(self, port_id: str) -> PoolKey | None: ...
+
+
+def _ignore_size(key: PoolKey, size: int) -> None:
+    """No one watches the sizes (unit tests of the rules)."""
+
+
+class Pools:
+    """All pools of one controller. Ports are known by id; their VIF is kept with them.
+
+    ``on_size`` hears every change of a pool's size, so a gauge of it is set in one place
+    and cannot miss a path that moves ports.
+    """
+
+    def __init__(self, on_size: Callable[[PoolKey, int], None] = _ignore_size) -> None:
+        self._on_size = on_size
         self._pools: dict[PoolKey, _Pool] = {}
         self._vifs: dict[str, Vif] = {}
         self._owner: dict[str, PoolKey] = {}
@@ -131,6 +153,7 @@ class Pools:
 
     def _taken(self, port_id: str, key: PoolKey, wanted: SgKey, sg_update: bool) -> Taken:
         self._owner.pop(port_id, None)
+        self._on_size(key, self.size(key))
         return Taken(self._vifs[port_id], key, wanted, sg_update)
 
     # --- adding ----------------------------------------------------------------------------
@@ -149,6 +172,7 @@ class Pools:
             pool.groups.setdefault(group, []).append(vif.port_id)
             pool.groups.move_to_end(group, last=not oldest)
         self._serve_waiters(key, pool)
+        self._on_size(key, pool.size())
         return pool.size()
 
     def _serve_waiters(self, key: PoolKey, pool: _Pool) -> None:
@@ -177,13 +201,14 @@ class Pools:
         self._vifs.pop(port_id, None)
         key = self._owner.pop(port_id, None)
         pool = self._pools.get(key) if key else None
-        if pool is None:
+        if key is None or pool is None:
             return
         for sgs, ports in list(pool.groups.items()):
             if port_id in ports:
                 ports.remove(port_id)
             if not ports:
                 del pool.groups[sgs]
+        self._on_size(key, pool.size())
 
     def remove_key(self, key: PoolKey) -> list[Vif]:
         """Empty one pool completely; returns its ports (the caller deletes them)."""
@@ -197,6 +222,7 @@ class Pools:
         vifs = [self._vifs[p] for p in port_ids if p in self._vifs]
         for port_id in port_ids:
             self.forget(port_id)
+        self._on_size(key, 0)
         return vifs
 
     def strip_sg(self, sg_id: str, network_id: str | None) -> list[Vif]:

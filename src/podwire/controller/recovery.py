@@ -19,13 +19,13 @@ from typing import Any
 
 from podwire.controller.mirror import pools_from_mirror
 from podwire.controller.nested import NestedDriver
-from podwire.controller.netinfo import is_bound, port_to_vif
-from podwire.controller.neutron_ops import SUBPORT_OWNER, delete_ports
+from podwire.controller.neutron_ops import SUBPORT_OWNER, PortOps, delete_ports
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
+from podwire.neutron.vifs import is_bound, port_to_vif
 from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
@@ -53,50 +53,43 @@ class RecoveryReport:
 
 
 async def recover(
-    service: PoolService, nested: NestedDriver | None, etcd: EtcdClient | None = None
+    service: PoolService,
+    neutron: PortOps,
+    nested: NestedDriver | None,
+    etcd: EtcdClient | None = None,
 ) -> RecoveryReport:
     """``etcd``: where the forwarder's mirror is; without it, Neutron is always listed."""
     report = RecoveryReport(started_at=time.time())
-    records, _ = await service.store.load()
-    in_use = {r.vif.port_id for r in records}
-    for record in records:
-        service.attachments[(record.node, record.attachment)] = record
-        service.pools.adopt(record.key, record.vif)
-    report.in_use = len(records)
+    in_use = await service.adopt_in_use()
+    report.in_use = len(in_use)
     mirrored = await pools_from_mirror(etcd, in_use) if etcd is not None else None
     if mirrored is None:
-        ports = await service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
-        report.deleted = await _delete_leftovers(service, ports, in_use)
+        ports = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+        report.deleted = await _delete_leftovers(neutron, ports, in_use)
         bound = [p for p in ports if is_bound(p) and str(p.id) not in in_use]
-        report.pooled = await _pool_ports(bound, service, lambda p: str(p.binding_host_id), {})
+        report.pooled = await _pool_ports(bound, service, neutron, _host_of, {})
     else:
         report.source = "etcd"
         report.mirrored = {vif.port_id for vifs in mirrored.values() for vif in vifs}
         report.networks = {key.network_id for key in mirrored}
         report.pooled = _fill(service, mirrored)
     if nested is not None:
-        report.subports = await _recover_subports(service, nested, in_use)
-    service.metrics.in_use.set(len(service.attachments))
+        report.subports = await _recover_subports(service, neutron, nested, in_use)
     log.info("controller.recovered", **report.summary())
     return report
 
 
-async def verify(service: PoolService, report: RecoveryReport) -> None:
+async def verify(service: PoolService, neutron: PortOps, report: RecoveryReport) -> None:
     """After recovering from the mirror: one Neutron listing to delete leftovers and drop
     pooled ports Neutron no longer has. Runs while requests are served, so a leftover must
     predate recovery: a port being created right now is unbound for a moment too. Also loads
     the pooled networks into the cache, so first requests make no Neutron call either."""
-    await service.neutron.networks(report.networks)
-    ports = await service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
-    in_use = {record.vif.port_id for record in service.attachments.values()}
+    await neutron.networks(report.networks)
+    ports = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
     older = [p for p in ports if _created_before(p, report.started_at)]
-    deleted = await _delete_leftovers(service, older, in_use)
+    deleted = await _delete_leftovers(neutron, older, service.in_use_ports())
     listed = {str(p.id) for p in ports}
-    vanished = {p: service.pools.pool_of(p) for p in report.mirrored - listed}
-    for port_id, key in vanished.items():
-        if key is not None:
-            service.pools.forget(port_id)
-            service.metrics.pool_size.labels(*key).set(service.pools.size(key))
+    vanished = {p: service.drop_free(p) for p in report.mirrored - listed}
     report.verified = True
     dropped = sorted(p for p, key in vanished.items() if key is not None)
     log.info("controller.recovery.verified", listed=len(ports), deleted=deleted, dropped=dropped)
@@ -113,24 +106,31 @@ def _created_before(port: Any, moment: float) -> bool:
     return created.timestamp() < moment - LEFTOVER_MARGIN
 
 
-async def _delete_leftovers(service: PoolService, ports: list[Any], in_use: Collection[str]) -> int:
+async def _delete_leftovers(neutron: PortOps, ports: list[Any], in_use: Collection[str]) -> int:
     leftovers = [str(p.id) for p in ports if not is_bound(p) and str(p.id) not in in_use]
-    await delete_ports(service.neutron, leftovers)
+    await delete_ports(neutron, leftovers)
     return len(leftovers)
 
 
 def _fill(service: PoolService, by_key: dict[PoolKey, list[Vif]]) -> int:
     for key, vifs in by_key.items():
-        service.pools.add(key, vifs)
-        service.metrics.pool_size.labels(*key).set(service.pools.size(key))
+        service.add_free(key, vifs)
     return sum(len(v) for v in by_key.values())
 
 
+def _host_of(port: Any) -> str:
+    return str(port.binding_host_id)
+
+
 async def _pool_ports(
-    ports: list[Any], service: PoolService, node_of: Callable[[Any], str], vlans: dict[str, int]
+    ports: list[Any],
+    service: PoolService,
+    neutron: PortOps,
+    node_of: Callable[[Any], str],
+    vlans: dict[str, int],
 ) -> int:
     """Add ports to pools keyed by their host (or trunk node), project and network."""
-    networks = await service.neutron.networks({str(p.network_id) for p in ports})
+    networks = await neutron.networks({str(p.network_id) for p in ports})
     by_key: defaultdict[PoolKey, list[Vif]] = defaultdict(list)
     for port in ports:
         network = networks.get(str(port.network_id))
@@ -146,9 +146,11 @@ async def _pool_ports(
     return _fill(service, by_key)
 
 
-async def _recover_subports(service: PoolService, nested: NestedDriver, in_use: set[str]) -> int:
+async def _recover_subports(
+    service: PoolService, neutron: PortOps, nested: NestedDriver, in_use: set[str]
+) -> int:
     """Subports of trunks named after nodes: re-learn their VLAN ids and pool the free ones."""
-    trunks = await service.neutron.list_trunks()
+    trunks = await neutron.list_trunks()
     vlans: dict[str, int] = {}
     node_of: dict[str, str] = {}
     for trunk in trunks:
@@ -160,6 +162,6 @@ async def _recover_subports(service: PoolService, nested: NestedDriver, in_use: 
             node_of[str(sub["port_id"])] = str(trunk.name)
     if not vlans:
         return 0
-    ports = await service.neutron.list_port_summaries(device_owner=SUBPORT_OWNER)
+    ports = await neutron.list_port_summaries(device_owner=SUBPORT_OWNER)
     free = [p for p in ports if str(p.id) in vlans and str(p.id) not in in_use]
-    return await _pool_ports(free, service, lambda p: node_of[str(p.id)], vlans)
+    return await _pool_ports(free, service, neutron, lambda p: node_of[str(p.id)], vlans)

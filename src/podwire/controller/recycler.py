@@ -9,64 +9,50 @@ from __future__ import annotations
 
 from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
-from podwire.controller.netinfo import binding_failed
-from podwire.controller.pools import PoolKey, with_sgs
+from podwire.controller.neutron_ops import PortOps
 from podwire.controller.service import PoolService
 from podwire.log import get_logger
+from podwire.neutron.vifs import binding_failed
 
 log = get_logger(__name__)
 
 LIST_CHUNK = 80  # port ids per listing: keeps the request line under 4 KiB
 
 
-async def recycle_once(service: PoolService, settings: PoolSettings) -> tuple[int, int]:
+async def recycle_once(
+    service: PoolService, neutron: PortOps, settings: PoolSettings
+) -> tuple[int, int]:
     """Return recyclable ports to pools or delete them; returns (returned, deleted)."""
-    pending = service.pools.recyclable()
+    pending = service.recyclable()
     if not pending:
         return 0, 0
-    current, failed = await _current_sgs(service, list(pending))
+    current, failed = await _current_sgs(neutron, list(pending))
     returned = deleted = 0
     for port_id, key in pending.items():
         sgs = current.get(port_id)
         if sgs is None:  # deleted in Neutron meanwhile
-            service.pools.forget(port_id)
+            service.forget(port_id)
             continue
-        if port_id in failed or (settings.max and service.pools.size(key) >= settings.max):
-            await _delete(service, key, port_id)
+        if port_id in failed or (settings.max and service.pool_size(key) >= settings.max):
+            await service.delete_recycled(key, port_id)
             deleted += 1
             continue
         if settings.port_debug:
-            await service.neutron.update_port(port_id, name=AVAILABLE_NAME, device_id="")
-        _return(service, key, port_id, sgs)
+            await neutron.update_port(port_id, name=AVAILABLE_NAME, device_id="")
+        service.return_recycled(key, port_id, sgs)
         returned += 1
     log.info("pool.recycled", returned=returned, deleted=deleted)
     return returned, deleted
 
 
 async def _current_sgs(
-    service: PoolService, port_ids: list[str]
+    neutron: PortOps, port_ids: list[str]
 ) -> tuple[dict[str, list[str]], set[str]]:
     """SGs by port, and the ports whose binding has failed meanwhile (deleted, not reused)."""
     current: dict[str, list[str]] = {}
     failed: set[str] = set()
     for start in range(0, len(port_ids), LIST_CHUNK):
-        ports = await service.neutron.list_ports(id=port_ids[start : start + LIST_CHUNK])
+        ports = await neutron.list_ports(id=port_ids[start : start + LIST_CHUNK])
         current.update({str(p.id): list(p.security_group_ids or []) for p in ports})
         failed.update(str(p.id) for p in ports if binding_failed(p))
     return current, failed
-
-
-def _return(service: PoolService, key: PoolKey, port_id: str, sgs: list[str]) -> None:
-    vif = service.pools.vif(port_id)
-    service.pools.finish_recycle(port_id)
-    if vif is not None:
-        service.pools.add(key, [with_sgs(vif, sgs)])
-        service.metrics.pool_size.labels(*key).set(service.pools.size(key))
-
-
-async def _delete(service: PoolService, key: PoolKey, port_id: str) -> None:
-    vif = service.pools.vif(port_id)
-    driver = await service.drivers.for_node(key.node)
-    if vif is not None:
-        await driver.delete(key, [vif])
-    service.pools.forget(port_id)

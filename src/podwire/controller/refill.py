@@ -16,9 +16,9 @@ from podwire.controller.drivers import PortDriver
 from podwire.controller.errors import PoolNotReady
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netinfo import NetworkInfo
 from podwire.controller.pools import PoolKey, Pools, SgKey
 from podwire.log import get_logger
+from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
@@ -98,7 +98,6 @@ class Refiller:
         )
         created = sum(len(r) for r in results if isinstance(r, list))
         self._metrics.refill_seconds.observe(time.monotonic() - started)
-        self._metrics.pool_size.labels(*key).set(self._pools.size(key))
         self.last_refill[key] = time.time()
         log.info("pool.refilled", key=key, created=created, wanted=count)
         for result in results:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from podwire.config import PoolSettings
@@ -19,48 +21,103 @@ from podwire.controller.errors import NotServing, PoolNotReady
 from podwire.controller.inuse import InUse, InUseStore
 from podwire.controller.liveness import Liveness, no_agent
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netinfo import NetworkInfo
 from podwire.controller.neutron_ops import NeutronOps
-from podwire.controller.pools import PoolKey, Pools, SgKey, Taken, Waiter, sg_key, with_sgs
+from podwire.controller.pools import (
+    PoolKey,
+    Pools,
+    PoolsView,
+    SgKey,
+    Taken,
+    Waiter,
+    sg_key,
+    with_sgs,
+)
 from podwire.controller.refill import Refiller
 from podwire.errors import PodwireError, ValidationError
 from podwire.log import get_logger
+from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import PodRef, Vif, VifRequest
 
 log = get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """One pool as the admin API shows it: a copy, so a reader never holds live state."""
+
+    key: PoolKey
+    size: int
+    in_use: int
+    recyclable: int
+    last_refill: float | None
+    waiting: int
+    groups: list[tuple[SgKey, list[str]]]
+
+
 class PoolService:
+    """Owns the pools and the in-use attachments of one leader term.
+
+    Recovery, recycling, the sweeper and the admin API change them only through the methods
+    below, so the gauges follow every change and no caller can leave the two out of step.
+    """
+
     def __init__(
         self,
         settings: PoolSettings,
-        pools: Pools,
         neutron: NeutronOps,
         drivers: NodeDrivers,
         store: InUseStore,
         metrics: ControllerMetrics,
         liveness: Liveness,
     ) -> None:
-        self.settings = settings
-        self.liveness = liveness
-        self.pools = pools
-        self.neutron = neutron
-        self.drivers = drivers
-        self.store = store
-        self.metrics = metrics
-        self.refiller = Refiller(pools, settings, metrics, liveness)
-        self.attachments: dict[tuple[str, str], InUse] = {}
+        self._settings = settings
+        self._liveness = liveness
+        self._neutron = neutron
+        self._drivers = drivers
+        self._store = store
+        self._metrics = metrics
+        self._pools = self._new_pools()
+        self._refiller = Refiller(self._pools, settings, metrics, liveness)
+        self._attachments: dict[tuple[str, str], InUse] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[Vif]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
+
+    def _new_pools(self) -> Pools:
+        return Pools(lambda key, size: self._metrics.pool_size.labels(*key).set(size))
+
+    def _attachments_changed(self) -> None:
+        self._metrics.in_use.set(len(self._attachments))
+
+    # --- read-only views for tests and operators ----------------------------------------
+
+    @property
+    def pools(self) -> PoolsView:
+        return self._pools
+
+    @property
+    def attachments(self) -> Mapping[tuple[str, str], InUse]:
+        return MappingProxyType(self._attachments)
+
+    @property
+    def neutron(self) -> NeutronOps:
+        return self._neutron
+
+    @property
+    def metrics(self) -> ControllerMetrics:
+        return self._metrics
+
+    @property
+    def liveness(self) -> Liveness:
+        return self._liveness
 
     # --- VIF API ---------------------------------------------------------------------------
 
     async def request(self, node: str, req: VifRequest) -> Vif:
         self._check_serving()
         ident = (node, req.attachment)
-        known = self.attachments.get(ident)
+        known = self._attachments.get(ident)
         if known is not None:
             return known.vif
         pending = self._pending.get(ident)
@@ -80,23 +137,23 @@ class PoolService:
         return vif
 
     async def _request(self, node: str, req: VifRequest) -> Vif:
-        network = await self.neutron.network(req.network, req.project_id)
-        await self.neutron.check_security_groups(req.security_groups)
+        network = await self._neutron.network(req.network, req.project_id)
+        await self._neutron.check_security_groups(req.security_groups)
         key = PoolKey(node, req.project_id or network.project_id, network.id)
-        driver = await self.drivers.for_node(node)
+        driver = await self._drivers.for_node(node)
         if driver.pooled:
             vif = await self._from_pool(key, req.security_groups, driver, network)
         else:
             vif = await self._create_one(key, req.security_groups, driver, network)
         record = InUse(node, req.attachment, key, vif)
         try:
-            await self.store.put(record)
+            await self._store.put(record)
         except BaseException:
             await self._undo_take(driver, key, vif)
             raise
-        self.attachments[(node, req.attachment)] = record
-        self.metrics.in_use.set(len(self.attachments))
-        if self.settings.port_debug:
+        self._attachments[(node, req.attachment)] = record
+        self._attachments_changed()
+        if self._settings.port_debug:
             self._spawn(self._name_port(vif.port_id, req))
         return vif
 
@@ -111,16 +168,15 @@ class PoolService:
     async def _from_pool(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
     ) -> Vif:
-        taken = self.pools.take(key, wanted)
+        taken = self._pools.take(key, wanted)
         if taken is None:
-            self.metrics.misses.inc()
+            self._metrics.misses.inc()
             taken = await self._wait_for_port(key, wanted, driver, network)
         elif taken.sg_update:
-            self.metrics.reuses.inc()
+            self._metrics.reuses.inc()
         else:
-            self.metrics.hits.inc()
-        self.metrics.pool_size.labels(*key).set(self.pools.size(key))
-        if self.pools.size(key) < self.settings.min and not self.refiller.busy(key):
+            self._metrics.hits.inc()
+        if self._pools.size(key) < self._settings.min and not self._refiller.busy(key):
             self._spawn(self._background_refill(key, wanted, driver, network))
         return await self._apply_sgs(taken)
 
@@ -129,9 +185,9 @@ class PoolService:
     ) -> Taken:
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
         waiter = Waiter(wanted, got.set_result)
-        self.pools.wait(key, waiter)
+        self._pools.wait(key, waiter)
         try:
-            await self.refiller.refill(key, wanted, driver, network)
+            await self._refiller.refill(key, wanted, driver, network)
         except PodwireError as exc:
             if not got.done():
                 waiter.cancelled = True
@@ -141,7 +197,7 @@ class PoolService:
             raise
         if not got.done():
             waiter.cancelled = True
-            if self.liveness.noted_dead(key.node):
+            if self._liveness.noted_dead(key.node):
                 raise PoolNotReady(f"pool {tuple(key)} is empty: {no_agent(key.node)}")
             raise PoolNotReady(f"pool {tuple(key)} has no port ready yet; retry")
         return got.result()
@@ -150,17 +206,19 @@ class PoolService:
         if not taken.sg_update:
             return taken.vif
         try:
-            await self.neutron.update_port(taken.vif.port_id, security_group_ids=list(taken.wanted))
+            await self._neutron.update_port(
+                taken.vif.port_id, security_group_ids=list(taken.wanted)
+            )
         except BaseException:
-            self.pools.add(taken.key, [taken.vif], oldest=True)
+            self._pools.add(taken.key, [taken.vif], oldest=True)
             raise
         vif = with_sgs(taken.vif, taken.wanted)
-        self.pools.adopt(taken.key, vif)
+        self._pools.adopt(taken.key, vif)
         return vif
 
     async def _undo_take(self, driver: PortDriver, key: PoolKey, vif: Vif) -> None:
         if driver.pooled:
-            self.pools.add(key, [vif], oldest=True)
+            self._pools.add(key, [vif], oldest=True)
             return
         with contextlib.suppress(PodwireError):
             await driver.delete(key, [vif])
@@ -169,28 +227,28 @@ class PoolService:
         """Debug naming only: a failure costs a name, never the pod's port."""
         try:
             pod = req.pod or PodRef("", "")
-            await self.neutron.update_port(port_id, name=pod.name, device_id=pod.uid)
+            await self._neutron.update_port(port_id, name=pod.name, device_id=pod.uid)
         except PodwireError as exc:
             log.warning("pool.port_naming_failed", port=port_id, error=str(exc))
 
     async def release(self, node: str, attachment: str) -> None:
         self._check_serving()
-        record = self.attachments.get((node, attachment))
+        record = self._attachments.get((node, attachment))
         if record is None:
             return
-        await self.store.delete(node, attachment)
-        if self.attachments.pop((node, attachment), None) is None:
+        await self._store.delete(node, attachment)
+        if self._attachments.pop((node, attachment), None) is None:
             return  # a concurrent release of the same attachment already handled it
-        self.metrics.in_use.set(len(self.attachments))
-        driver = await self.drivers.for_node(node)
+        self._attachments_changed()
+        driver = await self._drivers.for_node(node)
         if driver.pooled:
-            self.pools.release(record.key, record.vif.port_id)
+            self._pools.release(record.key, record.vif.port_id)
         else:
-            self.pools.forget(record.vif.port_id)
+            self._pools.forget(record.vif.port_id)
             await driver.delete(record.key, [record.vif])
 
     def node_attachments(self, node: str) -> dict[str, Vif]:
-        return {att: r.vif for (n, att), r in self.attachments.items() if n == node}
+        return {att: r.vif for (n, att), r in self._attachments.items() if n == node}
 
     # --- background work -------------------------------------------------------------------
 
@@ -223,16 +281,16 @@ class PoolService:
         Another controller may have led meanwhile and handed out what this one still holds
         in memory, so nothing of the old term is trusted.
         """
-        self.pools = Pools()
-        self.refiller = Refiller(self.pools, self.settings, self.metrics, self.liveness)
-        self.attachments.clear()
-        self.metrics.in_use.set(0)
+        self._pools = self._new_pools()
+        self._refiller = Refiller(self._pools, self._settings, self._metrics, self._liveness)
+        self._attachments.clear()
+        self._attachments_changed()
 
     async def _background_refill(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
     ) -> None:
         try:
-            await self.refiller.refill(key, wanted, driver, network)
+            await self._refiller.refill(key, wanted, driver, network)
         except PodwireError as exc:
             log.warning("pool.refill_failed", key=key, error=str(exc))
 
@@ -244,6 +302,90 @@ class PoolService:
     def _check_serving(self) -> None:
         if not self.serving:
             raise NotServing("controller is not serving yet (recovering or standby); retry")
+
+    # --- state API: recovery, recycling, the sweeper and the admin API --------------------
+
+    async def adopt_in_use(self) -> set[str]:
+        """Load the in-use attachments from etcd into this term; returns their port ids."""
+        records, _ = await self._store.load()
+        for record in records:
+            self._attachments[(record.node, record.attachment)] = record
+            self._pools.adopt(record.key, record.vif)
+        self._attachments_changed()
+        return {record.vif.port_id for record in records}
+
+    def in_use_ports(self) -> set[str]:
+        return {record.vif.port_id for record in self._attachments.values()}
+
+    def add_free(self, key: PoolKey, vifs: list[Vif]) -> None:
+        """Pool ready ports (found by recovery); waiting requests get them first."""
+        self._pools.add(key, vifs)
+
+    def drop_free(self, port_id: str) -> PoolKey | None:
+        """Forget a pooled free port Neutron no longer has; returns its pool, None if the
+        port is not free in a pool (in use, recycling or unknown: left alone)."""
+        key = self._pools.pool_of(port_id)
+        if key is not None:
+            self._pools.forget(port_id)
+        return key
+
+    def knows(self, port_id: str) -> bool:
+        """Whether the port is pooled, in use or recycling here (so not a leftover)."""
+        return self._pools.known(port_id)
+
+    def pool_keys(self) -> list[PoolKey]:
+        return self._pools.pool_keys()
+
+    def pool_size(self, key: PoolKey) -> int:
+        return self._pools.size(key)
+
+    def snapshot(self, key: PoolKey) -> PoolSnapshot:
+        in_use = sum(1 for record in self._attachments.values() if record.key == key)
+        return PoolSnapshot(
+            key=key,
+            size=self._pools.size(key),
+            in_use=in_use,
+            recyclable=sum(1 for k in self._pools.recyclable().values() if k == key),
+            last_refill=self._refiller.last_refill.get(key),
+            waiting=self._pools.waiting(key),
+            groups=self._pools.groups(key),
+        )
+
+    def recyclable(self) -> dict[str, PoolKey]:
+        """Released ports waiting to be recycled, with the pool each goes back to."""
+        return self._pools.recyclable()
+
+    def forget(self, port_id: str) -> None:
+        """Drop every trace of a port that Neutron no longer has."""
+        self._pools.forget(port_id)
+
+    def return_recycled(self, key: PoolKey, port_id: str, sgs: list[str]) -> None:
+        """A recycled port back in its pool, carrying the SGs Neutron reports now."""
+        vif = self._pools.vif(port_id)
+        self._pools.finish_recycle(port_id)
+        if vif is not None:
+            self._pools.add(key, [with_sgs(vif, sgs)])
+
+    async def delete_recycled(self, key: PoolKey, port_id: str) -> None:
+        """Delete a released port (pool full or binding failed) through its node's driver."""
+        vif = self._pools.vif(port_id)
+        driver = await self._drivers.for_node(key.node)
+        if vif is not None:
+            await driver.delete(key, [vif])
+        self._pools.forget(port_id)
+
+    async def dead_pool_nodes(self) -> set[str]:
+        """Nodes that have pools here but no live agent."""
+        alive = await self._liveness.alive_nodes()
+        return {key.node for key in self._pools.pool_keys()} - alive
+
+    async def remove_nodes(self, nodes: Iterable[str]) -> int:
+        """Free the pools of removed nodes and forget their drivers; returns ports freed."""
+        nodes = set(nodes)
+        freed = await self.free_nodes(nodes)
+        for node in nodes:
+            self._drivers.forget(node)
+        return freed
 
     # --- admin -----------------------------------------------------------------------------
 
@@ -257,25 +399,25 @@ class PoolService:
     ) -> dict[str, int]:
         self._check_serving()
         sgs = sg_key(security_groups)
-        network = await self.neutron.network(network_ref, project_id)
-        await self.neutron.check_security_groups(sgs)
+        network = await self._neutron.network(network_ref, project_id)
+        await self._neutron.check_security_groups(sgs)
         nodes = list(nodes)
         for node in nodes:  # all before any port is made: a refused populate changes nothing
-            await self.liveness.require(node)
+            await self._liveness.require(node)
         created: dict[str, int] = {}
         for node in nodes:
-            driver = await self.drivers.for_node(node)
+            driver = await self._drivers.for_node(node)
             if not driver.pooled:
                 created[node] = 0
                 continue
             key = PoolKey(node, project_id or network.project_id, network.id)
             self._check_max(key, count)
-            created[node] = await self.refiller.refill(key, sgs, driver, network, count)
+            created[node] = await self._refiller.refill(key, sgs, driver, network, count)
         return created
 
     def _check_max(self, key: PoolKey, count: int) -> None:
-        room = self.settings.max - self.pools.size(key)
-        if self.settings.max and count > room:
+        room = self._settings.max - self._pools.size(key)
+        if self._settings.max and count > room:
             raise ValidationError(
                 f"count: pool {tuple(key)} has room for {max(room, 0)} more ports (pool.max)"
             )
@@ -283,32 +425,31 @@ class PoolService:
     async def free_nodes(self, nodes: Iterable[str]) -> int:
         wanted = set(nodes)
         freed = 0
-        for key in [k for k in self.pools.pool_keys() if k.node in wanted]:
+        for key in [k for k in self._pools.pool_keys() if k.node in wanted]:
             freed += await self._free_key(key)
         return freed
 
     async def _free_key(self, key: PoolKey) -> int:
-        vifs = self.pools.remove_key(key)
-        driver = await self.drivers.for_node(key.node)
-        self.metrics.pool_size.labels(*key).set(0)
+        vifs = self._pools.remove_key(key)
+        driver = await self._drivers.for_node(key.node)
         await driver.delete(key, vifs)
         log.info("pool.freed", key=key, ports=len(vifs))
         return len(vifs)
 
     async def delete_network_pools(self, network_id: str) -> int:
         freed = 0
-        for key in [k for k in self.pools.pool_keys() if k.network_id == network_id]:
+        for key in [k for k in self._pools.pool_keys() if k.network_id == network_id]:
             freed += await self._free_key(key)
-        self.neutron.forget_network(network_id)
+        self._neutron.forget_network(network_id)
         return freed
 
     async def remove_security_group(self, sg_id: str, network_id: str | None) -> int:
-        moved = self.pools.strip_sg(sg_id, network_id)
+        moved = self._pools.strip_sg(sg_id, network_id)
         results = await asyncio.gather(
-            *(self.neutron.update_port(v.port_id, security_group_ids=[]) for v in moved),
+            *(self._neutron.update_port(v.port_id, security_group_ids=[]) for v in moved),
             return_exceptions=True,
         )
-        self.neutron.forget_security_group(sg_id)
+        self._neutron.forget_security_group(sg_id)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

@@ -7,43 +7,41 @@ now, must not lose its ports to one unlucky pass.
 
 from __future__ import annotations
 
-from podwire.controller.netinfo import is_bound
+from podwire.controller.neutron_ops import PortOps
 from podwire.controller.service import PoolService
 from podwire.log import get_logger
+from podwire.neutron.vifs import is_bound
 from podwire.schema.vif import DEVICE_OWNER
 
 log = get_logger(__name__)
 
 
 class NodeSweeper:
-    def __init__(self, service: PoolService) -> None:
+    def __init__(self, service: PoolService, neutron: PortOps) -> None:
         self._service = service
+        self._neutron = neutron
         self._dead_before: set[str] = set()
         self._unbound_before: set[str] = set()
 
     async def sweep_once(self) -> tuple[set[str], int]:
         """One pass; returns the nodes freed and the unbound ports deleted."""
-        alive = await self._service.liveness.alive_nodes()
-        pool_nodes = {key.node for key in self._service.pools.pool_keys()}
-        dead = pool_nodes - alive
+        dead = await self._service.dead_pool_nodes()
         freeing = dead & self._dead_before
         self._dead_before = dead - freeing
         if freeing:
-            await self._service.free_nodes(freeing)
-            for node in freeing:
-                self._service.drivers.forget(node)
+            await self._service.remove_nodes(freeing)
             log.info("controller.nodes_removed", nodes=sorted(freeing))
         return freeing, await self._sweep_unbound()
 
     async def _sweep_unbound(self) -> int:
-        ports = await self._service.neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+        ports = await self._neutron.list_port_summaries(device_owner=DEVICE_OWNER)
         unbound = {
-            str(p.id) for p in ports if not is_bound(p) and not self._service.pools.known(str(p.id))
+            str(p.id) for p in ports if not is_bound(p) and not self._service.knows(str(p.id))
         }
         doomed = unbound & self._unbound_before
         self._unbound_before = unbound - doomed
         for port_id in doomed:
-            await self._service.neutron.delete_port(port_id)
+            await self._neutron.delete_port(port_id)
         if doomed:
             log.info("controller.unbound_ports_deleted", count=len(doomed))
         return len(doomed)

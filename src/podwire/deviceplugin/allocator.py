@@ -32,7 +32,7 @@ from podwire.deviceplugin.model import (
     Allocation,
     DeviceNames,
     MemifInfo,
-    PodRef,
+    PodName,
     host_dir,
 )
 from podwire.errors import RetryableError, ValidationError
@@ -54,7 +54,7 @@ class DevicesUnavailable(RetryableError):
 
 
 @dataclass(frozen=True)
-class Grant:
+class MemifGrant:
     allocation: Allocation
     info: MemifInfo
 
@@ -174,7 +174,7 @@ class MemifAllocator:
         ids = {self._owner[d] for d in devices if d in self._owner}
         return [self._allocations[i] for i in sorted(ids)]
 
-    def for_pod(self, pod: PodRef) -> list[Allocation]:
+    def for_pod(self, pod: PodName) -> list[Allocation]:
         return [a for a in self._allocations.values() if a.pod == pod]
 
     # -- validation ----------------------------------------------------------------------
@@ -212,7 +212,7 @@ class MemifAllocator:
 
     # -- allocate ------------------------------------------------------------------------
 
-    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[Grant]:
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[MemifGrant]:
         """Grant every container request or none: any failure undoes the whole call."""
         self._check_allocate(requests)
         async with self._lock:
@@ -265,7 +265,7 @@ class MemifAllocator:
             self._inflight.difference_update(a.id for a in fresh)
         for old in dropped:
             _remove_dir(self.settings.memif_host_dir, old.id)
-        return [Grant(a, self.info(a)) for a in fresh]
+        return [MemifGrant(a, self.info(a)) for a in fresh]
 
     async def _rollback(self, fresh: Sequence[Allocation], created: Sequence[str]) -> None:
         for allocation_id in created:
@@ -309,7 +309,7 @@ class MemifAllocator:
         await self._store.flush(gen)
         return gone
 
-    async def bind(self, binding: Mapping[str, PodRef]) -> None:
+    async def bind(self, binding: Mapping[str, PodName]) -> None:
         """Remember which pod holds a grant, so a pod deletion finds it without kubelet."""
         async with self._lock:
             changed = False
@@ -324,7 +324,7 @@ class MemifAllocator:
         await self._store.flush(gen)
 
     async def reconcile(
-        self, assigned: Mapping[str, PodRef], grace: float
+        self, assigned: Mapping[str, PodName], grace: float
     ) -> reconcile.ReconcilePlan:
         decided = reconcile.plan(
             self._allocations.values(),

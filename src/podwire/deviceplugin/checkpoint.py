@@ -22,7 +22,7 @@ from podwire.deviceplugin.model import (
     ALLOCATION_ID_RE,
     SECRET_LEN,
     Allocation,
-    PodRef,
+    PodName,
     valid_pod_name,
 )
 from podwire.errors import PermanentError, RetryableError
@@ -202,7 +202,7 @@ def _parse_allocation(item: Any, label: str) -> Allocation:
     )
 
 
-def _parse_pod(item: dict[str, Any], label: str) -> PodRef | None:
+def _parse_pod(item: dict[str, Any], label: str) -> PodName | None:
     pod = item.get("pod")
     if pod is None:
         return None
@@ -212,7 +212,7 @@ def _parse_pod(item: dict[str, Any], label: str) -> PodRef | None:
     name = _field(pod, "name", str, label)
     if not (valid_pod_name(namespace) and valid_pod_name(name)):
         raise CheckpointCorrupt(f"checkpoint {label}: pod {namespace}/{name} is not a valid name")
-    return PodRef(namespace, name)
+    return PodName(namespace, name)
 
 
 def _field(doc: dict[str, Any], key: str, kind: type, label: str) -> Any:

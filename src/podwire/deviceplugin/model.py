@@ -20,7 +20,7 @@ SECRET_LEN = 24
 
 
 @dataclass(frozen=True, order=True)
-class PodRef:
+class PodName:
     namespace: str
     name: str
 
@@ -40,7 +40,7 @@ class Allocation:
     devices: tuple[str, ...]
     secret: str
     created_at: float
-    pod: PodRef | None = None
+    pod: PodName | None = None
 
 
 @dataclass(frozen=True)

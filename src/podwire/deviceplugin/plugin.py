@@ -16,7 +16,7 @@ from podwire.config import DevicePluginSettings
 from podwire.deviceplugin.allocator import MemifAllocator
 from podwire.deviceplugin.api import KUBELET_SOCKET
 from podwire.deviceplugin.checkpoint import CheckpointCorrupt, CheckpointStore, CheckpointWriteError
-from podwire.deviceplugin.model import MemifInfo, PodRef, valid_pod_name
+from podwire.deviceplugin.model import MemifInfo, PodName, valid_pod_name
 from podwire.deviceplugin.podresources import PodResourcesClient
 from podwire.deviceplugin.reconcile import ReconcilePlan
 from podwire.deviceplugin.registration import register
@@ -314,10 +314,10 @@ class DevicePlugin:
         return counters
 
 
-def _pod(namespace: str, name: str) -> PodRef:
+def _pod(namespace: str, name: str) -> PodName:
     if not (valid_pod_name(namespace) and valid_pod_name(name)):
         raise ValidationError(f"invalid pod reference {namespace!r}/{name!r}")
-    return PodRef(namespace, name)
+    return PodName(namespace, name)
 
 
 def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import grpc
 
 from podwire.deviceplugin.api import pod_resources_stub, pr
-from podwire.deviceplugin.model import PodRef, valid_pod_name
+from podwire.deviceplugin.model import PodName, valid_pod_name
 from podwire.errors import PermanentError, RetryableError
 from podwire.log import get_logger
 from podwire.service.grpc_status import TRANSIENT
@@ -34,21 +34,21 @@ class PodResourcesClient:
         self.socket_path = socket_path
         self.timeout = timeout
 
-    async def assignments(self, resource_name: str) -> dict[str, PodRef]:
+    async def assignments(self, resource_name: str) -> dict[str, PodName]:
         """Device id -> pod, for every running pod kubelet reports."""
         response = await self._call("List", pr.ListPodResourcesRequest())
         if not isinstance(response, pr.ListPodResourcesResponse):
             raise PodResourcesError(f"kubelet List answered with {type(response).__name__}")
-        assigned: dict[str, PodRef] = {}
+        assigned: dict[str, PodName] = {}
         for pod in response.pod_resources:
-            ref = _pod_ref(pod)
+            ref = _pod_name(pod)
             if ref is None:
                 continue
             for device in _devices(pod, resource_name):
                 assigned[device] = ref
         return assigned
 
-    async def pod_devices(self, pod: PodRef, resource_name: str) -> list[str]:
+    async def pod_devices(self, pod: PodName, resource_name: str) -> list[str]:
         """Our devices held by one pod; uses ``Get`` and falls back to ``List`` where kubelet
         does not offer ``Get`` (older kubelets, or its feature gate off)."""
         request = pr.GetPodResourcesRequest(pod_name=pod.name, pod_namespace=pod.namespace)
@@ -60,7 +60,7 @@ class PodResourcesClient:
             return sorted(d for d, owner in assigned.items() if owner == pod)
         if not isinstance(response, pr.GetPodResourcesResponse):
             raise PodResourcesError(f"kubelet Get answered with {type(response).__name__}")
-        if _pod_ref(response.pod_resources) != pod:
+        if _pod_name(response.pod_resources) != pod:
             return []
         return sorted(_devices(response.pod_resources, resource_name))
 
@@ -86,11 +86,11 @@ class PodResourcesClient:
         return response
 
 
-def _pod_ref(pod: pr.PodResources) -> PodRef | None:
+def _pod_name(pod: pr.PodResources) -> PodName | None:
     if not (valid_pod_name(pod.namespace) and valid_pod_name(pod.name)):
         log.warning("deviceplugin.podresources.bad_pod", namespace=pod.namespace, name=pod.name)
         return None
-    return PodRef(pod.namespace, pod.name)
+    return PodName(pod.namespace, pod.name)
 
 
 def _devices(pod: pr.PodResources, resource_name: str) -> Iterable[str]:

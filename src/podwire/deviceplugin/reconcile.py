@@ -13,25 +13,25 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podwire.deviceplugin.model import ALLOCATION_ID_RE, Allocation, PodRef
+from podwire.deviceplugin.model import ALLOCATION_ID_RE, Allocation, PodName
 
 
 @dataclass(frozen=True)
 class ReconcilePlan:
-    bind: dict[str, PodRef] = field(default_factory=dict)
+    bind: dict[str, PodName] = field(default_factory=dict)
     release: tuple[str, ...] = ()
     kept_young: int = 0
 
 
 def plan(
     allocations: Iterable[Allocation],
-    assigned: Mapping[str, PodRef],
+    assigned: Mapping[str, PodName],
     *,
     now: float,
     grace: float,
     busy: Collection[str] = (),
 ) -> ReconcilePlan:
-    bind: dict[str, PodRef] = {}
+    bind: dict[str, PodName] = {}
     release: list[str] = []
     young = 0
     for allocation in allocations:

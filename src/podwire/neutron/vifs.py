@@ -1,6 +1,9 @@
-"""What a VIF needs besides the port: the network's MTU/type and its subnets' CIDR/gateway.
+"""The one conversion of a Neutron port into podwire's VIF, with the network facts it needs.
 
-Looked up once per network and cached, so building a VIF for a pooled port costs nothing.
+Both the controller (pooled ports) and the agent's ``noop`` source (a port per attachment)
+build VIFs here, so the two cannot drift apart: an unknown subnet is an error, SGs are sorted,
+the MAC is lower case and the vif type comes from the binding. The controller caches the
+network facts, so building a VIF for a pooled port costs no Neutron call.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def port_to_vif(port: Any, network: NetworkInfo, vlan_id: int | None = None) -> 
     return Vif(
         port_id=str(port.id),
         network_id=network.id,
-        project_id=str(port.project_id),
+        project_id=str(port.project_id or ""),
         mac_address=str(port.mac_address).lower(),
         mtu=network.mtu,
         fixed_ips=fixed_ips,

@@ -1,0 +1,65 @@
+"""The one Neutron port -> VIF conversion (controller pools and the agent's noop source).
+
+Unit tests of its rules on plain objects; the real-stack tests of both paths (the controller's
+and the agent's ``vif_source = "neutron"``) go through the same function.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from podwire.errors import ValidationError
+from podwire.neutron.vifs import NetworkInfo, port_to_vif
+
+NET = SimpleNamespace(
+    id="net-1",
+    project_id="p1",
+    is_shared=False,
+    mtu=None,
+    provider_network_type=None,
+    provider_segmentation_id="1001",
+)
+SUBNET = SimpleNamespace(id="s1", cidr="10.1.0.0/24", gateway_ip="10.1.0.1")
+
+
+def _port(**changes: Any) -> SimpleNamespace:
+    fields: dict[str, Any] = {
+        "id": "port-1",
+        "project_id": "p1",
+        "mac_address": "FA:16:3E:66:F4:E5",
+        "fixed_ips": [{"ip_address": "10.1.0.5", "subnet_id": "s1"}],
+        "security_group_ids": ["sg-b", "sg-a"],
+        "binding_vif_type": "veth",
+    }
+    fields.update(changes)
+    return SimpleNamespace(**fields)
+
+
+def test_one_rule_set_for_mac_sgs_network_facts() -> None:
+    vif = port_to_vif(_port(), NetworkInfo.from_neutron(NET, [SUBNET]))
+    assert vif.mac_address == "fa:16:3e:66:f4:e5"
+    assert vif.security_groups == ["sg-a", "sg-b"]
+    assert (vif.mtu, vif.network_type, vif.segmentation_id) == (1500, "vxlan", 1001)
+    assert [(ip.ip_address, ip.cidr, ip.gateway_ip) for ip in vif.fixed_ips] == [
+        ("10.1.0.5", "10.1.0.0/24", "10.1.0.1")
+    ]
+
+
+def test_a_port_on_an_unknown_subnet_is_refused() -> None:
+    with pytest.raises(ValidationError, match="subnet s9 is not on its network"):
+        port_to_vif(
+            _port(fixed_ips=[{"ip_address": "10.9.0.5", "subnet_id": "s9"}]),
+            NetworkInfo.from_neutron(NET, [SUBNET]),
+        )
+
+
+@pytest.mark.parametrize(
+    ("bound", "expected"),
+    [("vhostuser", "vhostuser"), ("binding_failed", "veth"), ("unbound", "veth"), (None, "veth")],
+)
+def test_vif_type_comes_from_the_binding(bound: str | None, expected: str) -> None:
+    vif = port_to_vif(_port(binding_vif_type=bound), NetworkInfo.from_neutron(NET, [SUBNET]))
+    assert vif.vif_type == expected
