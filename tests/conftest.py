@@ -33,6 +33,8 @@ stop_stack = stop_background
 # the other Pythons) needs no hand-kept list; tests that create namespaces otherwise are marked
 # in their module.
 ROOT_KERNEL_FIXTURES = frozenset({"netenv"})
+# Fixtures that start real servers: the session's stack, or an etcd of the test's own.
+STACK_FIXTURES = frozenset({"stack", "private_etcd", "authed"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,7 +45,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         used = set(getattr(item, "fixturenames", ()))
         if ROOT_KERNEL_FIXTURES & used:
             item.add_marker(pytest.mark.netns)
-        if "stack" in used:
+        if STACK_FIXTURES & used:
             item.add_marker(pytest.mark.stack)
 
 

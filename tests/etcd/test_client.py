@@ -165,6 +165,7 @@ def make_tls_files(directory: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
+@pytest.mark.stack  # starts a TLS etcd of its own
 async def test_tls_endpoint_with_ca_file(tmp_path: Path) -> None:
     ca, cert, key = make_tls_files(tmp_path)
     server = EtcdServer(
