@@ -162,12 +162,6 @@ def timestamp(value: Any, what: str) -> float:
     return float(value)
 
 
-def boolean(value: Any, what: str) -> bool:
-    if not isinstance(value, bool):
-        raise fail(what, f"expected true or false, got {_show(value)}")
-    return value
-
-
 def mac(value: Any, what: str) -> str:
     """A port's MAC, lower-case: unicast and not all zero (it is a source address)."""
     if not isinstance(value, str) or not MAC.fullmatch(value.lower()):
