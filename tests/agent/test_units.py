@@ -286,6 +286,17 @@ def test_checkpoint_survives_reload(tmp_path: Any) -> None:
         Checkpoint(str(tmp_path)).load()
 
 
+def args_of(tmp_path: Any) -> list[str]:
+    return [
+        "cni",
+        "install",
+        "--bin-dir",
+        str(tmp_path / "bin"),
+        "--conf-dir",
+        str(tmp_path / "conf"),
+    ]
+
+
 def test_cni_install_writes_binary_and_conflist(tmp_path: Any) -> None:
     import argparse
 
@@ -312,6 +323,15 @@ def test_cni_install_writes_binary_and_conflist(tmp_path: Any) -> None:
     conf = json.loads((tmp_path / "conf" / "10-podwire.conflist").read_text())
     assert [p["type"] for p in conf["plugins"]] == ["podwire", "portmap"]
     assert conf["plugins"][0]["network"] == "pods"
+    # What containerd 1.6 reads by default; 1.1.0 (STATUS, GC) on request, junk refused.
+    assert conf["cniVersion"] == "1.0.0"
+    newer = parser.parse_args([*args_of(tmp_path), "--cni-version", "1.1.0"])
+    assert newer.handler(newer) == 0
+    conf = json.loads((tmp_path / "conf" / "10-podwire.conflist").read_text())
+    assert conf["cniVersion"] == "1.1.0"
+    odd = parser.parse_args([*args_of(tmp_path), "--cni-version", "0.3.1"])
+    with pytest.raises(ConfigError, match="--cni-version"):
+        odd.handler(odd)
     bad = parser.parse_args(
         ["cni", "install", "--bin-dir", "b", "--conf-dir", "c", "--network", "a b"]
     )

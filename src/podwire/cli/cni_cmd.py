@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from podwire.cni.build import build
-from podwire.cni.install import InstallSpec, install
+from podwire.cni.install import DEFAULT_CNI_VERSION, InstallSpec, install
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,6 +23,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add.add_argument("--chain", action="append", default=[], help="plugin to chain after podwire")
     add.add_argument(
         "--binary", type=Path, default=None, help="plugin to install (default: the built one)"
+    )
+    add.add_argument(
+        "--cni-version",
+        default=DEFAULT_CNI_VERSION,
+        help="the conflist's cniVersion (1.1.0 adds STATUS and GC; containerd 1.6 reads <= 1.0.0)",
     )
     add.set_defaults(handler=run_install)
     make = verbs.add_parser("build", help="build the plugin (C with gcc/cc, else the Python one)")
@@ -42,6 +47,7 @@ def run_install(args: argparse.Namespace) -> int:
             agent_socket=args.agent_socket,
             chain=args.chain,
             binary=args.binary,
+            cni_version=args.cni_version,
         )
     )
     print(f"installed {plugin.path} ({plugin.how}) and {conf}")

@@ -18,9 +18,13 @@ from typing import Any
 
 from podwire.cni.build import Plugin, build, prebuilt
 from podwire.cni.request import check_network_name
+from podwire.cni.spec import SUPPORTED_VERSIONS
 from podwire.errors import ConfigError
 
 PLUGIN_NAME = "podwire"
+# What every runtime in use reads: containerd 1.6 (Debian 12's) cannot parse a 1.1.0 result
+# ("unsupported CNI result version"), so 1.1.0 (STATUS, GC) is opt-in with --cni-version.
+DEFAULT_CNI_VERSION = "1.0.0"
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class InstallSpec:
     agent_socket: str = "/run/podwire/agent.sock"
     chain: list[str] = field(default_factory=list)
     binary: Path | None = None
+    cni_version: str = DEFAULT_CNI_VERSION
 
 
 def conflist(spec: InstallSpec) -> dict[str, Any]:
@@ -52,12 +57,16 @@ def conflist(spec: InstallSpec) -> dict[str, Any]:
         if extra == "portmap":
             entry["capabilities"] = {"portMappings": True}
         plugins.append(entry)
-    return {"cniVersion": "1.1.0", "name": spec.name, "plugins": plugins}
+    return {"cniVersion": spec.cni_version, "name": spec.name, "plugins": plugins}
 
 
 def install(spec: InstallSpec) -> tuple[Plugin, Path]:
     for value, what in ((spec.network, "--network"), (spec.name, "--name")):
         check_network_name(value, what)
+    if spec.cni_version not in SUPPORTED_VERSIONS:
+        raise ConfigError(
+            f"--cni-version: {spec.cni_version!r} is not one of {', '.join(SUPPORTED_VERSIONS)}"
+        )
     if spec.binary is not None and not spec.binary.is_file():
         raise ConfigError(f"--binary: {spec.binary} does not exist")
     spec.bin_dir.mkdir(parents=True, exist_ok=True)
