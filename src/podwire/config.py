@@ -198,35 +198,81 @@ class Settings:
 
 
 def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Read the TOML file (if any), apply env overrides, build and validate every section."""
-    raw = _read_toml(Path(path)) if path else {}
-    env = os.environ if env is None else env
+    """Read the TOML file (if any), apply env overrides, build and validate every section;
+    the first problem is raised as a ConfigError."""
+    problems: list[str] = []
+    built = _build_sections(path, os.environ if env is None else env, problems)
+    if problems:
+        raise ConfigError(problems[0])
+    return Settings(**built)
+
+
+def config_problems(path: str | Path, env: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem of a config file as the services would read it (``podwire config
+    check``): one line each, empty when the services would start with it."""
+    problems: list[str] = []
+    _build_sections(path, {} if env is None else env, problems)
+    return problems
+
+
+def _build_sections(
+    path: str | Path | None, env: Mapping[str, str], problems: list[str]
+) -> dict[str, Any]:
+    try:
+        raw = _read_toml(Path(path)) if path else {}
+    except ConfigError as exc:
+        problems.append(str(exc))
+        return {}
     sections = [f.name for f in dataclasses.fields(Settings)]
-    for name in raw:
-        if name not in sections:
-            raise ConfigError(f"unknown section [{name}]; known: {', '.join(sections)}")
+    problems += [
+        f"unknown section [{name}]; known: {', '.join(sections)}"
+        for name in raw
+        if name not in sections
+    ]
     built: dict[str, Any] = {}
     for name in sections:
         section_raw = raw.get(name, {})
         if not isinstance(section_raw, dict):
-            raise ConfigError(f"[{name}] must be a table")
+            problems.append(f"[{name}] must be a table")
+            continue
         section_cls = typing.get_type_hints(Settings)[name]
-        merged = {**section_raw, **_env_overrides(name, section_cls, env)}
-        built[name] = build_section(section_cls, merged, name)
-    return Settings(**built)
+        try:
+            merged = {**section_raw, **_env_overrides(name, section_cls, env)}
+            keys_wrong = _key_problems(section_cls, merged, name)
+            problems += keys_wrong
+            if not keys_wrong:
+                built[name] = build_section(section_cls, merged, name)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return built
 
 
 def build_section(cls: type[Any], raw: Mapping[str, Any], section: str) -> Any:
     """Make one section dataclass from a mapping, checking names and types, then validate."""
+    problems = _key_problems(cls, raw, section)
+    if problems:
+        raise ConfigError(problems[0])
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in known:
-            raise ConfigError(f"{section}.{key}: unknown key; known: {', '.join(sorted(known))}")
     values = {key: _check_type(value, hints[key], f"{section}.{key}") for key, value in raw.items()}
     instance = cls(**values)
     instance.validate()
     return instance
+
+
+def _key_problems(cls: type[Any], raw: Mapping[str, Any], section: str) -> list[str]:
+    """Every unknown key and every value of the wrong type in one section."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    problems = []
+    for key, value in raw.items():
+        if key not in known:
+            problems.append(f"{section}.{key}: unknown key; known: {', '.join(sorted(known))}")
+            continue
+        try:
+            _check_type(value, hints[key], f"{section}.{key}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -109,3 +109,26 @@ def test_bad_env_names_the_variable(env: dict[str, str], message: str) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml", env={})
+
+
+def test_config_check_names_every_problem_on_a_line_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from podwire.cli.main import main
+
+    good = tmp_path / "good.toml"
+    good.write_text("[agent]\nhost = 'node-1'\n[pool]\nmin = 2\n")
+    assert main(["config", "check", str(good)]) == 0
+    assert capsys.readouterr().err == ""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[agnet]\nhost = 'x'\n[pool]\nmin = 'five'\nmxa = 3\n[agent]\nhost = 'a/b'\n")
+    assert main(["config", "check", str(bad)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 4, lines
+    assert all(line.startswith(f"{bad}: ") for line in lines)
+    joined = "\n".join(lines)
+    for problem in ("unknown section [agnet]", "pool.min: expected int", "pool.mxa: unknown key",
+                    "agent.host: 'a/b' is not a valid name"):  # fmt: skip
+        assert problem in joined
+    assert main(["config", "check", str(tmp_path / "missing.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     from podwire.cli import (
         agent_cmd,
         cni_cmd,
+        config_cmd,
         controller_cmd,
         deviceplugin_cmd,
         etcd_cmd,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         cni_cmd,
         deviceplugin_cmd,
         etcd_cmd,
+        config_cmd,
     )
     for module in modules:
         module.register(subparsers)
