@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from podwire.errors import ValidationError
-from podwire.schema import fields
+from podwire.schema import doc, fields
 from podwire.schema.vif import security_groups as sg_list
 
 MAX_POPULATE = 500
@@ -21,12 +21,7 @@ def segment(value: Any, what: str) -> str:
 
 
 def object_body(raw: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise ValidationError("body: expected a JSON object")
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ValidationError(f"body: unknown fields {', '.join(unknown)}")
-    return raw
+    return doc.closed_object(raw, "body", frozenset(allowed))
 
 
 def ref(value: Any, what: str) -> str:

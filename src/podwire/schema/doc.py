@@ -57,6 +57,15 @@ def as_object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def closed_object(value: Any, what: str, allowed: frozenset[str]) -> dict[str, Any]:
+    """A request body: unknown fields are refused (a typo must not be silently ignored)."""
+    obj = as_object(value, what)
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise ValidationError(f"{what}: unknown fields {', '.join(unknown)}")
+    return obj
+
+
 def decode_object(raw: bytes | str, what: str, max_bytes: int = MAX_VALUE) -> dict[str, Any]:
     return as_object(decode(raw, what, max_bytes), what)
 

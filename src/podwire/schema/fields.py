@@ -135,6 +135,10 @@ def one_of(value: Any, what: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def network_type(value: Any, what: str) -> str:
+    return one_of(value, what, NETWORK_TYPES)
+
+
 def integer(value: Any, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise fail(what, f"expected an integer from {low} to {high}, got {_show(value)}")

@@ -83,9 +83,7 @@ def _vif_types(value: Any, what: str) -> list[str]:
 
 
 def _network_types(value: Any, what: str) -> list[str]:
-    return fields.each(
-        value, what, lambda v, w: fields.one_of(v, w, fields.NETWORK_TYPES), MAX_LIST
-    )
+    return fields.each(value, what, fields.network_type, MAX_LIST)
 
 
 def parse_port_state(raw: bytes, what: str = "port state") -> float:

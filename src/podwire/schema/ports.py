@@ -116,7 +116,7 @@ def parse_desired_port(raw: bytes | str, port_id: str | None = None) -> DesiredP
     found = obj.req("port_id", fields.uuid)
     if port_id is not None and found != port_id:
         raise ValidationError(f"{what}: port_id {found!r} does not match its key")
-    network_type = obj.req("network_type", _network_type)
+    network_type = obj.req("network_type", fields.network_type)
     physnet = obj.maybe("physnet", fields.name)
     segmentation_id = _segmentation(obj, network_type, physnet)
     return DesiredPort(
@@ -136,10 +136,6 @@ def parse_desired_port(raw: bytes | str, port_id: str | None = None) -> DesiredP
         project_id=obj.maybe("project_id", fields.project_id),
         vif_details=obj.opt("vif_details", _vif_details, {}),
     )
-
-
-def _network_type(value: Any, what: str) -> str:
-    return fields.one_of(value, what, fields.NETWORK_TYPES)
 
 
 def _vif_type(value: Any, what: str) -> str:

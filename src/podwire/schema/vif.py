@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from podwire.errors import ValidationError
 from podwire.schema import doc, fields
 from podwire.schema.ports import FixedIp, fixed_ips
 
@@ -59,7 +58,7 @@ class VifRequest:
 
     @classmethod
     def from_json(cls, raw: Any, what: str = "body") -> VifRequest:
-        obj = doc.Obj(_closed(raw, what, REQUEST_FIELDS), what)
+        obj = doc.Obj(doc.closed_object(raw, what, REQUEST_FIELDS), what)
         return cls(
             attachment=obj.req("attachment", fields.attachment),
             network=obj.req("network", fields.neutron_ref),
@@ -75,15 +74,6 @@ class VifRequest:
 REQUEST_FIELDS = frozenset({"attachment", "network", "project_id", "security_groups", "pod"})
 
 
-def _closed(raw: Any, what: str, allowed: frozenset[str]) -> dict[str, Any]:
-    """A request body: unknown fields are refused (a typo must not be silently ignored)."""
-    body = doc.as_object(raw, what)
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise ValidationError(f"{what}: unknown fields {', '.join(unknown)}")
-    return body
-
-
 def security_groups(value: Any, what: str) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -91,7 +81,7 @@ def security_groups(value: Any, what: str) -> tuple[str, ...]:
 
 
 def _pod(value: Any, what: str) -> PodRef:
-    obj = doc.Obj(_closed(value, what, frozenset({"namespace", "name", "uid"})), what)
+    obj = doc.Obj(doc.closed_object(value, what, frozenset({"namespace", "name", "uid"})), what)
     return PodRef(
         obj.opt("namespace", _pod_text, ""),
         obj.opt("name", _pod_text, ""),
@@ -131,16 +121,12 @@ class Vif:
             mac_address=obj.req("mac_address", fields.mac),
             mtu=obj.req("mtu", fields.mtu),
             fixed_ips=obj.req("fixed_ips", fixed_ips),
-            network_type=obj.opt("network_type", _network_type, "vxlan"),
+            network_type=obj.opt("network_type", fields.network_type, "vxlan"),
             segmentation_id=obj.maybe("segmentation_id", _segmentation_id),
             vif_type=obj.opt("vif_type", lambda v, w: fields.text(v, w, 64, empty=False), "veth"),
             security_groups=list(security_groups(obj.value.get("security_groups"), what)),
             vlan_id=obj.maybe("vlan_id", fields.vlan_id),
         )
-
-
-def _network_type(value: Any, what: str) -> str:
-    return fields.one_of(value, what, fields.NETWORK_TYPES)
 
 
 def _segmentation_id(value: Any, what: str) -> int:
