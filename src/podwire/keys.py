@@ -119,3 +119,44 @@ def parse_node_port_key(key: str) -> tuple[str, str] | None:
 def global_prefix() -> str:
     """Cluster-wide values every agent reads (security groups)."""
     return f"{ROOT}/global/"
+
+
+def secgroups_prefix() -> str:
+    return global_prefix() + "secgroups/"
+
+
+def secgroup(sg_id: str) -> str:
+    return secgroups_prefix() + check_segment(sg_id, "security group id")
+
+
+def remote_groups_prefix(sg_id: str | None = None) -> str:
+    if sg_id is None:
+        return global_prefix() + "remote_groups/"
+    return global_prefix() + "remote_groups/" + check_segment(sg_id, "security group id") + "/"
+
+
+def remote_group_member(sg_id: str, port_id: str) -> str:
+    return remote_groups_prefix(sg_id) + check_segment(port_id, "port id")
+
+
+def address_groups_prefix() -> str:
+    return global_prefix() + "address_groups/"
+
+
+def address_group(ag_id: str) -> str:
+    return address_groups_prefix() + check_segment(ag_id, "address group id")
+
+
+def parse_global_key(key: str) -> tuple[str, tuple[str, ...]] | None:
+    """Split a ``/podwire/global/<kind>/<name>[/<name>]`` key into ``(kind, names)``; None for
+    keys outside the layout (readers skip them: a peer may write anything it is allowed to)."""
+    if not key.startswith(global_prefix()):
+        return None
+    parts = key[len(global_prefix()) :].split("/")
+    if not all(fields.NAME.fullmatch(part) for part in parts[1:]):
+        return None
+    kind, names = parts[0], tuple(parts[1:])
+    expected = {"secgroups": 1, "remote_groups": 2, "address_groups": 1}.get(kind)
+    if expected is None or len(names) != expected:
+        return None
+    return kind, names

@@ -139,6 +139,12 @@ def network_type(value: Any, what: str) -> str:
     return one_of(value, what, NETWORK_TYPES)
 
 
+def boolean(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise fail(what, f"{_show(value)} is not true or false")
+    return value
+
+
 def integer(value: Any, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise fail(what, f"expected an integer from {low} to {high}, got {_show(value)}")
@@ -218,6 +224,14 @@ def cidr(value: Any, what: str, version: int | None = None) -> IpNetwork:
     if version is not None and network.version != version:
         raise fail(what, f"{network} is not an IPv{version} prefix")
     return network
+
+
+def address_or_prefix(value: Any, what: str) -> str:
+    """A CIDR or a host address, canonical; a bare address becomes /32 or /128."""
+    if isinstance(value, str) and "/" not in value:
+        address = ip_address(value, what)
+        return f"{address}/{address.max_prefixlen}"
+    return str(cidr(value, what))
 
 
 def items(value: Any, what: str, max_items: int) -> list[Any]:

@@ -24,6 +24,7 @@ PODWIRE_VIF_TYPES = (VIF_TAP, VIF_VETH, VIF_VHOSTUSER)
 
 MAX_FIXED_IPS = 32
 MAX_SECURITY_GROUPS = 64
+MAX_ADDRESS_PAIRS = 64
 MAX_VIF_DETAILS = 4096
 
 
@@ -46,6 +47,18 @@ class FixedIp:
             "cidr": self.cidr,
             "gateway_ip": self.gateway_ip,
         }
+
+
+@dataclass(frozen=True)
+class AddressPair:
+    """An allowed address pair: the port may also send from ``ip_address`` (a CIDR; a host
+    address is /32 or /128) with ``mac_address`` (Neutron fills in the port's own MAC)."""
+
+    ip_address: str
+    mac_address: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ip_address": self.ip_address, "mac_address": self.mac_address}
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,10 @@ class DesiredPort:
     # Lets a controller rebuild its pools from these values alone (older writers omit it).
     project_id: str | None = None
     vif_details: dict[str, Any] = field(default_factory=dict)
+    # Enforcement (docs/security-groups.md). Writers before policy forwarding omit both: such a
+    # value means "port security on, no pairs", which is Neutron's default.
+    port_security_enabled: bool = True
+    allowed_address_pairs: tuple[AddressPair, ...] = ()
 
     @property
     def trunk_vlan(self) -> int | None:
@@ -95,6 +112,8 @@ class DesiredPort:
             "device_owner": self.device_owner,
             "device_id": self.device_id,
             "project_id": self.project_id,
+            "port_security_enabled": self.port_security_enabled,
+            "allowed_address_pairs": [pair.to_dict() for pair in self.allowed_address_pairs],
             "trunk": None
             if self.trunk is None
             else {
@@ -135,6 +154,8 @@ def parse_desired_port(raw: bytes | str, port_id: str | None = None) -> DesiredP
         trunk=_trunk(obj.obj("trunk")),
         project_id=obj.maybe("project_id", fields.project_id),
         vif_details=obj.opt("vif_details", _vif_details, {}),
+        port_security_enabled=obj.opt("port_security_enabled", fields.boolean, True),
+        allowed_address_pairs=tuple(obj.opt("allowed_address_pairs", _address_pairs, [])),
     )
 
 
@@ -174,6 +195,18 @@ def fixed_ip(value: Any, what: str) -> FixedIp:
 
 def fixed_ips(value: Any, what: str) -> list[FixedIp]:
     return fields.each(value, what, fixed_ip, MAX_FIXED_IPS)
+
+
+def _address_pair(value: Any, what: str) -> AddressPair:
+    obj = doc.Obj(doc.as_object(value, what), what)
+    return AddressPair(
+        obj.req("ip_address", fields.address_or_prefix),
+        obj.req("mac_address", fields.mac),
+    )
+
+
+def _address_pairs(value: Any, what: str) -> list[AddressPair]:
+    return fields.each(value, what, _address_pair, MAX_ADDRESS_PAIRS)
 
 
 def _security_groups(value: Any, what: str) -> list[str]:
