@@ -24,6 +24,7 @@ from podwire.etcd.election import Election, fence
 from podwire.etcd.watch import PrefixWatcher
 from podwire.ml2.journal import Entry
 from podwire.ml2.mlog import get_logger
+from podwire.ml2.policy_resync import PolicySource, resync
 from podwire.schema.records import leader_value
 
 log = get_logger(__name__)
@@ -75,6 +76,7 @@ class Forwarder:
         journal: Journal,
         settings: ForwarderSettings,
         on_leadership: Callable[[bool], None] | None = None,
+        policy: PolicySource | None = None,
     ) -> None:
         self._client = client
         self._journal = journal
@@ -88,8 +90,11 @@ class Forwarder:
             lambda: leader_value(settings.identity),
             Backoff(settings.retry_initial, settings.retry_max),
         )
+        self._policy = policy
         self.is_leader = False
         self.sent_rows = 0
+        # etcd revision of the last write under /podwire/global/ (``podwire status``).
+        self.policy_revision = 0
 
     def wake(self) -> None:
         """Drain now; call on the event loop's thread."""
@@ -120,6 +125,7 @@ class Forwarder:
     async def _drain_forever(self, lease: Lease) -> None:
         settings = self._settings
         backoff = Backoff(settings.retry_initial, settings.retry_max)
+        await self._catch_up(lease, backoff)
         while True:
             self._wake.clear()
             try:
@@ -134,6 +140,38 @@ class Forwarder:
             if sent < settings.batch_size:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), settings.poll_interval)
+
+    async def _catch_up(self, lease: Lease, backoff: Backoff) -> None:
+        """On taking the lead: send what is queued, then resync the policy keys (once)."""
+        if self._policy is None:
+            return
+        while True:
+            try:
+                while await self.drain_once(lease) >= self._settings.batch_size:
+                    pass
+                await self.resync_policy(lease)
+                return
+            except NotLeader:
+                raise
+            except RetryableError as exc:
+                delay = await backoff.sleep()
+                log.warning("ml2.forwarder.resync_failed", error=str(exc), delay=delay)
+
+    async def resync_policy(self, lease: Lease) -> None:
+        assert self._policy is not None
+        wanted = await asyncio.to_thread(self._policy.read)
+        guards = fence(self._settings.election_key, lease.id)
+        result = await resync(self._client, wanted, guards, self._settings.batch_size)
+        if result is None:
+            raise NotLeader(f"election key {self._settings.election_key} lost during resync")
+        self.policy_revision = max(self.policy_revision, result.revision)
+        log.info(
+            "ml2.forwarder.policy_resynced",
+            put=result.put,
+            deleted=result.deleted,
+            unchanged=result.unchanged,
+            revision=result.revision,
+        )
 
     async def drain_once(self, lease: Lease) -> int:
         """Send the oldest batch; returns how many rows went (0 when the journal is empty)."""
@@ -153,5 +191,7 @@ class Forwarder:
             raise NotLeader(f"election key {settings.election_key} no longer carries our lease")
         await asyncio.to_thread(self._journal.delete, ids)
         self.sent_rows += len(rows)
+        if any(row.key.startswith(keys.global_prefix()) for row in rows):
+            self.policy_revision = revision
         log.debug("ml2.forwarder.sent", rows=len(rows), first=ids[0], revision=revision)
         return len(rows)
