@@ -89,7 +89,7 @@ class PolicyJournal:
             _add_rows(context.session, {keys.address_group(payload.resource_id): None})
         self._kick()
 
-    def committed(self, _resource: str, _event: str, _trigger: Any, _payload: Any) -> None:
+    def committed(self, _resource: str, _event: str, _trigger: Any, payload: Any) -> None:
         self._kick()
 
     @staticmethod
