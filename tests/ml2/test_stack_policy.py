@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,11 +18,14 @@ import pytest
 from podwire import keys
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchEvent
+from podwire.ml2.journal import SqlJournal
+from podwire.schema.records import parse_ml2_report
 from podwire.schema.secgroups import (
     parse_address_group,
     parse_group_member,
     parse_security_group,
 )
+from podwire.stack.mariadb import MariaDB
 from tests.ml2.test_stack_binding import vxlan_network
 from tests.scripted_agent import ScriptedAgent, bound_on, eventually
 
@@ -130,7 +138,11 @@ async def test_group_and_rules_reach_etcd_normalised_and_in_order(
             etcd, group.id, lambda g: rule_ids(g) == base | added, "three rules added"
         )
         by_id = {rule.rule_id: rule for rule in full.rules}
-        assert (by_id[ssh.id].protocol, by_id[ssh.id].port_min, by_id[ssh.id].port_max) == (6, 22, 22)
+        assert (by_id[ssh.id].protocol, by_id[ssh.id].port_min, by_id[ssh.id].port_max) == (
+            6,
+            22,
+            22,
+        )
         # Neutron keeps the prefix as typed; its firewall (and ours) match the network.
         assert by_id[ssh.id].remote_ip_prefix == "10.0.0.0/8"
         assert (by_id[ping6.id].protocol, by_id[ping6.id].port_min) == (58, 128)
@@ -303,3 +315,78 @@ async def test_deleting_a_remote_group_rejournals_groups_naming_it(
     neutron.network.delete_security_group(target.id)
     await absent(etcd, keys.secgroup(target.id), "target gone")
     await group_in_etcd(etcd, referrer.id, lambda g: rule.id not in rule_ids(g), "rule gone")
+
+
+def _run_callback(url: str, sg_id: str, mode: str) -> int:
+    argv = [sys.executable, "-m", "tests.ml2.rollback_proc", url, sg_id, mode]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["seen_in_transaction"])
+
+
+async def test_a_rolled_back_transaction_journals_nothing(
+    etcd: EtcdClient, groups: Callable[..., Any], journal: SqlJournal, stack: dict[str, Any]
+) -> None:
+    url = MariaDB(Path(stack["data_dir"])).url
+    rolled, control = groups("pw-rolled"), groups("pw-control")
+    for group in (rolled, control):
+        await group_in_etcd(etcd, group.id, lambda g: len(g.rules) == 2, "groups forwarded")
+    before = {g.id: (await etcd.get(keys.secgroup(g.id))).mod_revision for g in (rolled, control)}
+    assert await asyncio.to_thread(_run_callback, url, rolled.id, "rollback") == 1
+    assert await asyncio.to_thread(_run_callback, url, control.id, "commit") == 1
+    await etcd.put(keys.KICK, b"")
+
+    async def control_rewritten() -> bool:
+        kv = await etcd.get(keys.secgroup(control.id))
+        return kv is not None and kv.mod_revision > before[control.id]
+
+    # The journal is replayed in order: once the later, committed row is in etcd, a row of the
+    # rolled-back transaction would have been too.
+    await eventually(control_rewritten, "the committed row forwarded")
+    assert (await etcd.get(keys.secgroup(rolled.id))).mod_revision == before[rolled.id]
+    assert journal.count() == 0 or all(
+        row.key != keys.secgroup(rolled.id) for row in journal.fetch(1000)
+    )
+
+
+async def test_resync_on_a_new_forwarder_term_repairs_missing_and_stale_keys(
+    neutron: Any, project_id: str, etcd: EtcdClient, groups: Callable[..., Any]
+) -> None:
+    network, _ = vxlan_network(neutron, project_id, "10.53.0.0/24")
+    group = groups("pw-resync")
+    port = neutron.network.create_port(
+        network_id=network.id, project_id=project_id, security_groups=[group.id]
+    )
+    group_key, member_key = keys.secgroup(group.id), keys.remote_group_member(group.id, port.id)
+    member = await eventually(lambda: value_of(etcd, member_key), "member key")
+    original = await eventually(lambda: value_of(etcd, group_key), "group key")
+    stale = [
+        keys.secgroup(str(uuid.uuid4())),
+        keys.remote_group_member(str(uuid.uuid4()), str(uuid.uuid4())),
+        keys.address_group(str(uuid.uuid4())),
+    ]
+    for key in stale:
+        await etcd.put(key, b'{"v": 1}')
+    await etcd.delete(group_key)
+    await etcd.put(member_key, b"garbage")
+    # A new term: whoever wins the election key next resyncs. The row of the new group makes
+    # the old leader's next fenced batch fail if it did not notice the loss by itself.
+    await etcd.delete(keys.election("forwarder"))
+    trigger = groups("pw-resync-trigger")
+
+    async def repaired() -> bool:
+        return (
+            await value_of(etcd, group_key) == original
+            and await value_of(etcd, member_key) == member
+            and all([await etcd.get(key) is None for key in stale])
+            and await etcd.get(keys.secgroup(trigger.id)) is not None
+        )
+
+    await eventually(repaired, "policy keys resynced")
+
+    written = (await etcd.get(keys.secgroup(trigger.id))).mod_revision
+
+    async def reported() -> bool:
+        kv = await etcd.get(keys.status("ml2"))
+        return kv is not None and parse_ml2_report(kv.value).policy_revision >= written
+
+    await eventually(reported, "policy revision in the ml2 report")
