@@ -13,7 +13,6 @@ its own members). Without them every group would start empty, which no deploymen
 from __future__ import annotations
 
 import sys
-
 import uuid
 
 import sqlalchemy
@@ -22,7 +21,6 @@ from neutron.db.models.securitygroup_default_rules import SecurityGroupDefaultRu
 from sqlalchemy import orm
 
 import podwire.ml2.journal  # noqa: F401  (registers podwire's journal table in the metadata)
-
 
 # (direction, ethertype, remote group, used in default groups, used in other groups);
 # "PARENT" is Neutron's placeholder for the group the rule is created in.
