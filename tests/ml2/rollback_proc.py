@@ -1,6 +1,7 @@
 """Runs the driver's group callback inside a real Neutron DB transaction, outside any server:
 ``commit`` lets the transaction commit, ``rollback`` raises after the journal row was added.
-Prints how many journal rows for the group the transaction itself saw."""
+Prints whether the group was marked for journaling inside the transaction (its row is added
+when the transaction commits)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from neutron_lib.db import api as db_api
 from oslo_config import cfg
 from oslo_db import options
 
-from podwire import keys
-from podwire.ml2.journal import JournalRow
-from podwire.ml2.policy_callbacks import PolicyJournal
+from podwire.ml2.policy_callbacks import PENDING, PolicyJournal
 
 
 class RolledBack(Exception):
@@ -33,13 +32,12 @@ def main(url: str, sg_id: str, mode: str) -> None:
             PolicyJournal(lambda: None).group_changed(
                 resources.SECURITY_GROUP, events.PRECOMMIT_UPDATE, None, payload=payload
             )
-            query = admin.session.query(JournalRow).filter_by(key=keys.secgroup(sg_id))
-            seen = query.count()
+            seen = int(sg_id in admin.session.info[PENDING][1])
             if mode == "rollback":
                 raise RolledBack
     except RolledBack:
         pass
-    print(json.dumps({"seen_in_transaction": seen}))
+    print(json.dumps({"marked_in_transaction": seen}))
 
 
 if __name__ == "__main__":

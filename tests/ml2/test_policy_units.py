@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from podwire import keys
 from podwire.errors import ValidationError
 from podwire.ml2 import policy
+from podwire.ml2.forwarder import within_bytes
+from podwire.ml2.journal import Entry
 from podwire.ml2.policy_resync import resync_ops
 from podwire.schema.ports import DesiredPort, parse_desired_port
 from podwire.schema.secgroups import (
@@ -213,3 +215,13 @@ def test_resync_ops_take_etcd_to_the_snapshot(
     assert puts == sum(1 for key, value in wanted.items() if present.get(key) != value.encode())
     if {key: value.encode() for key, value in wanted.items()} == present:
         assert ops == []
+
+
+def test_a_batch_of_large_values_is_cut_to_fit_one_etcd_request() -> None:
+    big = "x" * 400_000
+    rows = [Entry(index, f"/podwire/global/secgroups/g{index}", big) for index in range(6)]
+    first = within_bytes(rows, 1024 * 1024)
+    assert [row.id for row in first] == [0, 1]
+    assert within_bytes(rows[:1], 10) == rows[:1]  # one oversized row still goes, alone
+    small = [Entry(index, f"/k{index}", "v") for index in range(5)]
+    assert within_bytes(small, 1024) == small

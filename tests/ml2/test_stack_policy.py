@@ -320,7 +320,7 @@ async def test_deleting_a_remote_group_rejournals_groups_naming_it(
 def _run_callback(url: str, sg_id: str, mode: str) -> int:
     argv = [sys.executable, "-m", "tests.ml2.rollback_proc", url, sg_id, mode]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
-    return int(json.loads(done.stdout.strip().splitlines()[-1])["seen_in_transaction"])
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["marked_in_transaction"])
 
 
 async def test_a_rolled_back_transaction_journals_nothing(
@@ -390,3 +390,33 @@ async def test_resync_on_a_new_forwarder_term_repairs_missing_and_stale_keys(
         return kv is not None and parse_ml2_report(kv.value).policy_revision >= written
 
     await eventually(reported, "policy revision in the ml2 report")
+
+
+async def test_a_bulk_of_300_rules_is_one_journal_row_and_one_large_value(
+    neutron: Any, etcd: EtcdClient, groups: Callable[..., Any]
+) -> None:
+    """Past TEXT's 64 KiB (MEDIUMTEXT journal values), journaled once per transaction."""
+    group = groups("pw-large")
+    await group_in_etcd(etcd, group.id, lambda g: len(g.rules) == 2, "new group")
+    key = keys.secgroup(group.id)
+    async with recording(etcd, key) as events:
+        body = [
+            {
+                "security_group_id": group.id,
+                "direction": "ingress",
+                "ethertype": "IPv4",
+                "protocol": "udp",
+                "port_range_min": 2000 + index,
+                "port_range_max": 2000 + index,
+                "remote_ip_prefix": f"10.{index % 250}.0.0/16",
+            }
+            for index in range(300)
+        ]
+        created = await asyncio.to_thread(
+            lambda: list(neutron.network.create_security_group_rules(body))
+        )
+        value = await group_in_etcd(etcd, group.id, lambda g: len(g.rules) == 302, "300 rules")
+    assert rule_ids(value) >= {rule.id for rule in created}
+    assert len((await etcd.get(key)).value) > 65536
+    # The whole request is one transaction: one value, not 300 growing ones.
+    assert len([event for event in events if event.kind == "put"]) == 2, events  # listing + 1

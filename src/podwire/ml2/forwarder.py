@@ -48,9 +48,23 @@ class ForwarderSettings:
     lease_ttl: int = 10
     # etcd refuses txns of more than 128 operations by default (--max-txn-ops).
     batch_size: int = 100
+    # ... and requests over 1.5 MiB (--max-request-bytes): a batch of large security-group
+    # values is cut short of this many value bytes (always at least one row).
+    batch_bytes: int = 1024 * 1024
     poll_interval: float = 10.0
     retry_initial: float = 0.2
     retry_max: float = 5.0
+
+
+def within_bytes(rows: Sequence[Entry], limit: int) -> list[Entry]:
+    """The longest prefix of ``rows`` whose keys and values fit ``limit`` bytes, at least one
+    row; the rest stay in the journal for the next batch, in order."""
+    total = 0
+    for count, row in enumerate(rows):
+        total += len(row.key) + len(row.value or "")
+        if total > limit and count:
+            return list(rows[:count])
+    return list(rows)
 
 
 def batch_ops(rows: Sequence[Entry]) -> list[Op]:
@@ -93,6 +107,7 @@ class Forwarder:
         self._policy = policy
         self.is_leader = False
         self.sent_rows = 0
+        self.backlog = False  # the last drain left rows behind
         # etcd revision of the last write under /podwire/global/ (``podwire status``).
         self.policy_revision = 0
 
@@ -129,7 +144,7 @@ class Forwarder:
         while True:
             self._wake.clear()
             try:
-                sent = await self.drain_once(lease)
+                await self.drain_once(lease)
             except NotLeader:
                 raise
             except RetryableError as exc:
@@ -137,7 +152,7 @@ class Forwarder:
                 log.warning("ml2.forwarder.drain_failed", error=str(exc), delay=delay)
                 continue
             backoff.reset()
-            if sent < settings.batch_size:
+            if not self.backlog:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), settings.poll_interval)
 
@@ -147,7 +162,7 @@ class Forwarder:
             return
         while True:
             try:
-                while await self.drain_once(lease) >= self._settings.batch_size:
+                while await self.drain_once(lease) and self.backlog:
                     pass
                 await self.resync_policy(lease)
                 return
@@ -176,9 +191,11 @@ class Forwarder:
     async def drain_once(self, lease: Lease) -> int:
         """Send the oldest batch; returns how many rows went (0 when the journal is empty)."""
         settings = self._settings
-        rows = await asyncio.to_thread(self._journal.fetch, settings.batch_size)
-        if not rows:
+        fetched = await asyncio.to_thread(self._journal.fetch, settings.batch_size)
+        self.backlog = False
+        if not fetched:
             return 0
+        rows = within_bytes(fetched, settings.batch_bytes)
         ids = [row.id for row in rows]
         guards = fence(settings.election_key, lease.id)
         try:
@@ -194,4 +211,6 @@ class Forwarder:
         if any(row.key.startswith(keys.global_prefix()) for row in rows):
             self.policy_revision = revision
         log.debug("ml2.forwarder.sent", rows=len(rows), first=ids[0], revision=revision)
+        # More may be waiting: the batch was full, or cut short by its size.
+        self.backlog = len(fetched) == settings.batch_size or len(rows) < len(fetched)
         return len(rows)

@@ -1,9 +1,9 @@
 """Journals security groups, their rules and address groups from Neutron's callbacks.
 
-Groups and rules: in the ``PRECOMMIT_*`` callbacks, which Neutron publishes inside the
-transaction of the change, so a group's key changes if and only if the change commits (a
-raise here rolls it back). Each journal row carries the whole group as the transaction sees
-it, so replaying rows in order always ends at the committed group.
+Groups and rules: the ``PRECOMMIT_*`` callbacks, which Neutron publishes inside the
+transaction of the change, mark the groups it touches; when that transaction commits (still
+inside it) each marked group is read once and journaled whole. So a group's key changes if and
+only if the change commits, and each row carries the group exactly as it committed.
 
 Address groups: Neutron 29 publishes only ``AFTER_*`` events for them, after its own commit.
 The row is written in a transaction of its own from the group as it is then; a process that
@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy as sa
 from neutron_lib.callbacks import events, registry, resources
 from neutron_lib.db import api as db_api
 
@@ -25,6 +26,10 @@ from podwire.ml2.mlog import get_logger
 log = get_logger(__name__)
 
 AFTER_EVENTS = (events.AFTER_CREATE, events.AFTER_UPDATE, events.AFTER_DELETE)
+# Session.info entries: the groups to journal at this transaction's commit, and whether the
+# session's before_commit listener is installed.
+PENDING = "podwire_pending_groups"
+LISTENING = "podwire_commit_listener"
 
 
 class PolicyJournal:
@@ -50,27 +55,21 @@ class PolicyJournal:
     # Neutron calls every callback with (resource, event, trigger, payload).
 
     def group_changed(self, _resource: str, _event: str, _trigger: Any, payload: Any) -> None:
-        self._journal_groups(payload.context, [payload.resource_id])
+        _journal_at_commit(payload.context, [payload.resource_id])
 
     def group_deleted(self, _resource: str, _event: str, _trigger: Any, payload: Any) -> None:
         context, sg_id = payload.context, payload.resource_id
         with db_api.CONTEXT_WRITER.using(context):
-            session = context.session
-            session.flush()
             # Rules elsewhere that name this group go with it (a foreign-key cascade that
-            # publishes nothing), so their groups are journaled without them.
-            others = policy_db.groups_referencing(session, sg_id)
-            values = policy_db.group_values(session, others, gone_group=sg_id)
-            values[keys.secgroup(sg_id)] = None
-            _add_rows(session, values)
+            # publishes nothing): their groups are journaled again, read at commit.
+            others = policy_db.groups_referencing(context.session, sg_id)
+        _journal_at_commit(context, [sg_id, *others])
 
     def rule_created(self, _resource: str, _event: str, _trigger: Any, payload: Any) -> None:
-        self._journal_groups(payload.context, [payload.states[0]["security_group_id"]])
+        _journal_at_commit(payload.context, [payload.states[0]["security_group_id"]])
 
     def rule_deleted(self, _resource: str, _event: str, _trigger: Any, payload: Any) -> None:
-        sg_id = payload.metadata["security_group_id"]
-        skip = frozenset({payload.resource_id})
-        self._journal_groups(payload.context, [sg_id], skip)
+        _journal_at_commit(payload.context, [payload.metadata["security_group_id"]])
 
     def address_group_changed(
         self, _resource: str, _event: str, _trigger: Any, payload: Any
@@ -92,14 +91,34 @@ class PolicyJournal:
     def committed(self, _resource: str, _event: str, _trigger: Any, payload: Any) -> None:
         self._kick()
 
-    @staticmethod
-    def _journal_groups(
-        context: Any, sg_ids: list[str], skip_rules: frozenset[str] = frozenset()
-    ) -> None:
-        with db_api.CONTEXT_WRITER.using(context):
-            session = context.session
-            session.flush()  # rules this transaction added are rows the query must see
-            _add_rows(session, policy_db.group_values(session, sg_ids, skip_rules))
+
+def _journal_at_commit(context: Any, sg_ids: list[str]) -> None:
+    """Journal these groups as the transaction commits them, once each.
+
+    Read when the transaction commits (SQLAlchemy's ``before_commit``, still inside it), not
+    at each callback: a bulk create of N rules publishes N events in one transaction, and
+    reading and encoding the growing group each time would cost O(N^2). At commit the
+    group is exactly what commits: rules deleted, cascades done, the group gone or not.
+    """
+    with db_api.CONTEXT_WRITER.using(context):
+        session = context.session
+        transaction = session.get_transaction()
+        held = session.info.get(PENDING)
+        if held is None or held[0] is not transaction:
+            held = (transaction, set())
+            session.info[PENDING] = held
+        held[1].update(sg_ids)
+        if not session.info.get(LISTENING):
+            sa.event.listen(session, "before_commit", _journal_pending)
+            session.info[LISTENING] = True
+
+
+def _journal_pending(session: Any) -> None:
+    held = session.info.pop(PENDING, None)
+    if held is None or held[0] is not session.get_transaction():
+        return  # marked in a transaction that rolled back
+    session.flush()  # rows this transaction changed are rows the query must see
+    _add_rows(session, policy_db.group_values(session, held[1]))
 
 
 def _add_rows(session: Any, values: dict[str, str | None]) -> None:

@@ -58,22 +58,15 @@ def _group_row(row: Any) -> policy.GroupRow:
     )
 
 
-def group_values(
-    db: Any,
-    sg_ids: Iterable[str],
-    skip_rules: frozenset[str] = frozenset(),
-    gone_group: str | None = None,
-) -> dict[str, str | None]:
-    """The current value of each group (None: the group is gone), leaving out what this
-    transaction deletes: rules ``skip_rules``, and rules naming ``gone_group`` as remote."""
+def group_values(db: Any, sg_ids: Iterable[str]) -> dict[str, str | None]:
+    """The current value of each group (None: the group is gone)."""
     wanted = sorted(set(sg_ids))
     if not wanted:
         return {}
     groups = {str(row.id): _group_row(row) for row in db.execute(GROUP, {"ids": wanted})}
     rules: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in db.execute(RULES, {"ids": wanted}):
-        if row.id not in skip_rules and (gone_group is None or row.remote_group_id != gone_group):
-            rules[str(row.security_group_id)].append(dict(row._mapping))
+        rules[str(row.security_group_id)].append(dict(row._mapping))
     return {
         keys.secgroup(sg_id): (
             policy.group_value(groups[sg_id], rules[sg_id]) if sg_id in groups else None
