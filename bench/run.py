@@ -21,6 +21,7 @@ SECTIONS = [
     "etcd_bench",
     "neutron_bench",
     "ml2_bench",
+    "policy_bench",
     "controller_bench",
     "heal_bench",  # before recovery_bench: its controller lists every port of the stack
     "recovery_bench",
