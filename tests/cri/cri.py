@@ -63,11 +63,11 @@ class Cri:
             await asyncio.sleep(0.05)
 
     def sandbox_config(
-        self, pod: Pod, port_mappings: list[tuple[int, int]] | None = None
+        self, pod: Pod, port_mappings: list[tuple[int, int]] | None = None, attempt: int = 0
     ) -> Any:
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(
-                name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=0
+                name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=attempt
             ),
             hostname=pod.name,
             port_mappings=[
@@ -81,8 +81,11 @@ class Cri:
             ),
         )
 
-    async def run(self, pod: Pod, port_mappings: list[tuple[int, int]] | None = None) -> str:
-        request = pb.RunPodSandboxRequest(config=self.sandbox_config(pod, port_mappings))
+    async def run(
+        self, pod: Pod, port_mappings: list[tuple[int, int]] | None = None, attempt: int = 0
+    ) -> str:
+        config = self.sandbox_config(pod, port_mappings, attempt)
+        request = pb.RunPodSandboxRequest(config=config)
         answer = await self._stub.RunPodSandbox(request, timeout=self.timeout)
         return str(answer.pod_sandbox_id)
 
