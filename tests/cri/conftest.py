@@ -53,7 +53,10 @@ class Node:
     async def install(self, **overrides: Any) -> dict[str, Any]:
         """``podwire cni install`` into containerd's dirs; returns once the CRI loaded it."""
         spec = self.spec(**overrides)
-        install(spec)
+        _, written = install(spec)
+        for other in self.containerd.conf_dir.iterdir():
+            if other != written:  # the CRI reads one conflist: the first by name
+                other.unlink()
         wanted = conflist(spec)
         await self.cri.wait_loaded(wanted)
         return wanted
