@@ -23,7 +23,7 @@ from podwire.cni.install import InstallSpec, conflist, install
 from podwire.config import EtcdSettings
 from tests.agent.conftest import hostnames, netenv  # noqa: F401  (fixtures used here)
 from tests.agent.harness import HostAgent
-from tests.agent.netenv import NetEnv, links_in
+from tests.agent.netenv import NetEnv, links_in, sh
 from tests.cri.containerd import Containerd
 from tests.cri.cri import Cri
 
@@ -122,11 +122,16 @@ async def node(
         await made.install()
         yield made
     finally:
+        netns: list[str] = []
         if cri is not None:
             with contextlib.suppress(Exception):  # the test's own failure is what matters
+                netns = [await cri.netns(s) for s in await cri.sandboxes()]
                 if agent.task is None:  # a test left it stopped: the sandboxes' DELs need it
                     await agent.start()
                 await cri.remove_all()
             await cri.close()
         await asyncio.to_thread(runtime.cleanup)
+        for path in netns:  # left only when removing the sandboxes failed
+            if os.path.exists(path):
+                sh("ip", "netns", "del", os.path.basename(path), check=False)
         await agent.stop()
