@@ -147,9 +147,7 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         containerd.prepare()
         containerd.start()
         containerd.import_image()
-        spec = InstallSpec(
-            containerd.bin_dir, containerd.conf_dir, network.id, agent_socket=socket
-        )
+        spec = InstallSpec(containerd.bin_dir, containerd.conf_dir, network.id, agent_socket=socket)
         install(spec)
         ours, ref = Phase(conflist(spec)), Phase(_reference(work))
         singles = max(1, min(samples, 60) // ROUNDS)
