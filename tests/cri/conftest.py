@@ -26,6 +26,7 @@ from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, links_in, sh
 from tests.cri.containerd import Containerd
 from tests.cri.cri import Cri
+from tests.cri.image import build_archive
 
 
 @dataclass
@@ -96,8 +97,15 @@ def network(neutron: Any, project_id: str) -> Any:
     return net
 
 
+@pytest.fixture(scope="session")
+def pause_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The offline sandbox image, built once per session (gcc -static, then packed)."""
+    return build_archive(tmp_path_factory.mktemp("pause-image"))
+
+
 @pytest.fixture
 async def node(
+    pause_image: Path,
     netenv: NetEnv,  # noqa: F811
     hostnames: list[str],  # noqa: F811
     etcd_settings: EtcdSettings,
@@ -116,7 +124,7 @@ async def node(
         await agent.start()
         runtime.prepare()
         await asyncio.to_thread(runtime.start)
-        await asyncio.to_thread(runtime.import_image)
+        await asyncio.to_thread(runtime.import_image, pause_image)
         cri = Cri(runtime.socket)
         made = Node(agent, runtime, cri, network, neutron)
         await made.install()

@@ -141,10 +141,10 @@ class Containerd:
             timeout=60,
         )
 
-    def import_image(self) -> None:
-        """The pause image, imported (and unpacked) into the CRI's namespace."""
-        archive = build_archive(self.work)
-        self.ctr("images", "import", str(archive))
+    def import_image(self, archive: Path | None = None) -> None:
+        """The pause image (``archive``, else built here), imported (and unpacked) into the
+        CRI's namespace."""
+        self.ctr("images", "import", str(archive or build_archive(self.work)))
 
     def stop(self) -> None:
         """SIGTERM containerd only: its shims and the sandboxes they run keep running."""
