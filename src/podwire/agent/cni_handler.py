@@ -19,6 +19,8 @@ from podwire.agent import naming
 from podwire.agent.attach import Plugger, PlugSpec
 from podwire.agent.binder import Binder
 from podwire.agent.checkpoint import Attachment, Checkpoint
+from podwire.agent.memif import MemifPlan, MemifService
+from podwire.agent.memif_state import MEMIF_IFNAME, MemifEntry
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.vifsource import VifRequest, VifSource
@@ -30,7 +32,7 @@ from podwire.cni.request import (
     parse_request,
     valid_attachments,
 )
-from podwire.cni.result import Address, render
+from podwire.cni.result import Address, add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
@@ -61,8 +63,10 @@ class CniHandler:
         ready: ReadyCheck,
         pods: PodReleaser | None = None,
         metrics: AgentMetrics | None = None,
+        memif: MemifService | None = None,
     ) -> None:
         self._settings = settings
+        self._memif = memif
         self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
         self._binder = binder
@@ -135,7 +139,7 @@ class CniHandler:
             and existing.netns == req.netns
             and await self._plugger.check(existing.attached, _bridge(existing.vif)) is None
         ):
-            return _dump(render(existing.attached, req.conf.cni_version, req.conf.prev_result))
+            return self._result(req, existing, self._memif_of(req.attachment))
         if not is_netns(req.netns):
             raise CniError(
                 spec.INVALID_ENV,
@@ -147,19 +151,32 @@ class CniHandler:
         vif = existing.vif if existing is not None else await self._request_vif(req, deadline)
         try:
             entry = await self._wire(req, vif, deadline)
+            memif = await self._memif.attach(MemifPlan(req, deadline)) if self._memif else None
         except BaseException:
             await self._rollback(req.attachment, vif if existing is None else None)
             raise
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
-        return _dump(render(entry.attached, req.conf.cni_version, req.conf.prev_result))
+        return self._result(req, entry, memif)
+
+    def _memif_of(self, attachment: str) -> MemifEntry | None:
+        return self._memif.get(attachment) if self._memif else None
+
+    def _result(self, req: CniRequest, entry: Attachment, memif: MemifEntry | None) -> str:
+        result = render(entry.attached, req.conf.cni_version, req.conf.prev_result)
+        if memif is not None:
+            add_memif(result, MEMIF_IFNAME, memif.vif.mac_address, memif.socket, memif.addresses)
+        return _dump(result)
 
     async def _rollback(self, attachment: str, vif: Vif | None) -> None:
         """Undo a failed ADD; a failure here is logged so the original error is what the
         runtime sees (its DEL will retry the release)."""
         try:
+            if self._memif is not None:
+                await self._memif.detach(attachment)
             await self._plugger.unplug(attachment)
             if vif is not None:
                 await self._vifs.release(attachment, vif)
+                await self._checkpoint.remove(attachment)
         except PodwireError as exc:
             log.warning("agent.cni.rollback_failed", attachment=attachment, error=str(exc))
 
@@ -210,6 +227,8 @@ class CniHandler:
 
     async def _del(self, attachment: str, req: CniRequest | None) -> str:
         entry = self._checkpoint.get(attachment)
+        if self._memif is not None:
+            await self._memif.detach(attachment)
         await self._plugger.unplug(attachment, entry.attached if entry else None)
         await self._vifs.release(attachment, entry.vif if entry else None)
         await self._checkpoint.remove(attachment)
@@ -261,7 +280,8 @@ class CniHandler:
         checkpoint write. Checked again under each attachment's lock, so an ADD in flight
         (VIF requested, checkpoint not yet written) is never released under it."""
         released = []
-        for attachment in sorted(await self._vifs.held() - keep):
+        memif_ports = self._memif.vif_attachments() if self._memif else set()
+        for attachment in sorted(await self._vifs.held() - keep - memif_ports):
             async with self._lock(attachment):
                 if self._checkpoint.get(attachment) is None:
                     await self._del(attachment, None)
