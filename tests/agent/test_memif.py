@@ -81,7 +81,9 @@ async def hosts(
     agents = []
     for index, host in enumerate(hostnames, start=1):
         ns, vtep = netenv.host(index)
-        extra: dict[str, Any] = {"deviceplugin": make_settings(root, devices=4)} if index == 1 else {}
+        extra: dict[str, Any] = (
+            {"deviceplugin": make_settings(root, devices=4)} if index == 1 else {}
+        )
         agents.append(HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint, **extra))
     try:
         for agent in agents:

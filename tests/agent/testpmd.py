@@ -31,7 +31,9 @@ class Testpmd:
 
     @classmethod
     def memif_client(cls, socket: str, secret: str, mac: str, **kw: object) -> Testpmd:
-        vdev = f"net_memif0,role=client,socket={socket},socket-abstract=no,secret={secret},mac={mac}"
+        vdev = (
+            f"net_memif0,role=client,socket={socket},socket-abstract=no,secret={secret},mac={mac}"
+        )
         return cls(vdev, **kw)  # type: ignore[arg-type]
 
     def start(self) -> None:

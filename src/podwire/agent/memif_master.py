@@ -62,9 +62,12 @@ def listen(path: str) -> socket.socket:
     return sock
 
 
-def spawn(binary: Path, spec: MasterSpec, tap_fd: int, settings: MemifSettings) -> tuple[int, int]:
+def spawn(
+    binary: Path, spec: MasterSpec, tap_fd: int, settings: MemifSettings, stderr: int | None = None
+) -> tuple[int, int]:
     """Start a master on a fresh socket and the given tap; returns (pid, start time). The
-    caller's tap descriptor is closed here either way: the master's copy keeps the tap."""
+    caller's tap descriptor is closed here either way: the master's copy keeps the tap. Its
+    log lines go to ``stderr`` (default: the agent's own)."""
     try:
         sock = listen(spec.socket)
     except BaseException:
@@ -84,6 +87,7 @@ def spawn(binary: Path, spec: MasterSpec, tap_fd: int, settings: MemifSettings) 
             env={"PODWIRE_MEMIF_SECRET": spec.secret},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
+            stderr=stderr,
             start_new_session=True,
         )
     except OSError as exc:
