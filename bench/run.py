@@ -27,6 +27,7 @@ SECTIONS = [
     "cni_bench",
     "stack_bench",
     "deviceplugin_bench",
+    "memif_bench",
 ]
 
 

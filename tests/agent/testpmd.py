@@ -26,6 +26,7 @@ class Testpmd:
     mode: str = "icmpecho"
     extra: tuple[str, ...] = ()
     log: Path | None = None
+    netns: str = ""  # run inside this named namespace (the af_packet reference's veth is there)
     prefix: str = field(default_factory=lambda: f"pw{uuid.uuid4().hex[:8]}")
     proc: subprocess.Popen[bytes] | None = None
 
@@ -38,6 +39,7 @@ class Testpmd:
 
     def start(self) -> None:
         argv = [
+            *(["ip", "netns", "exec", self.netns] if self.netns else []),
             BINARY,
             "--lcores=0@1,1@1",
             "--no-huge",

@@ -42,6 +42,7 @@ def limits_argv(settings: MemifSettings) -> list[str]:
         f"--max-log2-ring={settings.max_log2_ring}",
         f"--max-region-bytes={settings.max_region_mb << 20}",
         f"--handshake-ms={max(1, round(settings.handshake_timeout * 1000))}",
+        f"--poll-us={settings.poll_us}",
     ]
 
 

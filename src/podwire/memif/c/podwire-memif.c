@@ -85,6 +85,7 @@ struct limits {
     unsigned max_regions, max_rings, max_log2_ring;
     uint64_t max_region_bytes;
     unsigned handshake_ms;
+    unsigned poll_us;
 };
 
 enum state { S_IDLE, S_WAIT_INIT, S_SETUP, S_CONNECTED };
@@ -103,7 +104,7 @@ struct conn {
 static const char *g_name = "memif";
 static char g_secret[SECRET_SIZE + 1];
 static size_t g_secret_len;
-static struct limits g_lim = {1, 2, 14, 1ull << 28, 5000};
+static struct limits g_lim = {1, 2, 14, 1ull << 28, 5000, 0};
 static volatile sig_atomic_t g_stop;
 static int g_epoll = -1;
 static uint8_t g_scratch[MAX_FRAME];
@@ -519,13 +520,14 @@ static void read_desc(const struct ring *r, uint16_t slot, struct desc *d)
     memcpy(d, r->base + RING_HEADER + (size_t)(slot & (r->size - 1)) * DESC_SIZE, DESC_SIZE);
 }
 
-/* Client -> tap. Returns NULL or a reason to drop the client. */
-static const char *drain_c2s(struct conn *c, struct ring *r)
+/* Client -> tap; counts the slots it consumed into *work. NULL or a reason to drop the client. */
+static const char *drain_c2s(struct conn *c, struct ring *r, unsigned *work)
 {
     uint16_t head = load_idx(HEAD(r));
     uint16_t avail = (uint16_t)(head - r->last);
     if (avail > r->size)
         return "C2S ring head out of range";
+    *work += avail;
     while (avail) {
         struct desc d;
         uint32_t total = 0;
@@ -560,21 +562,30 @@ static const char *drain_c2s(struct conn *c, struct ring *r)
     return NULL;
 }
 
-static void on_c2s_interrupt(struct conn *c, unsigned index)
+static unsigned drain_all(struct conn *c)
 {
-    uint64_t count;
-    const char *err;
-    if (index >= c->nc2s)
-        return;
-    if (read(c->c2s[index].efd, &count, sizeof(count)) < 0 && errno != EAGAIN)
-        return;
-    err = drain_c2s(c, &c->c2s[index]);
-    if (err)
-        refuse(c, err);
+    unsigned i, work = 0;
+    for (i = 0; i < c->nc2s && c->state == S_CONNECTED; i++) {
+        const char *err = drain_c2s(c, &c->c2s[i], &work);
+        if (err)
+            refuse(c, err);
+    }
+    return work;
 }
 
-/* Tap -> client: fill the buffers the client put on the S2C ring; drop what does not fit. */
-static void on_tap(struct conn *c)
+static unsigned on_c2s_interrupt(struct conn *c, unsigned index)
+{
+    uint64_t count;
+    if (index >= c->nc2s)
+        return 0;
+    if (read(c->c2s[index].efd, &count, sizeof(count)) < 0 && errno != EAGAIN)
+        return 0;
+    return drain_all(c);
+}
+
+/* Tap -> client: fill the buffers the client put on the S2C ring; drop what does not fit.
+ * Returns how many frames it read from the tap. */
+static unsigned on_tap(struct conn *c)
 {
     struct ring *r = c->state == S_CONNECTED ? &c->s2c[0] : NULL;
     unsigned n;
@@ -629,6 +640,58 @@ static void on_tap(struct conn *c)
             }
         }
     }
+    return n;
+}
+
+/* -- adaptive polling: spin briefly while traffic flows, sleep in epoll when idle ---------- */
+
+static long long now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Ask the client not to signal C2S frames (we are polling) or to signal them again. */
+static void mask_c2s(struct conn *c, int masked)
+{
+    unsigned i;
+    for (i = 0; i < c->nc2s; i++) {
+        uint16_t flags = masked ? RING_FLAG_MASK_INT : 0;
+        __atomic_store_n((uint16_t *)FLAGS(&c->c2s[i]), flags, __ATOMIC_RELEASE);
+    }
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+/* After traffic: poll rings and tap until nothing came for poll_us, at most SPIN_SLICE_US in
+ * one go (the control socket and new clients are served between slices). Returns 1 when the
+ * slice ended with traffic still flowing (poll again at once), 0 when idle (sleep). */
+#define SPIN_SLICE_US 2000
+static int spin(struct conn *c)
+{
+    long long start = now_us(), idle_until = start + g_lim.poll_us;
+    if (c->state != S_CONNECTED || g_lim.poll_us == 0)
+        return 0;
+    mask_c2s(c, 1);
+    while (c->state == S_CONNECTED && !g_stop) {
+        long long t;
+        unsigned work = drain_all(c);
+        if (c->state != S_CONNECTED)
+            return 0;
+        work += on_tap(c);
+        t = now_us();
+        if (work)
+            idle_until = t + g_lim.poll_us;
+        else if (t >= idle_until)
+            break;
+        if (t - start >= SPIN_SLICE_US)
+            return 1;
+    }
+    if (c->state != S_CONNECTED)
+        return 0;
+    mask_c2s(c, 0);
+    /* frames that came while the mask was set, before the client could see it cleared */
+    return drain_all(c) > 0 && c->state == S_CONNECTED;
 }
 
 /* -- main loop ------------------------------------------------------------------------ */
@@ -698,6 +761,8 @@ static void parse_args(int argc, char **argv)
             g_lim.max_region_bytes = v;
         else if (parse_limit(argv[i], "--handshake-ms", 1, 600000, &v))
             g_lim.handshake_ms = (unsigned)v;
+        else if (parse_limit(argv[i], "--poll-us", 0, 100000, &v))
+            g_lim.poll_us = (unsigned)v;
         else {
             fprintf(stderr, "podwire-memif: unknown argument %s\n", argv[i]);
             exit(2);
@@ -708,6 +773,7 @@ static void parse_args(int argc, char **argv)
 int main(int argc, char **argv)
 {
     struct conn c;
+    int busy = 0;
     struct epoll_event ev = {.events = EPOLLIN};
     const char *secret = getenv("PODWIRE_MEMIF_SECRET");
     struct sigaction sa = {0};
@@ -739,11 +805,12 @@ int main(int argc, char **argv)
     ev.data.u32 = 3;
     epoll_ctl(g_epoll, EPOLL_CTL_ADD, TAP_FD, &ev);
     set_carrier(0);
-    logline("memif.listening", "max_regions=%u max_rings=%u max_log2_ring=%u",
-            g_lim.max_regions, g_lim.max_rings, g_lim.max_log2_ring);
+    logline("memif.listening", "max_regions=%u max_rings=%u max_log2_ring=%u poll_us=%u",
+            g_lim.max_regions, g_lim.max_rings, g_lim.max_log2_ring, g_lim.poll_us);
     while (!g_stop) {
         struct epoll_event evs[16];
-        int timeout = -1, n, i;
+        int timeout = busy ? 0 : -1, n, i;
+        unsigned work = 0;
         if (c.state == S_WAIT_INIT || c.state == S_SETUP) {
             long long left = c.deadline_ms - now_ms();
             if (left <= 0) {
@@ -760,10 +827,11 @@ int main(int argc, char **argv)
             else if (tag == 2 && c.fd >= 0)
                 on_control(&c);
             else if (tag == 3)
-                on_tap(&c);
+                work += on_tap(&c);
             else if (tag >= 100 && c.state == S_CONNECTED)
-                on_c2s_interrupt(&c, tag - 100);
+                work += on_c2s_interrupt(&c, tag - 100);
         }
+        busy = (work || busy) ? spin(&c) : 0;
     }
     if (c.state != S_IDLE)
         send_disconnect(c.fd, "master stopping");
