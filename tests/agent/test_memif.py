@@ -255,6 +255,21 @@ async def test_two_memif_pods_and_grant_release(
     assert not [name for name in links_in(hosts.cnf_host.netns) if name.startswith("pwt")]
 
 
+async def test_device_plugin_failure_never_stops_veth_pods(
+    hosts: MemifHosts, netenv: NetEnv, vxnet: Any
+) -> None:
+    plain = await _add(hosts.cnf_host, netenv, vxnet.id, "plain")  # no grant: veth only
+    assert [i["name"] for i in plain.result["interfaces"]][-1] == "eth0"
+    # A grant kubelet has not tied to a pod yet, and kubelet's PodResources API down: the
+    # agent cannot tell whose grant it is, and the ADD goes on without memif.
+    await hosts.kubelet.stub.Allocate(allocate_request(["memif-3"]))
+    await hosts.kubelet.stop_pod_resources()
+    other = await _add(hosts.cnf_host, netenv, vxnet.id, "other")
+    assert all(i["name"] != "memif0" for i in other.result["interfaces"])
+    for pod in (plain, other):
+        await _del(hosts.cnf_host, vxnet.id, pod)
+
+
 def _memif_of(agent: HostAgent, attachment: str) -> MemifEntry | None:
     assert agent.agent is not None and agent.agent.parts.memif is not None
     return agent.agent.parts.memif.get(attachment)

@@ -25,6 +25,7 @@ from pathlib import Path
 from podwire.agent import memif_master, naming
 from podwire.agent.binder import Binder
 from podwire.agent.memif_state import MEMIF_IFNAME, MemifCheckpoint, MemifEntry
+from podwire.agent.metrics import AgentMetrics
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni.request import CniRequest
 from podwire.cni.result import Address
@@ -69,8 +70,10 @@ class MemifService:
         binder: Binder,
         host_nl: HostNetlink,
         state_dir: str,
+        metrics: AgentMetrics | None = None,
     ) -> None:
         self._settings = settings
+        self._metrics = metrics or AgentMetrics()
         self._binary = binary
         self._grants = grants
         self._vifs = vifs
@@ -168,6 +171,7 @@ class MemifService:
         except BaseException:
             await self._stop(entry)
             raise
+        self._metrics.memifs.set(len(self.checkpoint.entries))
         return entry
 
     async def detach(self, attachment: str) -> bool:
@@ -183,6 +187,7 @@ class MemifService:
         await self._stop(entry)
         await self._vifs.release(entry.vif_attachment, entry.vif)
         await self.checkpoint.remove(attachment)
+        self._metrics.memifs.set(len(self.checkpoint.entries))
         log.info("agent.memif.detached", attachment=attachment, port=entry.vif.port_id)
         return True
 
@@ -209,6 +214,7 @@ class MemifService:
         grant is gone. Called once the binder has adopted the bridges."""
         self.checkpoint.load()
         adopted = await self.supervise_once()
+        self._metrics.memifs.set(len(self.checkpoint.entries))
         log.info("agent.memif.restored", memifs=len(self.checkpoint.entries), adopted=adopted)
 
     async def run(self) -> None:
@@ -237,6 +243,7 @@ class MemifService:
         if memif_master.is_running(entry.pid, entry.started):
             return 1
         log.warning("agent.memif.master_restarted", attachment=entry.attachment, old_pid=entry.pid)
+        self._metrics.memif_master_restarts.inc()
         await self.checkpoint.put(await self._start(entry))
         return 0
 

@@ -103,8 +103,11 @@ def _abs_path(value: Any, what: str) -> str:
 
 
 def _interface(value: Any, what: str) -> str:
+    text = fields.text(value, what, 64, empty=False)
     try:
-        return str(ipaddress.ip_interface(fields.text(value, what, 64, empty=False)))
+        if "/" not in text:
+            raise ValueError(text)
+        return str(ipaddress.ip_interface(text))
     except ValueError as exc:
         raise fields.fail(what, f"{value!r} is not an address with a prefix length") from exc
 

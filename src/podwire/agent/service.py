@@ -119,7 +119,9 @@ class Agent:
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
-        memif = _memif_service(self.settings, plugin, memif_binary, vifs, binder, host_nl)
+        memif = _memif_service(
+            self.settings, plugin, memif_binary, (vifs, binder, host_nl), self.metrics
+        )
         releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
         if releaser is not None:
             stack.push_async_callback(releaser.close)
@@ -167,14 +169,21 @@ def _memif_service(
     settings: Settings,
     plugin: DevicePlugin | None,
     binary: Path | None,
-    vifs: VifSource,
-    binder: Binder,
-    host_nl: HostNetlink,
+    parts: tuple[VifSource, Binder, HostNetlink],
+    metrics: AgentMetrics,
 ) -> MemifService | None:
     if plugin is None or binary is None:
         return None
+    vifs, binder, host_nl = parts
     return MemifService(
-        settings.memif, binary, plugin.pod_memif, vifs, binder, host_nl, settings.agent.state_dir
+        settings.memif,
+        binary,
+        plugin.pod_memif,
+        vifs,
+        binder,
+        host_nl,
+        settings.agent.state_dir,
+        metrics,
     )
 
 
