@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import pytest
 from podwire import keys
 from podwire.agent.memif_master import is_running
 from podwire.agent.memif_state import MemifEntry
+from podwire.agent.ports import HostPort
 from podwire.config import EtcdSettings
 from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient
@@ -220,8 +221,15 @@ async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
 async def test_two_memif_pods_and_grant_release(
     hosts: MemifHosts, netenv: NetEnv, vxnet: Any, neutron: Any, etcd: EtcdClient, tmp_path: Path
 ) -> None:
+    assert hosts.cnf_host.agent is not None
+    plugged: list[HostPort] = []
+    unplugged: list[HostPort] = []
+    hosts.cnf_host.agent.parts.ports.on_plugged(_append_to(plugged))
+    hosts.cnf_host.agent.parts.ports.on_unplugged(_append_to(unplugged))
     grants = [await _grant(hosts, f"cnf{i}", f"memif-{i}") for i in range(2)]
     pods = [await _add(hosts.cnf_host, netenv, vxnet.id, f"cnf{i}") for i in range(2)]
+    # Port filtering hears of both kinds of host interface, with the port they belong to.
+    assert sorted(p.kind for p in plugged) == ["memif", "memif", "veth", "veth"]
     client = await _add(hosts.veth_host, netenv, vxnet.id, "client")
     entries = [_entry(hosts.cnf_host, f"{pod.cid}:eth0") for pod in pods]
     assert len({e.tap for e in entries}) == 2 and len({e.vif.port_id for e in entries}) == 2
@@ -253,6 +261,17 @@ async def test_two_memif_pods_and_grant_release(
     await _del(hosts.veth_host, vxnet.id, client)
     assert not is_running(entries[1].pid, entries[1].started)
     assert not [name for name in links_in(hosts.cnf_host.netns) if name.startswith("pwt")]
+    assert sorted(p.host_ifname for p in unplugged) == sorted(p.host_ifname for p in plugged)
+    assert {e.tap: e.vif.port_id for e in entries}.items() <= {
+        p.host_ifname: p.port_id for p in plugged
+    }.items()
+
+
+def _append_to(found: list[HostPort]) -> Callable[[HostPort], Awaitable[None]]:
+    async def listener(port: HostPort) -> None:
+        found.append(port)
+
+    return listener
 
 
 async def test_device_plugin_failure_never_stops_veth_pods(

@@ -26,6 +26,7 @@ from podwire.agent import memif_master, naming
 from podwire.agent.binder import Binder
 from podwire.agent.memif_state import MEMIF_IFNAME, MemifCheckpoint, MemifEntry
 from podwire.agent.metrics import AgentMetrics
+from podwire.agent.ports import MEMIF, HostPort, HostPorts
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni.request import CniRequest
 from podwire.cni.result import Address
@@ -71,9 +72,11 @@ class MemifService:
         host_nl: HostNetlink,
         state_dir: str,
         metrics: AgentMetrics | None = None,
+        ports: HostPorts | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics or AgentMetrics()
+        self._ports = ports or HostPorts()
         self._binary = binary
         self._grants = grants
         self._vifs = vifs
@@ -196,6 +199,11 @@ class MemifService:
     async def _start(self, entry: MemifEntry) -> MemifEntry:
         await self._host.run(_remove_own_tap, entry.tap)
         fd = await self._host.run(tap.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
+        try:
+            await self._ports.plugged(_host_port(entry))  # no frame flows before this
+        except BaseException:
+            os.close(fd)  # the tap goes with it
+            raise
         spec = memif_master.MasterSpec(entry.tap, entry.socket, entry.secret)
         pid, started = await asyncio.to_thread(
             memif_master.spawn, self._binary, spec, fd, self._settings
@@ -205,6 +213,7 @@ class MemifService:
     async def _stop(self, entry: MemifEntry) -> None:
         await asyncio.to_thread(memif_master.stop, entry.pid, entry.started)
         await self._host.run(_remove_own_tap, entry.tap)
+        await self._ports.unplugged(_host_port(entry))
         await asyncio.to_thread(_remove_files, entry)
 
     # -- restart and supervision ---------------------------------------------------------
@@ -246,6 +255,11 @@ class MemifService:
         self._metrics.memif_master_restarts.inc()
         await self.checkpoint.put(await self._start(entry))
         return 0
+
+
+def _host_port(entry: MemifEntry) -> HostPort:
+    addresses = tuple(a.address for a in entry.addresses)
+    return HostPort(entry.vif.port_id, MEMIF, entry.tap, entry.vif.mac_address, addresses)
 
 
 def _write_info(entry: MemifEntry) -> None:

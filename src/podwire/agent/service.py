@@ -22,6 +22,7 @@ from podwire.agent.memif import MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
+from podwire.agent.ports import HostPorts
 from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
@@ -56,6 +57,8 @@ class AgentParts:
     heartbeat: Heartbeat | None = None
     handler: CniHandler | None = None
     memif: MemifService | None = None
+    # Port filtering registers here to hear of every port's host interface (veth or tap).
+    ports: HostPorts = field(default_factory=HostPorts)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -120,7 +123,12 @@ class Agent:
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
         memif = _memif_service(
-            self.settings, plugin, memif_binary, (vifs, binder, host_nl), self.metrics
+            self.settings,
+            plugin,
+            memif_binary,
+            (vifs, binder, host_nl),
+            self.metrics,
+            self.parts.ports,
         )
         releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
         if releaser is not None:
@@ -141,6 +149,7 @@ class Agent:
             releaser,
             self.metrics,
             memif,
+            self.parts.ports,
         )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
         self.parts.memif = memif
@@ -171,6 +180,7 @@ def _memif_service(
     binary: Path | None,
     parts: tuple[VifSource, Binder, HostNetlink],
     metrics: AgentMetrics,
+    ports: HostPorts,
 ) -> MemifService | None:
     if plugin is None or binary is None:
         return None
@@ -184,6 +194,7 @@ def _memif_service(
         host_nl,
         settings.agent.state_dir,
         metrics,
+        ports,
     )
 
 
