@@ -168,7 +168,11 @@ class MemifService:
             addresses=addresses,
         )
         await asyncio.to_thread(_write_info, entry)
-        entry = await self._start(entry)
+        try:
+            entry = await self._start(entry)
+        except BaseException:
+            await asyncio.to_thread(_remove_files, entry)
+            raise
         try:
             await self.checkpoint.put(entry)
         except BaseException:
