@@ -184,6 +184,12 @@ async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
     assert Path(grant.socket).is_socket()
     client = await _add(hosts.veth_host, netenv, vxnet.id, "client")
     assert all(i["name"] != "memif0" for i in client.result["interfaces"])  # no grant: veth only
+    # The memif port is a port like eth0's: same network, same security groups.
+    by_mac = {p.mac_address: p for p in neutron.network.ports(network_id=vxnet.id)}
+    eth0 = by_mac[cnf.result["interfaces"][1]["mac"]]
+    memif_port = by_mac[memif_iface["mac"]]
+    assert memif_port.id != eth0.id
+    assert sorted(memif_port.security_group_ids) == sorted(eth0.security_group_ids)
 
     target = _memif_ip(cnf.result)
     cnf_pmd = Testpmd.memif_client(grant.socket, grant.secret, info["mac"], log=tmp_path / "tp1")
