@@ -539,7 +539,7 @@ static const char *drain_c2s(struct conn *c, struct ring *r, unsigned *work)
             r->last++;
             avail--;
             buf = buffer_of(c, &d, d.length);
-            if (!buf || total + d.length > MAX_FRAME) {
+            if (!buf || d.length > MAX_FRAME - total) { /* total <= MAX_FRAME: no wrap */
                 ok = 0;
             } else if (total == 0 && !(d.flags & DESC_FLAG_NEXT)) {
                 single = buf;
