@@ -3,6 +3,8 @@ in a disconnect message and logged), and the master keeps listening for the next
 
 from __future__ import annotations
 
+import asyncio
+import json
 import mmap
 import os
 import struct
@@ -73,8 +75,6 @@ def master(netenv: NetEnv, tmp_path: Path) -> Iterator[Master]:
 
 
 def _run(host: HostNetlink, fn: Callable[..., int], *args: object) -> int:
-    import asyncio
-
     return asyncio.run(host.run(fn, *args))
 
 
@@ -218,3 +218,48 @@ def test_connected_client_with_a_bogus_ring_head_is_dropped(master: Master) -> N
     assert _refused(client) == "C2S ring head out of range"
     assert master.logged("C2S ring head out of range")
     _inited(master).close()
+
+
+def _tap_rx_packets(ns: str) -> int:
+    out = in_ns(ns, "ip", "-s", "-j", "link", "show", "pwtmastertest").stdout
+    return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
+
+
+def test_descriptors_outside_the_region_are_dropped_good_frames_pass(
+    master: Master, netenv: NetEnv
+) -> None:
+    client = _inited(master)
+    fd = _region()
+    region = mmap.mmap(fd, REGION)
+    for offset in (0, 4096):
+        struct.pack_into("<I", region, offset, mc.COOKIE)
+    c2s_event = _event()
+    for data, ring_fd in (
+        (mc.add_region(0, REGION), fd),
+        (mc.add_ring(0, 4, True), c2s_event),
+        (mc.add_ring(0, 4, False, offset=4096), _event()),
+    ):
+        assert client.request(data, ring_fd)[0] == mc.ACK
+    assert client.request(mc.message(mc.CONNECT))[0] == mc.CONNECTED
+    ns = netenv.namespaces[-1]
+    before = _tap_rx_packets(ns)
+    frame = bytes.fromhex("ffffffffffff020000000001") + b"\x08\x06" + b"\0" * 46
+    region[8192 : 8192 + len(frame)] = frame
+    descriptors = [
+        (0, 0, 100, REGION - 10),  # runs past the region's end
+        (0, 7, 60, 8192),  # an unknown region
+        (0, 0, len(frame), 8192),  # good
+    ]
+    for slot, (flags, index, length, offset) in enumerate(descriptors):
+        struct.pack_into("<HHIII", region, 128 + 16 * slot, flags, index, length, offset, 0)
+    struct.pack_into("<H", region, 6, len(descriptors))  # C2S head
+    os.eventfd_write(c2s_event, 1)
+    deadline = time.monotonic() + 2
+    while struct.unpack_from("<H", region, 64)[0] != len(descriptors):  # C2S tail
+        assert time.monotonic() < deadline, "the master did not consume the ring"
+        time.sleep(0.01)
+    assert _tap_rx_packets(ns) - before == 1
+    client.sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        client.recv()  # still connected: bad descriptors cost a frame, not the session
+    client.close()
