@@ -55,7 +55,8 @@ def tap_name(vif_attachment: str) -> str:
 
 @dataclass(frozen=True)
 class MemifPlan:
-    """What ``attach`` needs from the ADD: the request and the primary attachment."""
+    """What ``attach`` needs from the ADD: the pod's request (its attachment is the key the
+    memif is recorded under) and the ADD's deadline."""
 
     req: CniRequest
     deadline: float
@@ -104,6 +105,11 @@ class MemifService:
             return existing
         grant = await self._grant_of(req.pod.namespace, req.pod.name)
         if grant is None:
+            return None
+        served = [e for e in self.checkpoint.entries.values() if e.socket == grant.host_socket]
+        if served:  # a pod on several networks: its one memif is on the first
+            log.info("agent.memif.already_served", attachment=req.attachment,
+                     by=served[0].attachment)  # fmt: skip
             return None
         vif_attachment = fields.attachment_id(req.container_id, MEMIF_IFNAME)
         conf = req.conf
