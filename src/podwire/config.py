@@ -192,6 +192,9 @@ class MemifSettings:
     # Microseconds a master keeps polling after the last frame before it sleeps again in
     # interrupt mode (lower latency under traffic; 0: interrupts only). Idle costs nothing.
     poll_us: int = 50
+    # Scheduling priority of the masters (nice, -20 … 19): below 0 on nodes whose CPUs are
+    # busy, so a master copying a CNF's frames is not queued behind other work.
+    nice: int = 0
 
     def validate(self) -> None:
         if not 1 <= self.max_regions <= 16:
@@ -204,6 +207,8 @@ class MemifSettings:
             raise ConfigError("memif.max_region_mb: must be between 1 and 16384")
         if not 0.001 <= self.handshake_timeout <= 600:
             raise ConfigError("memif.handshake_timeout: must be between 0.001 and 600 seconds")
+        if not -20 <= self.nice <= 19:
+            raise ConfigError("memif.nice: must be between -20 and 19")
         if not 0 <= self.poll_us <= 100_000:
             raise ConfigError("memif.poll_us: must be between 0 and 100000")
         if self.binary and not os.path.isabs(self.binary):

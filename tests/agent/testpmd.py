@@ -27,6 +27,7 @@ class Testpmd:
     extra: tuple[str, ...] = ()
     log: Path | None = None
     netns: str = ""  # run inside this named namespace (the af_packet reference's veth is there)
+    nice: int = 0  # below 0: a CNF with a core of its own, as in production (the bench's RTT)
     prefix: str = field(default_factory=lambda: f"pw{uuid.uuid4().hex[:8]}")
     proc: subprocess.Popen[bytes] | None = None
 
@@ -40,6 +41,7 @@ class Testpmd:
     def start(self) -> None:
         argv = [
             *(["ip", "netns", "exec", self.netns] if self.netns else []),
+            *(["nice", "-n", str(self.nice)] if self.nice else []),
             BINARY,
             "--lcores=0@1,1@1",
             "--no-huge",

@@ -96,6 +96,9 @@ def spawn(
     finally:
         sock.close()
         os.close(tap_fd)
+    if settings.nice:
+        with contextlib.suppress(OSError):  # the master runs either way; only its priority differs
+            os.setpriority(os.PRIO_PROCESS, proc.pid, settings.nice)
     started = start_time(proc.pid)
     return proc.pid, started or 0
 
