@@ -192,8 +192,8 @@ class MemifSettings:
     # Microseconds a master keeps polling after the last frame before it sleeps again in
     # interrupt mode (lower latency under traffic; 0: interrupts only). Idle costs nothing.
     poll_us: int = 50
-    # Scheduling priority of the masters (nice, -20 … 19): below 0 on nodes whose CPUs are
-    # busy, so a master copying a CNF's frames is not queued behind other work.
+    # Scheduling priority of the masters (nice, -20 … 19); a master waiting for a CPU adds
+    # that wait to its frames' latency.
     nice: int = 0
 
     def validate(self) -> None:
