@@ -261,6 +261,11 @@ async def test_two_memif_pods_and_grant_release(
     assert not is_running(gone.pid, gone.started)
     assert gone.tap not in links_in(hosts.cnf_host.netns)
     assert neutron.network.find_port(gone.vif.port_id) is None
+    state_key = keys.state_port(hosts.cnf_host.host, gone.vif.port_id)
+    async with asyncio.timeout(10):
+        while await etcd.get(state_key) is not None:
+            await asyncio.sleep(0.1)
+    assert not Path(gone.socket).exists()
     assert is_running(entries[1].pid, entries[1].started)  # the other pod is untouched
     for pod in pods:
         await _del(hosts.cnf_host, vxnet.id, pod)
