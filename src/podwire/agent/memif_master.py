@@ -3,7 +3,7 @@
 The agent binds the control socket and opens the tap, then hands both descriptors to the
 master, which runs in a session of its own: an agent restart or a signal to the agent's
 process group leaves every pod's memif running, and the restarted agent adopts the masters it
-finds (same pid *and* start time, and our program) instead of starting new ones.
+finds (same pid *and* start time) instead of starting new ones.
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def reap(pid: int) -> None:
 
 
 def is_running(pid: int, started: int) -> bool:
-    """Whether ``pid`` is still the master we started (not a zombie, not a reused pid)."""
+    """Whether ``pid`` is still the master we started: a pid with the same start time (a reused
+    pid cannot have it) that is not a zombie. Works for masters of an earlier agent too."""
     if pid <= 0:
         return False
     reap(pid)
@@ -129,10 +130,9 @@ def is_running(pid: int, started: int) -> bool:
         return False
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
     except (OSError, IndexError):
         return False
-    return state != "Z" and exe.startswith("podwire-memif")
+    return state != "Z"
 
 
 def stop(pid: int, started: int) -> None:
