@@ -29,6 +29,7 @@ SECTIONS = [
     "cri_bench",
     "stack_bench",
     "deviceplugin_bench",
+    "memif_bench",
 ]
 
 

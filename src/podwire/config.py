@@ -175,6 +175,47 @@ class DevicePluginSettings:
 
 
 @dataclass(frozen=True)
+class MemifSettings:
+    """The agent's memif masters (docs/memif.md): one ``podwire-memif`` process per grant."""
+
+    # Serve memif for pods holding a grant (needs [deviceplugin] enabled and the built master).
+    enabled: bool = True
+    # The master program; empty: the one the set-up built next to the interpreter, or PATH.
+    binary: str = ""
+    # Limits a client's setup must respect, or it is refused with the reason logged.
+    max_regions: int = 4
+    max_rings: int = 4  # per direction
+    max_log2_ring: int = 14  # 16384 slots
+    max_region_mb: int = 256
+    # Seconds a client may take from connecting to "connect" before it is refused.
+    handshake_timeout: float = 5.0
+    # Microseconds a master keeps polling after the last frame before it sleeps again in
+    # interrupt mode (lower latency under traffic; 0: interrupts only). Idle costs nothing.
+    poll_us: int = 50
+    # Scheduling priority of the masters (nice, -20 … 19); a master waiting for a CPU adds
+    # that wait to its frames' latency.
+    nice: int = 0
+
+    def validate(self) -> None:
+        if not 1 <= self.max_regions <= 16:
+            raise ConfigError("memif.max_regions: must be between 1 and 16")
+        if not 1 <= self.max_rings <= 16:
+            raise ConfigError("memif.max_rings: must be between 1 and 16")
+        if not 1 <= self.max_log2_ring <= 15:
+            raise ConfigError("memif.max_log2_ring: must be between 1 and 15")
+        if not 1 <= self.max_region_mb <= 16384:
+            raise ConfigError("memif.max_region_mb: must be between 1 and 16384")
+        if not 0.001 <= self.handshake_timeout <= 600:
+            raise ConfigError("memif.handshake_timeout: must be between 0.001 and 600 seconds")
+        if not -20 <= self.nice <= 19:
+            raise ConfigError("memif.nice: must be between -20 and 19")
+        if not 0 <= self.poll_us <= 100_000:
+            raise ConfigError("memif.poll_us: must be between 0 and 100000")
+        if self.binary and not os.path.isabs(self.binary):
+            raise ConfigError("memif.binary: must be an absolute path")
+
+
+@dataclass(frozen=True)
 class LogSettings:
     level: str = "INFO"
     format: str = "text"
@@ -194,6 +235,7 @@ class Settings:
     pool: PoolSettings = field(default_factory=PoolSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     deviceplugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
+    memif: MemifSettings = field(default_factory=MemifSettings)
     log: LogSettings = field(default_factory=LogSettings)
 
 

@@ -82,6 +82,11 @@ class FakeKubelet(RegistrationServicerBase, PodResourcesListerServicerBase):  # 
         await server.start()
         self._podres_server = server
 
+    async def stop_pod_resources(self) -> None:
+        if self._podres_server is not None:
+            await self._podres_server.stop(None)
+            self._podres_server = None
+
     async def stop(self) -> None:
         await self._drop_plugin()
         for server in (self._server, self._podres_server):

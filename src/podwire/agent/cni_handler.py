@@ -16,11 +16,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from podwire.agent import naming
-from podwire.agent.attach import Plugger, PlugSpec
+from podwire.agent.attach import Plugger, PlugSpec, is_nested
 from podwire.agent.binder import Binder
 from podwire.agent.checkpoint import Attachment, Checkpoint
+from podwire.agent.memif import MemifPlan, MemifService
+from podwire.agent.memif_state import MEMIF_IFNAME, MemifEntry
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
+from podwire.agent.ports import VETH, HostPort, HostPorts
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni import spec
 from podwire.cni.request import (
@@ -30,7 +33,7 @@ from podwire.cni.request import (
     parse_request,
     valid_attachments,
 )
-from podwire.cni.result import Address, render
+from podwire.cni.result import Address, Attached, add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
@@ -61,8 +64,12 @@ class CniHandler:
         ready: ReadyCheck,
         pods: PodReleaser | None = None,
         metrics: AgentMetrics | None = None,
+        memif: MemifService | None = None,
+        ports: HostPorts | None = None,
     ) -> None:
         self._settings = settings
+        self._memif = memif
+        self._ports = ports or HostPorts()
         self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
         self._binder = binder
@@ -135,7 +142,7 @@ class CniHandler:
             and existing.netns == req.netns
             and await self._plugger.check(existing.attached, _bridge(existing.vif)) is None
         ):
-            return _dump(render(existing.attached, req.conf.cni_version, req.conf.prev_result))
+            return self._result(req, existing, self._memif_of(req.attachment))
         if not is_netns(req.netns):
             raise CniError(
                 spec.INVALID_ENV,
@@ -147,19 +154,32 @@ class CniHandler:
         vif = existing.vif if existing is not None else await self._request_vif(req, deadline)
         try:
             entry = await self._wire(req, vif, deadline)
+            memif = await self._memif.attach(MemifPlan(req, deadline)) if self._memif else None
         except BaseException:
             await self._rollback(req.attachment, vif if existing is None else None)
             raise
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
-        return _dump(render(entry.attached, req.conf.cni_version, req.conf.prev_result))
+        return self._result(req, entry, memif)
+
+    def _memif_of(self, attachment: str) -> MemifEntry | None:
+        return self._memif.get(attachment) if self._memif else None
+
+    def _result(self, req: CniRequest, entry: Attachment, memif: MemifEntry | None) -> str:
+        result = render(entry.attached, req.conf.cni_version, req.conf.prev_result)
+        if memif is not None:
+            add_memif(result, MEMIF_IFNAME, memif.vif.mac_address, memif.socket, memif.addresses)
+        return _dump(result)
 
     async def _rollback(self, attachment: str, vif: Vif | None) -> None:
         """Undo a failed ADD; a failure here is logged so the original error is what the
         runtime sees (its DEL will retry the release)."""
         try:
+            if self._memif is not None:
+                await self._memif.detach(attachment)
             await self._plugger.unplug(attachment)
             if vif is not None:
                 await self._vifs.release(attachment, vif)
+                await self._checkpoint.remove(attachment)
         except PodwireError as exc:
             log.warning("agent.cni.rollback_failed", attachment=attachment, error=str(exc))
 
@@ -192,6 +212,7 @@ class CniHandler:
                 req.attachment, req.netns, req.ifname, vif.mac_address, mtu, bridge, addresses
             )
             attached = await self._plugger.plug(plug)
+            await self._ports.plugged(_host_port(vif, attached))
         entry = Attachment(
             attachment=req.attachment,
             container_id=req.container_id,
@@ -210,7 +231,11 @@ class CniHandler:
 
     async def _del(self, attachment: str, req: CniRequest | None) -> str:
         entry = self._checkpoint.get(attachment)
+        if self._memif is not None:
+            await self._memif.detach(attachment)
         await self._plugger.unplug(attachment, entry.attached if entry else None)
+        if entry is not None and not is_nested(entry.attached):
+            await self._ports.unplugged(_host_port(entry.vif, entry.attached))
         await self._vifs.release(attachment, entry.vif if entry else None)
         await self._checkpoint.remove(attachment)
         self._metrics.attachments.set(len(self._checkpoint.entries))
@@ -261,7 +286,8 @@ class CniHandler:
         checkpoint write. Checked again under each attachment's lock, so an ADD in flight
         (VIF requested, checkpoint not yet written) is never released under it."""
         released = []
-        for attachment in sorted(await self._vifs.held() - keep):
+        memif_ports = self._memif.vif_attachments() if self._memif else set()
+        for attachment in sorted(await self._vifs.held() - keep - memif_ports):
             async with self._lock(attachment):
                 if self._checkpoint.get(attachment) is None:
                     await self._del(attachment, None)
@@ -273,6 +299,11 @@ class CniHandler:
         if not ready:
             raise CniError(spec.NOT_AVAILABLE, f"podwire agent not ready: {detail}")
         return ""
+
+
+def _host_port(vif: Vif, attached: Attached) -> HostPort:
+    addresses = tuple(a.address for a in attached.addresses)
+    return HostPort(vif.port_id, VETH, attached.host_ifname, vif.mac_address, addresses)
 
 
 def _bridge(vif: Vif) -> str:

@@ -35,6 +35,15 @@ class AgentMetrics:
         self.attachments = prom.Gauge(
             "podwire_agent_attachments", "Pod attachments in the checkpoint", registry=r
         )
+        self.memifs = prom.Gauge(
+            "podwire_agent_memifs", "memif interfaces this agent serves (one master each)",
+            registry=r,
+        )  # fmt: skip
+        self.memif_master_restarts = prom.Counter(
+            "podwire_agent_memif_master_restarts",
+            "memif masters found dead and started again",
+            registry=r,
+        )
         self.heartbeat_lost = prom.Counter(
             "podwire_agent_lease_lost", "Heartbeat leases lost and re-granted", registry=r
         )

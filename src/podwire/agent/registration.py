@@ -33,6 +33,8 @@ class HostPresence:
     network_types: list[str]
     # "nested" on a VM whose pods get trunk subports; None leaves the choice to the controller.
     pod_driver: str | None = None
+    # What this node can give a pod: "veth" always, "memif" when it can serve memif masters.
+    vif_types: tuple[str, ...] = tuple(VIF_TYPES)
 
 
 class Heartbeat:
@@ -58,7 +60,7 @@ class Heartbeat:
             await self._etcd.put(keys.state_vtep(reg.host), values.vtep_value(reg.vtep_ip))
         await self._etcd.put(
             keys.state_capabilities(reg.host),
-            values.capabilities_value(VIF_TYPES, reg.network_types, reg.pod_driver),
+            values.capabilities_value(list(reg.vif_types), reg.network_types, reg.pod_driver),
         )
         await self._put_alive()
 

@@ -11,16 +11,19 @@ import asyncio
 import contextlib
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from podwire import keys
 from podwire.agent.attach import Plugger
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import Checkpoint
-from podwire.agent.cni_handler import CniHandler, HandlerSettings
+from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
+from podwire.agent.memif import MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
-from podwire.agent.registration import Heartbeat, HostPresence
+from podwire.agent.ports import HostPorts
+from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
 from podwire.config import Settings
@@ -30,7 +33,8 @@ from podwire.errors import ConfigError, PodwireError
 from podwire.etcd import EtcdClient
 from podwire.health import first_problem
 from podwire.log import get_logger
-from podwire.netlink import HostNetlink, PodNetlink
+from podwire.memif import build as memif_build
+from podwire.netlink import HostNetlink, PodNetlink, tap
 from podwire.service.ops_http import OpsServer
 
 log = get_logger(__name__)
@@ -52,6 +56,9 @@ class AgentParts:
     binder: Binder | None = None
     heartbeat: Heartbeat | None = None
     handler: CniHandler | None = None
+    memif: MemifService | None = None
+    # Port filtering registers here to hear of every port's host interface (veth or tap).
+    ports: HostPorts = field(default_factory=HostPorts)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -80,6 +87,16 @@ class Agent:
         finally:
             await etcd.close()
 
+    def _collect_stats(self, stack: contextlib.AsyncExitStack, plugin: DevicePlugin) -> None:
+        collector = StatsCollector(plugin.stats)
+        self.metrics.registry.register(collector)
+        stack.callback(self.metrics.registry.unregister, collector)
+
+    async def _start_ops(self, stack: contextlib.AsyncExitStack, ready: ReadyCheck) -> None:
+        ops = OpsServer(self.settings.agent.ops_listen, ready, self.metrics.registry)
+        await ops.start()
+        stack.push_async_callback(ops.stop)
+
     async def _serve(
         self,
         stack: contextlib.AsyncExitStack,
@@ -89,17 +106,10 @@ class Agent:
     ) -> None:
         agent = self.settings.agent
         vifs = self._vifs or await _default_vifs(self.settings)
+        plugin = _device_plugin(self.settings)
+        memif_binary = _memif_binary(self.settings, plugin)
         heartbeat = Heartbeat(
-            etcd,
-            HostPresence(
-                agent.host,
-                agent.heartbeat_ttl,
-                agent.vtep_ip,
-                agent.physnet_mappings,
-                network_types(),
-                "nested" if agent.nested_uplink else None,
-            ),
-            self.metrics,
+            etcd, _presence(self.settings, memif_binary is not None), self.metrics
         )
         await heartbeat.register()
         stack.push_async_callback(heartbeat.revoke)
@@ -112,14 +122,19 @@ class Agent:
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
-        plugin = _device_plugin(self.settings)
+        memif = _memif_service(
+            self.settings,
+            plugin,
+            memif_binary,
+            (vifs, binder, host_nl),
+            self.metrics,
+            self.parts.ports,
+        )
         releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
         if releaser is not None:
             stack.push_async_callback(releaser.close)
         if plugin is not None:
-            collector = StatsCollector(plugin.stats)
-            self.metrics.registry.register(collector)
-            stack.callback(self.metrics.registry.unregister, collector)
+            self._collect_stats(stack, plugin)
 
         async def ready() -> tuple[bool, str]:
             return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs)
@@ -133,8 +148,11 @@ class Agent:
             ready,
             releaser,
             self.metrics,
+            memif,
+            self.parts.ports,
         )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
+        self.parts.memif = memif
         async with asyncio.TaskGroup() as tg:
             tg.create_task(heartbeat.run())
             tg.create_task(binder.run())
@@ -144,15 +162,53 @@ class Agent:
             if releaser is not None:
                 tg.create_task(releaser.run())
             await binder.synced.wait()
+            if memif is not None:
+                await memif.restore()
+                tg.create_task(memif.run())
             server = CniServer(agent.cni_socket, handler)
             await server.start()
             stack.push_async_callback(server.stop)
             if agent.ops_listen:
-                ops = OpsServer(agent.ops_listen, ready, self.metrics.registry)
-                await ops.start()
-                stack.push_async_callback(ops.stop)
+                await self._start_ops(stack, ready)
             log.info("agent.started", host=agent.host, socket=agent.cni_socket)
             self.parts.started.set()
+
+
+def _memif_service(
+    settings: Settings,
+    plugin: DevicePlugin | None,
+    binary: Path | None,
+    parts: tuple[VifSource, Binder, HostNetlink],
+    metrics: AgentMetrics,
+    ports: HostPorts,
+) -> MemifService | None:
+    if plugin is None or binary is None:
+        return None
+    vifs, binder, host_nl = parts
+    return MemifService(
+        settings.memif,
+        binary,
+        plugin.pod_memif,
+        vifs,
+        binder,
+        host_nl,
+        settings.agent.state_dir,
+        metrics,
+        ports,
+    )
+
+
+def _presence(settings: Settings, memif: bool) -> HostPresence:
+    agent = settings.agent
+    return HostPresence(
+        agent.host,
+        agent.heartbeat_ttl,
+        agent.vtep_ip,
+        agent.physnet_mappings,
+        network_types(),
+        "nested" if agent.nested_uplink else None,
+        (*VIF_TYPES, "memif") if memif else tuple(VIF_TYPES),
+    )
 
 
 async def _readiness(
@@ -190,6 +246,22 @@ async def _default_vifs(settings: Settings) -> VifSource:
     from podwire.agent.controller_vifs import ControllerVifSource
 
     return ControllerVifSource(agent.controller_url, agent.host, agent.token)
+
+
+def _memif_binary(settings: Settings, plugin: DevicePlugin | None) -> Path | None:
+    """The memif master program when this node can serve memif (capabilities say so only
+    then): memif on, the device plugin granting sockets, the master built, taps possible."""
+    if not settings.memif.enabled or plugin is None:
+        return None
+    binary = memif_build.find(settings.memif.binary)
+    if binary is None or not tap.tun_available():
+        log.warning(
+            "agent.memif.unavailable",
+            binary=str(binary) if binary else "not built (scripts/setup, podwire memif build)",
+            tun=tap.tun_available(),
+        )
+        return None
+    return binary
 
 
 def _device_plugin(settings: Settings) -> DevicePlugin | None:

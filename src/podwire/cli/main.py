@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         controller_cmd,
         deviceplugin_cmd,
         etcd_cmd,
+        memif_cmd,
         pools_cmd,
         stack_cmd,
         status_cmd,
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         cni_cmd,
         deviceplugin_cmd,
         etcd_cmd,
+        memif_cmd,
         config_cmd,
     )
     for module in modules:

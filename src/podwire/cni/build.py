@@ -64,7 +64,12 @@ def build(output: Path, compiler: str | None = None) -> Plugin:
 
 
 def _compile(compiler: str, output: Path) -> None:
-    argv = [compiler, "-O2", "-Wall", "-o", str(output), str(C_SOURCE)]
+    compile_c(compiler, C_SOURCE, output)
+
+
+def compile_c(compiler: str, source: Path, output: Path) -> None:
+    """The one way podwire compiles its C programs (the CNI pipe, the memif master)."""
+    argv = [compiler, "-O2", "-Wall", "-o", str(output), str(source)]
     try:
         result = subprocess.run(argv, capture_output=True, text=True, check=False)
     except OSError as exc:
@@ -72,4 +77,4 @@ def _compile(compiler: str, output: Path) -> None:
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip().splitlines()
         last = detail[-1] if detail else f"exit {result.returncode}"
-        raise PermanentError(f"{compiler} failed to build {C_SOURCE}: {last}")
+        raise PermanentError(f"{compiler} failed to build {source}: {last}")

@@ -83,3 +83,21 @@ def _ip(item: Address, index: int, version: str) -> dict[str, Any]:
     if version == "0.4.0":
         entry["version"] = str(ipaddress.ip_interface(item.address).version)
     return entry
+
+
+def add_memif(
+    result: dict[str, Any], name: str, mac: str, socket_path: str, addresses: tuple[Address, ...]
+) -> dict[str, Any]:
+    """List a memif interface (no sandbox: it is a socket, not a netdev) and its IPs. CNI 1.1
+    has ``socketPath`` for such interfaces; older results carry it too (readers ignore it)."""
+    interfaces = result.setdefault("interfaces", [])
+    interfaces.append({"name": name, "mac": mac, "socketPath": socket_path})
+    index = len(interfaces) - 1
+    version = result.get("cniVersion", "")
+    ips = result.setdefault("ips", [])
+    for item in addresses:
+        entry: dict[str, Any] = {"address": item.address, "interface": index}
+        if version == "0.4.0":
+            entry["version"] = str(ipaddress.ip_interface(item.address).version)
+        ips.append(entry)
+    return result

@@ -271,6 +271,8 @@ class DevicePlugin:
         """The memif sockets and secrets of a pod, for the agent's CNI ADD."""
         pod = _pod(namespace, name)
         held = self.allocator.for_pod(pod)
+        if not held and all(a.pod is not None for a in self.allocator.allocations()):
+            return []  # every grant is known to be another pod's: no need to ask kubelet
         if not held:
             devices = await self._podresources.pod_devices(pod, self.settings.resource_name)
             held = self.allocator.for_devices(devices)

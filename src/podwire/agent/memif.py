@@ -1,0 +1,304 @@
+"""The agent as its pods' memif master: a port of its own per memif, served on the grant socket.
+
+A pod that holds a ``podwire.io/memif`` grant gets, at CNI ADD, a second VIF from the VIF
+source (attachment ``<container>:memif0``, same network, project and security groups), wired
+by the binder like any port. Its host end is a tap on the network's bridge (``pwt`` + digest,
+marked like a veth), so the bridge, VXLAN and the port filters treat it as one more port; the
+tap's frames are those of a ``podwire-memif`` master serving the grant's socket. The pod
+learns its addresses from ``<grant dir>/memif.json``.
+
+Masters outlive the agent (see ``memif_master``); a supervision loop restarts a master that
+died and tears a memif down when its grant's dir is gone (kubelet released the grant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from podwire.agent import memif_master, naming
+from podwire.agent.binder import Binder
+from podwire.agent.memif_state import MEMIF_IFNAME, MemifCheckpoint, MemifEntry
+from podwire.agent.metrics import AgentMetrics
+from podwire.agent.ports import MEMIF, HostPort, HostPorts
+from podwire.agent.vifsource import VifRequest, VifSource
+from podwire.cni.request import CniRequest
+from podwire.cni.result import Address
+from podwire.config import MemifSettings
+from podwire.deviceplugin import MemifInfo
+from podwire.errors import PodwireError
+from podwire.files import atomic_write
+from podwire.log import get_logger
+from podwire.netlink import HostNetlink, links, tap
+from podwire.schema import fields
+from podwire.schema.vif import Vif
+
+log = get_logger(__name__)
+
+INFO_FILE = "memif.json"
+GRANT_LOOKUP_TIMEOUT = 5.0
+SUPERVISE_INTERVAL = 1.0
+
+PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
+
+
+def tap_name(vif_attachment: str) -> str:
+    """The memif port's host end: a digest of its attachment, like a pod veth's."""
+    return "pwt" + hashlib.sha256(vif_attachment.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class MemifPlan:
+    """What ``attach`` needs from the ADD: the pod's request (its attachment is the key the
+    memif is recorded under) and the ADD's deadline."""
+
+    req: CniRequest
+    deadline: float
+
+
+class MemifService:
+    def __init__(
+        self,
+        settings: MemifSettings,
+        binary: Path,
+        grants: PodGrants,
+        vifs: VifSource,
+        binder: Binder,
+        host_nl: HostNetlink,
+        state_dir: str,
+        metrics: AgentMetrics | None = None,
+        ports: HostPorts | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics or AgentMetrics()
+        self._ports = ports or HostPorts()
+        self._binary = binary
+        self._grants = grants
+        self._vifs = vifs
+        self._binder = binder
+        self._host = host_nl
+        self.checkpoint = MemifCheckpoint(state_dir)
+        self._lock = asyncio.Lock()
+
+    # -- ADD / DEL -----------------------------------------------------------------------
+
+    def get(self, attachment: str) -> MemifEntry | None:
+        return self.checkpoint.entries.get(attachment)
+
+    def vif_attachments(self) -> set[str]:
+        return {e.vif_attachment for e in self.checkpoint.entries.values()}
+
+    async def attach(self, plan: MemifPlan) -> MemifEntry | None:
+        """Give the pod its memif if it holds a grant; None when it holds none, or when the
+        device plugin cannot say (that must never fail a veth pod's ADD)."""
+        req = plan.req
+        if req.pod is None:
+            return None
+        existing = self.get(req.attachment)
+        if existing is not None:
+            return existing
+        grant = await self._grant_of(req.pod.namespace, req.pod.name)
+        if grant is None:
+            return None
+        served = [e for e in self.checkpoint.entries.values() if e.socket == grant.host_socket]
+        if served:  # a pod on several networks: its one memif is on the first
+            log.info("agent.memif.already_served", attachment=req.attachment,
+                     by=served[0].attachment)  # fmt: skip
+            return None
+        vif_attachment = fields.attachment_id(req.container_id, MEMIF_IFNAME)
+        conf = req.conf
+        vif = await self._vifs.request(
+            VifRequest(vif_attachment, conf.network, conf.project, conf.security_groups, req.pod),
+            plan.deadline,
+        )
+        try:
+            entry = await self._wire(req, grant, vif_attachment, vif, plan.deadline)
+        except BaseException:
+            await self._vifs.release(vif_attachment, vif)
+            raise
+        log.info(
+            "agent.memif.attached",
+            attachment=req.attachment,
+            port=vif.port_id,
+            socket=entry.socket,
+            tap=entry.tap,
+            pid=entry.pid,
+        )
+        return entry
+
+    async def _grant_of(self, namespace: str, name: str) -> MemifInfo | None:
+        try:
+            async with asyncio.timeout(GRANT_LOOKUP_TIMEOUT):
+                grants = await self._grants(namespace, name)
+        except (PodwireError, TimeoutError) as exc:
+            log.warning(
+                "agent.memif.grant_lookup_failed",
+                pod=f"{namespace}/{name}",
+                error=str(exc) or "timed out",
+                action="ADD goes on without memif",
+            )
+            return None
+        if len(grants) > 1:
+            log.warning("agent.memif.extra_grants", pod=f"{namespace}/{name}", served=1)
+        return grants[0] if grants else None
+
+    async def _wire(
+        self, req: CniRequest, grant: MemifInfo, vif_attachment: str, vif: Vif, deadline: float
+    ) -> MemifEntry:
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        port = await self._binder.wait_wired(vif.port_id, remaining)
+        plan = self._binder.plan_for(port.network_id)
+        bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
+        addresses = tuple(
+            Address(f"{ip.ip_address}/{ip.cidr.rpartition('/')[2]}", ip.gateway_ip)
+            for ip in vif.fixed_ips
+        )
+        entry = MemifEntry(
+            attachment=req.attachment,
+            vif_attachment=vif_attachment,
+            pod={"namespace": req.pod.namespace, "name": req.pod.name} if req.pod else {},
+            vif=vif,
+            host_dir=grant.host_dir,
+            socket=grant.host_socket,
+            container_socket=grant.container_socket,
+            secret=grant.secret,
+            tap=tap_name(vif_attachment),
+            bridge=bridge,
+            mtu=min(port.mtu, vif.mtu),
+            addresses=addresses,
+        )
+        await asyncio.to_thread(_write_info, entry)
+        try:
+            entry = await self._start(entry)
+        except BaseException:
+            await asyncio.to_thread(_remove_files, entry)
+            raise
+        try:
+            await self.checkpoint.put(entry)
+        except BaseException:
+            await self._stop(entry)
+            raise
+        self._metrics.memifs.set(len(self.checkpoint.entries))
+        return entry
+
+    async def detach(self, attachment: str) -> bool:
+        """Stop the master (its tap goes with it), remove socket and memif.json, release the
+        port. Idempotent; False when the attachment had no memif."""
+        async with self._lock:
+            return await self._detach(attachment)
+
+    async def _detach(self, attachment: str) -> bool:
+        entry = self.get(attachment)
+        if entry is None:
+            return False
+        await self._stop(entry)
+        await self._vifs.release(entry.vif_attachment, entry.vif)
+        await self.checkpoint.remove(attachment)
+        self._metrics.memifs.set(len(self.checkpoint.entries))
+        log.info("agent.memif.detached", attachment=attachment, port=entry.vif.port_id)
+        return True
+
+    # -- the master process --------------------------------------------------------------
+
+    async def _start(self, entry: MemifEntry) -> MemifEntry:
+        await self._host.run(_remove_own_tap, entry.tap)
+        fd = await self._host.run(tap.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
+        try:
+            await self._ports.plugged(_host_port(entry))  # no frame flows before this
+        except BaseException:
+            os.close(fd)  # the tap goes with it
+            raise
+        spec = memif_master.MasterSpec(entry.tap, entry.socket, entry.secret)
+        pid, started = await asyncio.to_thread(
+            memif_master.spawn, self._binary, spec, fd, self._settings
+        )
+        return entry.with_process(pid, started)
+
+    async def _stop(self, entry: MemifEntry) -> None:
+        await asyncio.to_thread(memif_master.stop, entry.pid, entry.started)
+        await self._host.run(_remove_own_tap, entry.tap)
+        await self._ports.unplugged(_host_port(entry))
+        await asyncio.to_thread(_remove_files, entry)
+
+    # -- restart and supervision ---------------------------------------------------------
+
+    async def restore(self) -> None:
+        """After an agent start: adopt running masters, restart dead ones, drop memifs whose
+        grant is gone. Called once the binder has adopted the bridges."""
+        self.checkpoint.load()
+        adopted = await self.supervise_once()
+        self._metrics.memifs.set(len(self.checkpoint.entries))
+        log.info("agent.memif.restored", memifs=len(self.checkpoint.entries), adopted=adopted)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(SUPERVISE_INTERVAL)
+            await self.supervise_once()
+
+    async def supervise_once(self) -> int:
+        """One pass over every memif; returns how many masters were found running."""
+        running = 0
+        async with self._lock:
+            for entry in list(self.checkpoint.entries.values()):
+                try:
+                    running += await self._supervise(entry)
+                except PodwireError as exc:
+                    log.warning(
+                        "agent.memif.restart_failed", attachment=entry.attachment, error=str(exc)
+                    )
+        return running
+
+    async def _supervise(self, entry: MemifEntry) -> int:
+        if not await asyncio.to_thread(os.path.isdir, entry.host_dir):
+            log.info("agent.memif.grant_gone", attachment=entry.attachment, dir=entry.host_dir)
+            await self._detach(entry.attachment)
+            return 0
+        if memif_master.is_running(entry.pid, entry.started):
+            return 1
+        log.warning("agent.memif.master_restarted", attachment=entry.attachment, old_pid=entry.pid)
+        self._metrics.memif_master_restarts.inc()
+        await self.checkpoint.put(await self._start(entry))
+        return 0
+
+
+def _host_port(entry: MemifEntry) -> HostPort:
+    addresses = tuple(a.address for a in entry.addresses)
+    return HostPort(entry.vif.port_id, MEMIF, entry.tap, entry.vif.mac_address, addresses)
+
+
+def _write_info(entry: MemifEntry) -> None:
+    """``memif.json`` in the grant dir: what the CNF needs to configure its memif."""
+    gateway = next((a.gateway for a in entry.addresses if a.gateway), None)
+    body = {
+        "mac": entry.vif.mac_address,
+        "ips": [a.address for a in entry.addresses],
+        "gateway": gateway,
+        "mtu": entry.mtu,
+        "port_id": entry.vif.port_id,
+        "socket": entry.container_socket,
+    }
+    atomic_write(Path(entry.host_dir) / INFO_FILE, json.dumps(body).encode(), 0o644)
+
+
+def _remove_files(entry: MemifEntry) -> None:
+    memif_master.remove_socket(entry.socket)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(Path(entry.host_dir) / INFO_FILE)
+
+
+def _remove_own_tap(ipr: object, name: str) -> bool:
+    """A tap left by a master that was killed hard goes with it; this catches a tap whose
+    master is still tearing down, and never removes a link without podwire's mark."""
+    found = links.get_link(ipr, name)
+    if found is None:
+        return False
+    if not naming.is_marked(found.alias):
+        log.warning("agent.memif.foreign_tap_left_alone", interface=name)
+        return False
+    return links.remove_link(ipr, name)

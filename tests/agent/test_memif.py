@@ -1,0 +1,305 @@
+"""memif end to end: a CNF (DPDK testpmd, the real memif client) behind the agent's master.
+
+Host 1 runs an agent with the embedded device plugin (a protocol-faithful kubelet peer hands
+out the grant); host 2 a plain agent with a veth pod. The veth pod pings the CNF's memif
+address through VXLAN; the CNF restarts, the agent restarts; DEL and a released grant leave
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podwire import keys
+from podwire.agent.memif_master import is_running
+from podwire.agent.memif_state import MemifEntry
+from podwire.agent.ports import HostPort
+from podwire.config import EtcdSettings
+from podwire.deviceplugin.model import PodName
+from podwire.etcd import EtcdClient
+from podwire.memif import build as memif_build
+from podwire.schema import nodes
+from tests.agent import testpmd
+from tests.agent.harness import HostAgent, acni, plugin_binary
+from tests.agent.netenv import NetEnv, links_in, pings
+from tests.agent.testpmd import Testpmd
+from tests.deviceplugin.conftest import FakeKubelet, make_settings
+from tests.deviceplugin.test_plugin import allocate_request
+
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.skipif(not testpmd.available(), reason="dpdk-testpmd (Debian dpdk-dev) missing"),
+    pytest.mark.skipif(memif_build.find() is None, reason="podwire-memif not built"),
+]
+
+
+@dataclass
+class Pod:
+    name: str
+    ns: str
+    cid: str
+    result: dict[str, Any]
+
+
+@dataclass
+class Grant:
+    socket: str
+    secret: str
+    host_dir: str
+
+
+@dataclass
+class MemifHosts:
+    kubelet: FakeKubelet
+    cnf_host: HostAgent
+    veth_host: HostAgent
+    root: Path
+
+
+@pytest.fixture
+async def hosts(
+    netenv: NetEnv,
+    hostnames: list[str],
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
+) -> AsyncIterator[MemifHosts]:
+    root = Path(tempfile.mkdtemp(prefix="pw-mf-", dir="/tmp"))  # unix socket length
+    kubelet = FakeKubelet(root, "podwire.io/memif")
+    await kubelet.start()
+    await kubelet.start_pod_resources()
+    agents = []
+    for index, host in enumerate(hostnames, start=1):
+        ns, vtep = netenv.host(index)
+        extra: dict[str, Any] = (
+            {"deviceplugin": make_settings(root, devices=4)} if index == 1 else {}
+        )
+        agents.append(HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint, **extra))
+    try:
+        for agent in agents:
+            await agent.start()
+        await kubelet.register_events.get()
+        yield MemifHosts(kubelet, agents[0], agents[1], root)
+    finally:
+        for agent in agents:
+            await agent.stop()
+        _kill_masters(tmp_path)
+        await kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill_masters(state_root: Path) -> None:
+    """A failed test may leave masters (they outlive agents by design): end them by pid."""
+    for path in state_root.glob("*-state/memif-attachments.json"):
+        for key, raw in json.loads(path.read_text())["memifs"].items():
+            entry = MemifEntry.from_json(key, raw)
+            if is_running(entry.pid, entry.started):
+                os.kill(entry.pid, 9)
+
+
+async def _grant(hosts: MemifHosts, pod: str, device: str) -> Grant:
+    response = await hosts.kubelet.stub.Allocate(allocate_request([device]))
+    container = response.container_responses[0]
+    hosts.kubelet.pods[PodName("default", pod)] = [device]
+    return Grant(
+        container.envs["MEMIF_SOCKET"].replace("/run/vpp", container.mounts[0].host_path),
+        container.envs["MEMIF_SECRET"],
+        container.mounts[0].host_path,
+    )
+
+
+async def _add(agent: HostAgent, netenv: NetEnv, network: str, name: str) -> Pod:
+    ns = netenv.namespace(name)
+    cid = uuid.uuid4().hex
+    args = f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID={uuid.uuid4()}"
+    call = await acni(
+        _plugin(), "ADD", agent.conf(network), container_id=cid, netns=f"/run/netns/{ns}", args=args
+    )
+    assert call.code == 0, call.stdout
+    return Pod(name, ns, cid, call.json)
+
+
+def _plugin() -> Path:
+    return plugin_binary("c", Path(tempfile.gettempdir()))
+
+
+async def _del(agent: HostAgent, network: str, pod: Pod) -> None:
+    call = await acni(
+        _plugin(),
+        "DEL",
+        agent.conf(network),
+        container_id=pod.cid,
+        netns=f"/run/netns/{pod.ns}",
+    )
+    assert call.code == 0, call.stdout
+
+
+def _memif_ip(result: dict[str, Any]) -> str:
+    index = next(i for i, item in enumerate(result["interfaces"]) if item["name"] == "memif0")
+    return next(ip["address"] for ip in result["ips"] if ip["interface"] == index).split("/")[0]
+
+
+async def _eventually_pings(ns: str, address: str, within: float = 15.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        if await asyncio.to_thread(pings, ns, address, 1.0):
+            return True
+    return False
+
+
+def _entry(agent: HostAgent, attachment: str) -> MemifEntry:
+    assert agent.agent is not None and agent.agent.parts.memif is not None
+    entry = agent.agent.parts.memif.get(attachment)
+    assert entry is not None
+    return entry
+
+
+async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
+    hosts: MemifHosts, netenv: NetEnv, vxnet: Any, neutron: Any, etcd: EtcdClient, tmp_path: Path
+) -> None:
+    raw = await etcd.get(keys.state_capabilities(hosts.cnf_host.host))
+    assert raw is not None and "memif" in nodes.parse_capabilities(raw.value).vif_types
+    raw = await etcd.get(keys.state_capabilities(hosts.veth_host.host))
+    assert raw is not None and "memif" not in nodes.parse_capabilities(raw.value).vif_types
+
+    grant = await _grant(hosts, "cnf", "memif-0")
+    cnf = await _add(hosts.cnf_host, netenv, vxnet.id, "cnf")
+    memif_iface = cnf.result["interfaces"][-1]
+    assert memif_iface["name"] == "memif0" and memif_iface["socketPath"] == grant.socket
+    info = json.loads((Path(grant.host_dir) / "memif.json").read_text())
+    assert info["mac"] == memif_iface["mac"] and info["gateway"] == "10.77.0.1"
+    assert info["ips"][0].split("/")[0] == _memif_ip(cnf.result)
+    assert Path(grant.socket).is_socket()
+    client = await _add(hosts.veth_host, netenv, vxnet.id, "client")
+    assert all(i["name"] != "memif0" for i in client.result["interfaces"])  # no grant: veth only
+    # The memif port is a port like eth0's: same network, same security groups.
+    by_mac = {p.mac_address: p for p in neutron.network.ports(network_id=vxnet.id)}
+    eth0 = by_mac[cnf.result["interfaces"][1]["mac"]]
+    memif_port = by_mac[memif_iface["mac"]]
+    assert memif_port.id != eth0.id
+    assert sorted(memif_port.security_group_ids) == sorted(eth0.security_group_ids)
+
+    target = _memif_ip(cnf.result)
+    cnf_pmd = Testpmd.memif_client(grant.socket, grant.secret, info["mac"], log=tmp_path / "tp1")
+    try:
+        cnf_pmd.start()
+        assert await _eventually_pings(client.ns, target), (tmp_path / "tp1").read_text()
+
+        # CNF restart: a new client on the same socket, no new ADD.
+        cnf_pmd.stop()
+        cnf_pmd.start()
+        assert await _eventually_pings(client.ns, target), "no answer after the CNF restarted"
+
+        # Agent restart: the master outlives it and is adopted, traffic goes on.
+        before = _entry(hosts.cnf_host, f"{cnf.cid}:eth0")
+        await hosts.cnf_host.stop()
+        assert await asyncio.to_thread(pings, client.ns, target, 3.0)
+        await hosts.cnf_host.start()
+        after = _entry(hosts.cnf_host, f"{cnf.cid}:eth0")
+        assert (after.pid, after.started) == (before.pid, before.started)
+        assert await asyncio.to_thread(pings, client.ns, target, 3.0)
+    finally:
+        cnf_pmd.stop()
+
+    entry = _entry(hosts.cnf_host, f"{cnf.cid}:eth0")
+    await _del(hosts.cnf_host, vxnet.id, cnf)
+    assert not is_running(entry.pid, entry.started)
+    assert not Path(grant.socket).exists()
+    assert not (Path(grant.host_dir) / "memif.json").exists()
+    assert entry.tap not in links_in(hosts.cnf_host.netns)
+    assert neutron.network.find_port(entry.vif.port_id) is None
+    assert await etcd.get(keys.state_port(hosts.cnf_host.host, entry.vif.port_id)) is None
+    await _del(hosts.veth_host, vxnet.id, client)
+
+
+async def test_two_memif_pods_and_grant_release(
+    hosts: MemifHosts, netenv: NetEnv, vxnet: Any, neutron: Any, etcd: EtcdClient, tmp_path: Path
+) -> None:
+    assert hosts.cnf_host.agent is not None
+    plugged: list[HostPort] = []
+    unplugged: list[HostPort] = []
+    hosts.cnf_host.agent.parts.ports.on_plugged(_append_to(plugged))
+    hosts.cnf_host.agent.parts.ports.on_unplugged(_append_to(unplugged))
+    grants = [await _grant(hosts, f"cnf{i}", f"memif-{i}") for i in range(2)]
+    pods = [await _add(hosts.cnf_host, netenv, vxnet.id, f"cnf{i}") for i in range(2)]
+    # Port filtering hears of both kinds of host interface, with the port they belong to.
+    assert sorted(p.kind for p in plugged) == ["memif", "memif", "veth", "veth"]
+    client = await _add(hosts.veth_host, netenv, vxnet.id, "client")
+    entries = [_entry(hosts.cnf_host, f"{pod.cid}:eth0") for pod in pods]
+    assert len({e.tap for e in entries}) == 2 and len({e.vif.port_id for e in entries}) == 2
+    pmds = [
+        Testpmd.memif_client(g.socket, g.secret, e.vif.mac_address, log=tmp_path / f"tp{i}")
+        for i, (g, e) in enumerate(zip(grants, entries, strict=True))
+    ]
+    try:
+        for pmd in pmds:
+            pmd.start()
+        for pod in pods:
+            assert await _eventually_pings(client.ns, _memif_ip(pod.result))
+    finally:
+        for pmd in pmds:
+            pmd.stop()
+
+    # kubelet released the first grant (its dir goes, as the device plugin removes it).
+    shutil.rmtree(grants[0].host_dir)
+    gone = entries[0]
+    async with asyncio.timeout(10):
+        while _memif_of(hosts.cnf_host, f"{pods[0].cid}:eth0") is not None:
+            await asyncio.sleep(0.1)
+    assert not is_running(gone.pid, gone.started)
+    assert gone.tap not in links_in(hosts.cnf_host.netns)
+    assert neutron.network.find_port(gone.vif.port_id) is None
+    state_key = keys.state_port(hosts.cnf_host.host, gone.vif.port_id)
+    async with asyncio.timeout(10):
+        while await etcd.get(state_key) is not None:
+            await asyncio.sleep(0.1)
+    assert not Path(gone.socket).exists()
+    assert is_running(entries[1].pid, entries[1].started)  # the other pod is untouched
+    for pod in pods:
+        await _del(hosts.cnf_host, vxnet.id, pod)
+    await _del(hosts.veth_host, vxnet.id, client)
+    assert not is_running(entries[1].pid, entries[1].started)
+    assert not [name for name in links_in(hosts.cnf_host.netns) if name.startswith("pwt")]
+    assert sorted(p.host_ifname for p in unplugged) == sorted(p.host_ifname for p in plugged)
+    assert {e.tap: e.vif.port_id for e in entries}.items() <= {
+        p.host_ifname: p.port_id for p in plugged
+    }.items()
+
+
+def _append_to(found: list[HostPort]) -> Callable[[HostPort], Awaitable[None]]:
+    async def listener(port: HostPort) -> None:
+        found.append(port)
+
+    return listener
+
+
+async def test_device_plugin_failure_never_stops_veth_pods(
+    hosts: MemifHosts, netenv: NetEnv, vxnet: Any
+) -> None:
+    plain = await _add(hosts.cnf_host, netenv, vxnet.id, "plain")  # no grant: veth only
+    assert [i["name"] for i in plain.result["interfaces"]][-1] == "eth0"
+    # A grant kubelet has not tied to a pod yet, and kubelet's PodResources API down: the
+    # agent cannot tell whose grant it is, and the ADD goes on without memif.
+    await hosts.kubelet.stub.Allocate(allocate_request(["memif-3"]))
+    await hosts.kubelet.stop_pod_resources()
+    other = await _add(hosts.cnf_host, netenv, vxnet.id, "other")
+    assert all(i["name"] != "memif0" for i in other.result["interfaces"])
+    for pod in (plain, other):
+        await _del(hosts.cnf_host, vxnet.id, pod)
+
+
+def _memif_of(agent: HostAgent, attachment: str) -> MemifEntry | None:
+    assert agent.agent is not None and agent.agent.parts.memif is not None
+    return agent.agent.parts.memif.get(attachment)

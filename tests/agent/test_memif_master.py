@@ -1,0 +1,265 @@
+"""The memif master against bad clients: each is refused with its reason (told to the client
+in a disconnect message and logged), and the master keeps listening for the next client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from podwire.agent import memif_master, naming
+from podwire.config import MemifSettings
+from podwire.memif import build as memif_build
+from podwire.netlink import HostNetlink, tap
+from tests.agent import memif_client as mc
+from tests.agent.netenv import NetEnv, in_ns
+
+pytestmark = pytest.mark.skipif(memif_build.find() is None, reason="podwire-memif not built")
+
+SECRET = "s3cret-for-the-test"
+LIMITS = MemifSettings(
+    max_regions=2, max_rings=2, max_log2_ring=10, max_region_mb=1, handshake_timeout=0.5
+)
+REGION = 1 << 20
+
+
+@dataclass
+class Master:
+    socket: str
+    log: Path
+    pid: int
+    started: int
+
+    def client(self) -> mc.Client:
+        client = mc.Client(self.socket)
+        kind, _ = client.recv()
+        assert kind == mc.HELLO
+        return client
+
+    def logged(self, reason: str) -> bool:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if f'memif.refused name=test reason="{reason}"' in self.log.read_text():
+                return True
+            time.sleep(0.02)
+        return False
+
+
+@pytest.fixture
+def master(netenv: NetEnv, tmp_path: Path) -> Iterator[Master]:
+    ns = netenv.namespace("mm")
+    in_ns(ns, "ip", "link", "add", "br0", "type", "bridge")
+    host = HostNetlink(ns)
+    try:
+        fd = _run(host, tap.open_tap, "pwtmastertest", 1500, "br0", naming.MARK)
+    finally:
+        host.close()
+    log = tmp_path / "master.log"
+    path = str(tmp_path / "memif.sock")
+    with open(log, "wb") as out:
+        binary = memif_build.find()
+        assert binary is not None
+        spec = memif_master.MasterSpec("test", path, SECRET)
+        pid, started = memif_master.spawn(binary, spec, fd, LIMITS, stderr=out.fileno())
+    yield Master(path, log, pid, started)
+    memif_master.stop(pid, started)
+    assert not memif_master.is_running(pid, started)
+
+
+def _run(host: HostNetlink, fn: Callable[..., int], *args: object) -> int:
+    return asyncio.run(host.run(fn, *args))
+
+
+def _refused(client: mc.Client) -> str:
+    kind, data = client.recv()
+    assert kind == mc.DISCONNECT, kind
+    reason = mc.disconnect_reason(data)
+    assert client.recv() == (0, b""), "the master must close the connection"
+    client.close()
+    return reason
+
+
+def _inited(master: Master) -> mc.Client:
+    client = master.client()
+    assert client.request(mc.init(SECRET))[0] == mc.ACK
+    return client
+
+
+def test_hello_states_the_limits(master: Master) -> None:
+    client = mc.Client(master.socket)
+    kind, data = client.recv()
+    assert kind == mc.HELLO
+    min_v, max_v, max_region, max_s2c, max_c2s, max_log2 = struct.unpack_from("<HHHHHB", data, 34)
+    assert (min_v, max_v, max_region, max_s2c, max_c2s, max_log2) == (0x200, 0x200, 1, 1, 1, 10)
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"garbage", "message is not 128 bytes"),
+        (b"\0" * 200, "message is not 128 bytes"),
+        (mc.message(mc.ADD_REGION), "expected init"),
+        (mc.init("wrong"), "incorrect secret"),
+        (mc.init(""), "incorrect secret"),
+        (mc.init(SECRET, version=0x0100), "incompatible memif version (this master speaks 2.0)"),
+        (mc.init(SECRET, mode=1), "only ethernet mode is supported"),
+    ],
+)
+def test_bad_first_message_refused_and_master_keeps_listening(
+    master: Master, data: bytes, reason: str
+) -> None:
+    client = master.client()
+    client.send(data)
+    assert _refused(client) == reason
+    assert master.logged(reason)
+    good = _inited(master)  # the next client is served
+    good.close()
+
+
+def _event() -> int:
+    return os.eventfd(0, os.EFD_NONBLOCK)
+
+
+def _region(size: int = REGION, sealed: bool = True) -> int:
+    return mc.region_fd(size, sealed)
+
+
+Step = tuple[bytes, "Callable[[], int] | None"]
+REGION0: Step = (mc.add_region(0, REGION), _region)
+
+
+def _ring(index: int, log2: int = 4, c2s: bool = True, **kw: int) -> Step:
+    return (mc.add_ring(index, log2, c2s, **kw), _event)
+
+
+CONNECT: Step = (mc.message(mc.CONNECT), None)
+BAD_SETUPS: list[tuple[list[Step], str]] = [
+    ([(mc.add_region(0, REGION), None)], "add_region without a region fd"),
+    ([(mc.add_region(1, REGION), _region)], "region index out of order"),
+    ([(mc.add_region(0, 2 * REGION), lambda: _region(2 * REGION))], "region size out of bounds"),
+    (
+        [(mc.add_region(0, REGION), lambda: _region(4096))],
+        "region fd is not a file of the announced size",
+    ),
+    (
+        [(mc.add_region(0, REGION), lambda: _region(sealed=False))],
+        "region fd is not sealed against shrinking (F_SEAL_SHRINK)",
+    ),
+    ([(mc.add_region(i, REGION), _region) for i in range(3)], "too many regions"),
+    ([REGION0, _ring(0, log2=11)], "ring size out of bounds"),
+    ([REGION0, _ring(0, log2=0)], "ring size out of bounds"),
+    ([REGION0, _ring(0, log2=10, offset=REGION - 64)], "ring outside its region"),
+    ([REGION0, _ring(0, region=1)], "ring in an unknown region"),
+    (
+        [REGION0, (mc.add_ring(0, 4, True), lambda: os.pipe()[0])],
+        "add_ring without an interrupt eventfd",
+    ),
+    ([REGION0, *(_ring(i, offset=i * 4096) for i in range(3))], "too many rings"),
+    ([REGION0, CONNECT], "connect before a ring in each direction"),
+    (
+        [REGION0, _ring(0), _ring(0, c2s=False, offset=4096), CONNECT],
+        "ring without the memif cookie",
+    ),
+    ([(mc.message(mc.HELLO), None)], "unexpected message type during setup"),
+]
+
+
+@pytest.mark.parametrize(("steps", "reason"), BAD_SETUPS)
+def test_bad_setup_refused(master: Master, steps: list[Step], reason: str) -> None:
+    client = _inited(master)
+    *good, (last, make_fd) = steps
+    for data, factory in good:
+        fd = factory() if factory else None
+        assert client.request(data, fd)[0] == mc.ACK
+    client.send(last, make_fd() if make_fd else None)
+    assert _refused(client) == reason
+    assert master.logged(reason)
+
+
+def test_client_that_never_answers_is_dropped(master: Master) -> None:
+    client = master.client()
+    started = time.monotonic()
+    assert _refused(client) == "handshake not finished in time"
+    assert time.monotonic() - started < 3
+    assert _inited(master).request(mc.message(mc.DISCONNECT))[0] == 0  # closed, no answer
+
+
+def test_second_client_refused_while_one_is_served(master: Master) -> None:
+    first = _inited(master)
+    second = mc.Client(master.socket)
+    assert _refused(second) == "interface already has a client"
+    first.close()
+
+
+def test_connected_client_with_a_bogus_ring_head_is_dropped(master: Master) -> None:
+    """A full handshake with rings the client wrote itself, then a head index beyond the ring:
+    the master must not read past the ring; it drops the client."""
+    client = _inited(master)
+    fd = _region()
+    region = mmap.mmap(fd, REGION)
+    for offset in (0, 4096):
+        struct.pack_into("<I", region, offset, mc.COOKIE)
+    assert client.request(mc.add_region(0, REGION), fd)[0] == mc.ACK
+    c2s_event = os.eventfd(0, os.EFD_NONBLOCK)
+    assert client.request(mc.add_ring(0, 4, True), c2s_event)[0] == mc.ACK
+    assert client.request(mc.add_ring(0, 4, False, offset=4096), _event())[0] == mc.ACK
+    assert client.request(mc.message(mc.CONNECT))[0] == mc.CONNECTED
+    struct.pack_into("<H", region, 6, 5000)  # C2S head: 5000 slots ready in a 16-slot ring
+    os.eventfd_write(c2s_event, 1)
+    assert _refused(client) == "C2S ring head out of range"
+    assert master.logged("C2S ring head out of range")
+    _inited(master).close()
+
+
+def _tap_rx_packets(ns: str) -> int:
+    out = in_ns(ns, "ip", "-s", "-j", "link", "show", "pwtmastertest").stdout
+    return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
+
+
+def test_descriptors_outside_the_region_are_dropped_good_frames_pass(
+    master: Master, netenv: NetEnv
+) -> None:
+    client = _inited(master)
+    fd = _region()
+    region = mmap.mmap(fd, REGION)
+    for offset in (0, 4096):
+        struct.pack_into("<I", region, offset, mc.COOKIE)
+    c2s_event = _event()
+    for data, ring_fd in (
+        (mc.add_region(0, REGION), fd),
+        (mc.add_ring(0, 4, True), c2s_event),
+        (mc.add_ring(0, 4, False, offset=4096), _event()),
+    ):
+        assert client.request(data, ring_fd)[0] == mc.ACK
+    assert client.request(mc.message(mc.CONNECT))[0] == mc.CONNECTED
+    ns = netenv.namespaces[-1]
+    before = _tap_rx_packets(ns)
+    frame = bytes.fromhex("ffffffffffff020000000001") + b"\x08\x06" + b"\0" * 46
+    region[8192 : 8192 + len(frame)] = frame
+    descriptors = [
+        (0, 0, 100, REGION - 10),  # runs past the region's end
+        (0, 7, 60, 8192),  # an unknown region
+        (0, 0, len(frame), 8192),  # good
+    ]
+    for slot, (flags, index, length, offset) in enumerate(descriptors):
+        struct.pack_into("<HHIII", region, 128 + 16 * slot, flags, index, length, offset, 0)
+    struct.pack_into("<H", region, 6, len(descriptors))  # C2S head
+    os.eventfd_write(c2s_event, 1)
+    deadline = time.monotonic() + 2
+    while struct.unpack_from("<H", region, 64)[0] != len(descriptors):  # C2S tail
+        assert time.monotonic() < deadline, "the master did not consume the ring"
+        time.sleep(0.01)
+    assert _tap_rx_packets(ns) - before == 1
+    client.sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        client.recv()  # still connected: bad descriptors cost a frame, not the session
+    client.close()
