@@ -129,6 +129,7 @@ def test_the_wheel_carries_sources_migrations_and_metadata(wheel: Path) -> None:
         "podwire/cni/c/podwire-cni.c",
         "podwire/cni/plugin.py",
         "podwire/ml2/migration/alembic_migrations/versions/podwire_0001_journal.py",
+        "podwire/ml2/migration/alembic_migrations/versions/podwire_0002_journal_values.py",
         "podwire/ml2/migration/alembic_migrations/script.py.mako",
         "podwire/deviceplugin/protos/deviceplugin_v1beta1.proto",
         "podwire/py.typed",
@@ -214,7 +215,7 @@ def _serve_neutron(
     (neutron_etc / "api-paste.ini").write_bytes((venv / "etc/neutron/api-paste.ini").read_bytes())
     _db_manage(venv, neutron_etc, "--subproject", "neutron", "upgrade", "heads")
     _db_manage(venv, neutron_etc, "--subproject", "podwire", "upgrade", "head")
-    assert _podwire_version(db_url) == "podwire_0001"
+    assert _podwire_version(db_url) == "podwire_0002"
     server_dir = work / "server"
     server_dir.mkdir()
     (server_dir / "gunicorn.conf.py").write_text(GUNICORN_CONF.format(port=port))
