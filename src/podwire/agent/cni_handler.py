@@ -21,6 +21,7 @@ from podwire.agent.binder import Binder
 from podwire.agent.checkpoint import Attachment, Checkpoint
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
+from podwire.agent.policy.enforcer import PolicyEnforcer
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni import spec
 from podwire.cni.request import (
@@ -61,8 +62,10 @@ class CniHandler:
         ready: ReadyCheck,
         pods: PodReleaser | None = None,
         metrics: AgentMetrics | None = None,
+        policy: PolicyEnforcer | None = None,
     ) -> None:
         self._settings = settings
+        self._policy = policy
         self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
         self._binder = binder
@@ -148,6 +151,8 @@ class CniHandler:
         try:
             entry = await self._wire(req, vif, deadline)
         except BaseException:
+            if self._policy is not None:
+                self._policy.forget(vif.port_id)
             await self._rollback(req.attachment, vif if existing is None else None)
             raise
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
@@ -184,7 +189,11 @@ class CniHandler:
             attached = await self._plugger.plug_nested(plug, uplink, vif.vlan_id)
         else:
             remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-            port = await self._binder.wait_wired(vif.port_id, remaining)
+            groups = vif.security_groups if self._policy is not None else None
+            port = await self._binder.wait_wired(vif.port_id, remaining, groups)
+            if self._policy is not None:  # filtered from its first packet on
+                remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+                await self._policy.enforce(port, naming.host_veth(req.attachment), remaining)
             plan = self._binder.plan_for(port.network_id)
             bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
             mtu = min(port.mtu, vif.mtu)
@@ -212,6 +221,8 @@ class CniHandler:
         entry = self._checkpoint.get(attachment)
         await self._plugger.unplug(attachment, entry.attached if entry else None)
         await self._vifs.release(attachment, entry.vif if entry else None)
+        if entry is not None and self._policy is not None:
+            self._policy.forget(entry.vif.port_id)
         await self._checkpoint.remove(attachment)
         self._metrics.attachments.set(len(self._checkpoint.entries))
         pod = entry.pod if entry else None

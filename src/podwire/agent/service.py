@@ -13,13 +13,14 @@ import os
 from dataclasses import dataclass, field
 
 from podwire import keys
-from podwire.agent.attach import Plugger
+from podwire.agent.attach import Plugger, is_nested
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import Checkpoint
 from podwire.agent.cni_handler import CniHandler, HandlerSettings
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
+from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.agent.registration import Heartbeat, HostPresence
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
@@ -30,7 +31,9 @@ from podwire.errors import ConfigError, PodwireError
 from podwire.etcd import EtcdClient
 from podwire.health import first_problem
 from podwire.log import get_logger
+from podwire.netfilter import Nftables
 from podwire.netlink import HostNetlink, PodNetlink
+from podwire.schema.ports import DesiredPort
 from podwire.service.ops_http import OpsServer
 
 log = get_logger(__name__)
@@ -52,6 +55,7 @@ class AgentParts:
     binder: Binder | None = None
     heartbeat: Heartbeat | None = None
     handler: CniHandler | None = None
+    policy: PolicyEnforcer | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -112,17 +116,11 @@ class Agent:
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
-        plugin = _device_plugin(self.settings)
-        releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
-        if releaser is not None:
-            stack.push_async_callback(releaser.close)
-        if plugin is not None:
-            collector = StatsCollector(plugin.stats)
-            self.metrics.registry.register(collector)
-            stack.callback(self.metrics.registry.unregister, collector)
+        policy = self._policy(stack, etcd, binder)
+        plugin, releaser = self._device_plugin_parts(stack)
 
         async def ready() -> tuple[bool, str]:
-            return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs)
+            return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs, policy)
 
         handler = CniHandler(
             HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
@@ -133,8 +131,10 @@ class Agent:
             ready,
             releaser,
             self.metrics,
+            policy,
         )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
+        self.parts.policy = policy
         async with asyncio.TaskGroup() as tg:
             tg.create_task(heartbeat.run())
             tg.create_task(binder.run())
@@ -143,7 +143,10 @@ class Agent:
                 tg.create_task(plugin.run())
             if releaser is not None:
                 tg.create_task(releaser.run())
+            if policy is not None:
+                tg.create_task(policy.run())
             await binder.synced.wait()
+            await _enforce_plugged(policy, checkpoint, binder)
             server = CniServer(agent.cni_socket, handler)
             await server.start()
             stack.push_async_callback(server.stop)
@@ -154,6 +157,65 @@ class Agent:
             log.info("agent.started", host=agent.host, socket=agent.cni_socket)
             self.parts.started.set()
 
+    def _device_plugin_parts(
+        self, stack: contextlib.AsyncExitStack
+    ) -> tuple[DevicePlugin | None, PodReleaser | None]:
+        plugin = _device_plugin(self.settings)
+        if plugin is None:
+            return None, None
+        releaser = PodReleaser(plugin.release_pod, self.settings.agent.pod_release_grace)
+        stack.push_async_callback(releaser.close)
+        collector = StatsCollector(plugin.stats)
+        self.metrics.registry.register(collector)
+        stack.callback(self.metrics.registry.unregister, collector)
+        return plugin, releaser
+
+    def _policy(
+        self, stack: contextlib.AsyncExitStack, etcd: EtcdClient, binder: Binder
+    ) -> PolicyEnforcer | None:
+        agent = self.settings.agent
+        if agent.security_groups == "off":
+            return None
+        nft = Nftables(agent.host_netns)
+        stack.callback(nft.close)  # the tables stay: they keep enforcing while we are down
+        settings = EnforcerSettings(agent.host, agent.security_group_wait)
+        policy = PolicyEnforcer(etcd, nft, settings, self.metrics)
+        binder.on_port = policy.port_changed
+        return policy
+
+
+async def _enforce_plugged(
+    policy: PolicyEnforcer | None, checkpoint: Checkpoint, binder: Binder
+) -> None:
+    """Running pods keep their rules: the first application is one atomic replace."""
+    if policy is not None:
+        policy.adopt(_plugged_ports(checkpoint, binder))
+        await policy.synced.wait()
+
+
+def _plugged_ports(checkpoint: Checkpoint, binder: Binder) -> list[tuple[DesiredPort, str]]:
+    """The pods plugged before this start, with their ports' desired values (or, if the
+    binding is gone meanwhile, what the VIF said: still enforced, never left open)."""
+    found = []
+    for entry in checkpoint.entries.values():
+        if is_nested(entry.attached):
+            continue
+        vif = entry.vif
+        port = binder.wired.get(vif.port_id) or DesiredPort(
+            vif.port_id,
+            vif.network_id,
+            vif.mac_address,
+            vif.mtu,
+            vif.network_type,
+            None,
+            vif.segmentation_id,
+            vif.vif_type,
+            tuple(vif.fixed_ips),
+            tuple(vif.security_groups),
+        )
+        found.append((port, entry.attached.host_ifname))
+    return found
+
 
 async def _readiness(
     etcd: EtcdClient,
@@ -162,6 +224,7 @@ async def _readiness(
     binder: Binder,
     peers: PeerTracker,
     vifs: VifSource,
+    policy: PolicyEnforcer | None = None,
 ) -> tuple[bool, str]:
     # A read of our own key, not etcd's Status: Status answers even when etcd no longer
     # accepts this agent's token, and the agent would look ready while it cannot see a thing.
@@ -172,7 +235,10 @@ async def _readiness(
         return False, f"etcd: {exc}"
     if not heartbeat.healthy:
         return False, "heartbeat lease lost; re-registering"
-    problem = first_problem([heartbeat.health, binder.watcher.health, peers.watcher.health])
+    healths = [heartbeat.health, binder.watcher.health, peers.watcher.health]
+    if policy is not None:
+        healths.append(policy.watcher.health)
+    problem = first_problem(healths)
     if problem is not None:
         return False, problem
     if not binder.synced.is_set():
