@@ -28,7 +28,7 @@ from tests.agent.netenv import NetEnv, in_ns, pings
 
 pytestmark = pytest.mark.stack
 
-ECHO = str(Path(__file__).with_name("tcpecho.py"))
+ECHO = str(Path(__file__).with_name("echopeer.py"))
 
 
 @dataclass
@@ -110,14 +110,14 @@ async def _add(plugin: Path, agent: HostAgent, netenv: NetEnv, net: str, sg: str
 
 
 def _serve(pod: Pod, port: int) -> subprocess.Popen[str]:
-    argv = ["ip", "netns", "exec", pod.ns, sys.executable, ECHO, "serve", str(port)]
+    argv = ["ip", "netns", "exec", pod.ns, sys.executable, ECHO, "serve", "tcp", str(port)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
     return proc
 
 
 def _client(pod: Pod, ip: str, port: int) -> subprocess.Popen[str]:
-    argv = ["ip", "netns", "exec", pod.ns, sys.executable, ECHO, "client", ip, str(port)]
+    argv = ["ip", "netns", "exec", pod.ns, sys.executable, ECHO, "client", "tcp", ip, str(port)]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
