@@ -118,7 +118,9 @@ async def test_change_reaches_what_replace_builds(host: SgHost) -> None:
         old = compile_ruleset(_inputs(host, web, [p.ip4 for p in pods]))
         await nft.apply(ruleset.replace(old.ruleset))
         host.pods.pop()  # a port goes, its policy with it; rules and members change
-        new = compile_ruleset(_inputs(host, SecurityGroup(WEB, _web_rules((22, 80))), [pods[0].ip4]))
+        new = compile_ruleset(
+            _inputs(host, SecurityGroup(WEB, _web_rules((22, 80))), [pods[0].ip4])
+        )
         text = ruleset.change(old.ruleset, new.ruleset)
         assert text
         await nft.apply(text)
@@ -133,7 +135,9 @@ async def test_change_reaches_what_replace_builds(host: SgHost) -> None:
 def _without_handles(listing: str) -> str:
     def strip(value: object) -> object:
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in ("handle", "packets", "bytes")}
+            return {
+                k: strip(v) for k, v in value.items() if k not in ("handle", "packets", "bytes")
+            }
         if isinstance(value, list):
             return sorted((strip(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
         return value
