@@ -8,6 +8,7 @@ etcd here with the schema's encoders, exactly as the forwarder will write them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import uuid
@@ -16,15 +17,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from podwire import keys
+from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.config import EtcdSettings
+from podwire.controller.app import Controller
+from podwire.controller.leader import ELECTION
+from podwire.controller.pools import PoolKey
 from podwire.etcd import EtcdClient
+from podwire.neutron.client import connect
 from podwire.schema import nodes
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
-from tests.agent.harness import HostAgent, acni
+from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, pings
+from tests.agent.test_with_controller import _serving
+from tests.controller.conftest import Node, admin, pooled_ports, settings_for
+from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.stack
 
@@ -56,6 +66,12 @@ def _rules(sg: str, tcp: tuple[int, ...] = (5001,)) -> tuple[Rule, ...]:
 
 async def _put_group(etcd: EtcdClient, sg: str, rules: tuple[Rule, ...], revision: int) -> None:
     await etcd.put(keys.secgroup(sg), SecurityGroup(sg, rules, revision=revision).encode().encode())
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Path:
+    """The C plugin only: both builds are the same pipe, covered by the CNI tests."""
+    return plugin_binary("c", tmp_path)
 
 
 @pytest.fixture
@@ -202,3 +218,85 @@ async def test_groups_rules_members_spoofing_and_restart(
         for proc in servers:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+async def pooled_sg(
+    stack: dict[str, Any],
+    etcd: EtcdClient,
+    etcd_settings: EtcdSettings,
+    netenv: NetEnv,
+    hostnames: list[str],
+    neutron_endpoint: str,
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Controller, HostAgent, Node]]:
+    """A controller in this loop and one enforcing agent that gets its VIFs from it."""
+    node = Node(hostnames[0], uuid.uuid4().hex)
+    settings = settings_for(stack, [node], min=0)
+    controller = Controller(settings, etcd, connect(settings.neutron))
+    task = asyncio.create_task(controller.run())
+    ns, vtep = netenv.host(1)
+    agent = HostAgent(node.name, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
+    agent.security_groups = "enforce"
+    try:
+        await eventually(lambda: _serving(controller, task), "controller serving", timeout=60)
+        agent.vifs = ControllerVifSource(
+            f"http://127.0.0.1:{controller.port}", node.name, node.token
+        )
+        await agent.start()
+        yield controller, agent, node
+    finally:
+        await agent.stop()
+        if isinstance(agent.vifs, ControllerVifSource):
+            await agent.vifs.close()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        await etcd.delete(ELECTION)
+        await etcd.delete_prefix(keys.vifs_prefix(node.name))
+
+
+async def test_pooled_port_moved_to_other_groups_is_filtered_by_the_new_ones(
+    pooled_sg: tuple[Controller, HostAgent, Node],
+    netenv: NetEnv,
+    vxnet: Any,
+    plugin: Path,
+    neutron: Any,
+    etcd: EtcdClient,
+    project_id: str,
+) -> None:
+    controller, agent, node = pooled_sg
+    closed = neutron.network.create_security_group(name="pw-closed", project_id=project_id)
+    web = neutron.network.create_security_group(name="pw-web", project_id=project_id)
+    await _put_group(etcd, closed.id, (Rule(str(uuid.uuid4()), "egress", "IPv4"),), 1)
+    await _put_group(etcd, web.id, _rules(web.id), 1)
+    try:
+        async with aiohttp.ClientSession() as http:
+            status, _ = await admin(
+                http,
+                "POST",
+                f"http://127.0.0.1:{controller.port}/v1/pools/populate",
+                {
+                    "nodes": [node.name],
+                    "network": vxnet.id,
+                    "security_groups": [closed.id],
+                    "count": 1,
+                },
+            )
+            assert status == 200
+        key = PoolKey(node.name, project_id, vxnet.id)
+        [pooled_id] = pooled_ports(controller, key)
+        subject = await _add(plugin, agent, netenv, vxnet.id, web.id, "subj")
+        assert pooled_ports(controller, key) == set()  # the ADD took the pooled port ...
+        port = neutron.network.get_port(pooled_id)
+        assert port.security_group_ids == [web.id]  # ... and moved it to the web group
+        peer = await _add(plugin, agent, netenv, vxnet.id, web.id, "peer")
+        server = _serve(subject, 5001)
+        try:
+            assert _connects(peer, subject.ip, 5001)  # web's rule, not closed's deny
+        finally:
+            server.kill()
+            server.wait()
+    finally:
+        for sg in (closed, web):
+            await etcd.delete(keys.secgroup(sg.id))
