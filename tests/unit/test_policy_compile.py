@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from podwire.agent.policy import intervals, ruleset
 from podwire.agent.policy.compile import PolicyInputs, PortPolicy, compile_ruleset, policy_name
 from podwire.agent.policy.store import PolicyStore
-from podwire.etcd import WatchEvent
+from podwire.etcd import KeyValue, WatchEvent
 from podwire.schema.ports import DesiredPort, FixedIp
 from podwire.schema.secgroups import Rule, SecurityGroup
 
@@ -223,3 +223,21 @@ def test_bad_values_never_raise_and_never_allow(changes: dict[str, Any], garbage
     assert len(parsed) in (1, 2)
     if len(parsed) == 1:
         assert store.problems[key]
+
+
+def test_status_shows_enforcement_per_node() -> None:
+    from podwire.schema import nodes
+    from podwire.status.nodes import NodeStatus, _apply_state
+    from podwire.status.render import _policy_text
+
+    node = NodeStatus("n1")
+    assert _policy_text(node) == "not enforced"
+    raw = nodes.policy_state_value(12, 345, 2, 1.0)
+    _apply_state(node, "policy", None, KeyValue("/podwire/state/nodes/n1/policy", raw, 1, 1, 1, 0))
+    assert _policy_text(node) == (
+        "12 ports enforced at revision 345, 2 problems (see the agent's log)"
+    )
+    _apply_state(
+        node, "policy", None, KeyValue("/podwire/state/nodes/n1/policy", b"{}", 1, 1, 1, 0)
+    )
+    assert node.bad_values == 1
