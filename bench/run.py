@@ -25,6 +25,7 @@ SECTIONS = [
     "heal_bench",  # before recovery_bench: its controller lists every port of the stack
     "recovery_bench",
     "cni_bench",
+    "sg_bench",
     "stack_bench",
     "deviceplugin_bench",
 ]

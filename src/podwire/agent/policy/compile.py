@@ -185,27 +185,55 @@ def _port_security_rules() -> tuple[str, ...]:
 
 def _sources(secured: list[PortPolicy]) -> tuple[set[str], set[str], set[str]]:
     macs: set[str] = set()
-    spans: dict[tuple[str, str, int], list[intervals.Span]] = {}
+    src4: set[str] = set()
+    src6: set[str] = set()
     for item in secured:
-        port = item.port
-        pairs = [(port.mac_address, ip.ip_address) for ip in port.fixed_ips]
-        pairs += [
-            (p.mac_address or port.mac_address, p.ip_address) for p in port.allowed_address_pairs
-        ]
-        if not port.fixed_ips:  # Neutron: a port without IPs may use any IP with its MAC
-            pairs += [(port.mac_address, "0.0.0.0/0"), (port.mac_address, "::/0")]
-        for mac in {port.mac_address} | {mac for mac, _ in pairs}:
-            macs.add(f'"{item.ifname}" . {mac}')
-            pairs.append((mac, _link_local(mac)))
-        for mac, address in pairs:
-            net = ipaddress.ip_network(address, strict=False)
-            key = (item.ifname, mac, net.version)
-            spans.setdefault(key, []).append(intervals.prefix_span(str(net)))
+        found = _port_sources(item)
+        macs.update(found[0])
+        src4.update(found[1])
+        src6.update(found[2])
+    return macs, src4, src6
+
+
+PortSources = tuple[frozenset[str], frozenset[str], frozenset[str]]
+# (ifname, port id) -> (the DesiredPort it was made from, its elements): a change elsewhere
+# re-uses every port's elements, so a rule change costs the same on 5 or 500 ports.
+_SOURCES: dict[tuple[str, str], tuple[DesiredPort, PortSources]] = {}
+
+
+def _port_sources(item: PortPolicy) -> PortSources:
+    key = (item.ifname, item.port.port_id)
+    cached = _SOURCES.get(key)
+    if cached is not None and cached[0] is item.port:
+        return cached[1]
+    if len(_SOURCES) > 16384:
+        _SOURCES.clear()
+    found = _compute_sources(item)
+    _SOURCES[key] = (item.port, found)
+    return found
+
+
+def _compute_sources(item: PortPolicy) -> PortSources:
+    port = item.port
+    pairs = [(port.mac_address, ip.ip_address) for ip in port.fixed_ips]
+    pairs += [(p.mac_address or port.mac_address, p.ip_address) for p in port.allowed_address_pairs]
+    if not port.fixed_ips:  # Neutron: a port without IPs may use any IP with its MAC
+        pairs += [(port.mac_address, "0.0.0.0/0"), (port.mac_address, "::/0")]
+    macs = {port.mac_address} | {mac for mac, _ in pairs}
+    pairs += [(mac, _link_local(mac)) for mac in macs]
+    spans: dict[tuple[str, int], list[intervals.Span]] = {}
+    for mac, address in pairs:
+        net = ipaddress.ip_network(address, strict=False)
+        spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
     out: dict[int, set[str]] = {4: set(), 6: set()}
-    for (ifname, mac, version), found in spans.items():
+    for (mac, version), found in spans.items():
         for span in intervals.merge(found):
-            out[version].add(f'"{ifname}" . {mac} . {intervals.address_text(span, version)}')
-    return macs, out[4], out[6]
+            out[version].add(f'"{item.ifname}" . {mac} . {intervals.address_text(span, version)}')
+    return (
+        frozenset(f'"{item.ifname}" . {mac}' for mac in macs),
+        frozenset(out[4]),
+        frozenset(out[6]),
+    )
 
 
 def _link_local(mac: str) -> str:
@@ -314,55 +342,71 @@ def address_set_name(kind: str, version: int, group_id: str) -> str:
 # -- elements -------------------------------------------------------------------------
 
 
-def _proto_ports(rules: Iterable[Rule]) -> tuple[list[str], list[str]]:
-    """(protocol . port range) and (ICMP type . code range) elements for a union of rules,
-    disjoint, without the address part."""
-    any_proto = False
-    ports: dict[int, list[intervals.Span]] = {}
-    icmp: dict[int, list[intervals.Span]] = {}
+Box = tuple[tuple[intervals.Span, ...], intervals.Span]  # (protocol/port spans, addresses)
+
+
+def _rule_boxes(rules: Iterable[Rule], version: int) -> tuple[list[Box], list[Box]]:
+    """Each rule as a box: (protocol, port) for the ports set or (ICMP type, code) for the
+    ICMP set, with its address span (the whole family without a prefix)."""
+    ports: list[Box] = []
+    icmp: list[Box] = []
     for rule in rules:
+        address = (
+            intervals.prefix_span(rule.remote_ip_prefix) if rule.remote_ip_prefix else FULL[version]
+        )
         if rule.protocol is None:
-            any_proto = True
+            ports.append(((ANY_PROTO, ANY_PORT), address))
         elif rule.is_icmp and rule.port_min is not None:
             code = (rule.port_max, rule.port_max) if rule.port_max is not None else (0, 255)
-            icmp.setdefault(rule.port_min, []).append(code)
-        elif rule.port_min is not None and rule.port_max is not None and not rule.is_icmp:
-            ports.setdefault(rule.protocol, []).append((rule.port_min, rule.port_max))
+            icmp.append((((rule.port_min, rule.port_min), code), address))
+        elif rule.port_min is not None and rule.port_max is not None:
+            ports.append(
+                (((rule.protocol, rule.protocol), (rule.port_min, rule.port_max)), address)
+            )
         else:  # a protocol without ports, or ICMP of any type
-            ports.setdefault(rule.protocol, []).append(ANY_PORT)
-    if any_proto:
-        return [f"{intervals.number_text(ANY_PROTO)} . {intervals.number_text(ANY_PORT)}"], []
-    port_elements = [
-        f"{proto} . {intervals.number_text(span)}"
-        for proto, spans in sorted(ports.items())
-        for span in intervals.merge(spans)
-    ]
-    icmp_elements = [
-        f"{kind} . {intervals.number_text(span)}"
-        for kind, spans in sorted(icmp.items())
-        for span in intervals.merge(spans)
-    ]
-    return port_elements, icmp_elements
+            ports.append((((rule.protocol, rule.protocol), ANY_PORT), address))
+    return ports, icmp
+
+
+def _disjoint(boxes: list[Box]) -> list[Box]:
+    """The union of ``boxes`` as disjoint boxes: cut along protocol (or ICMP type), then port
+    (or code), then merge the addresses of what covers each piece. A rule from anywhere stays
+    one element, however many prefixes other rules name."""
+    if not boxes:
+        return []
+    if not boxes[0][0]:
+        return [((), span) for span in intervals.merge(address for _, address in boxes)]
+    out: list[Box] = []
+    cut = intervals.sweep([(dims[0], (dims[1:], address)) for dims, address in boxes])
+    for span, covering in cut:
+        out += [((span, *rest), address) for rest, address in _disjoint(covering)]
+    return out
+
+
+def _element(box: Box, version: int | None) -> str:
+    parts = [intervals.number_text(span) for span in box[0]]
+    if version is not None:
+        parts.insert(0, intervals.address_text(box[1], version))
+    return " . ".join(parts)
 
 
 def _prefixed_elements(rules: list[Rule], version: int) -> tuple[frozenset[str], frozenset[str]]:
-    items = [
-        (intervals.prefix_span(r.remote_ip_prefix) if r.remote_ip_prefix else FULL[version], r)
-        for r in rules
-    ]
-    ports: set[str] = set()
-    icmp: set[str] = set()
-    for span, covering in intervals.sweep(items):
-        address = intervals.address_text(span, version)
-        port_elements, icmp_elements = _proto_ports(covering)
-        ports.update(f"{address} . {e}" for e in port_elements)
-        icmp.update(f"{address} . {e}" for e in icmp_elements)
-    return frozenset(ports), frozenset(icmp)
+    ports, icmp = _rule_boxes(rules, version)
+    return (
+        frozenset(_element(box, version) for box in _disjoint(ports)),
+        frozenset(_element(box, version) for box in _disjoint(icmp)),
+    )
 
 
 def _remote_elements(rules: list[Rule], version: int) -> tuple[frozenset[str], frozenset[str]]:
-    port_elements, icmp_elements = _proto_ports(rules)
-    return frozenset(port_elements), frozenset(icmp_elements)
+    """For rules naming a group: the addresses come from the group's set, not the rule."""
+    ports, icmp = _rule_boxes(rules, version)
+    ports = [(dims, FULL[version]) for dims, _ in ports]
+    icmp = [(dims, FULL[version]) for dims, _ in icmp]
+    return (
+        frozenset(_element(box, None) for box in _disjoint(ports)),
+        frozenset(_element(box, None) for box in _disjoint(icmp)),
+    )
 
 
 def _address_sets(

@@ -155,6 +155,11 @@ class PolicyEnforcer:
                     effect="enforced without them: what they would allow is dropped",
                 )
 
+    async def wait_applied(self, revision: int) -> None:
+        """Until the policy as of etcd ``revision`` is in force (benchmarks, tests)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.revision >= revision)
+
     def port_changed(self, port_id: str, port: DesiredPort) -> None:
         """The desired value of a port changed (new security groups, pairs, port security)."""
         entry = self._ports.get(port_id)
