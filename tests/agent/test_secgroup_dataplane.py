@@ -22,6 +22,7 @@ from tests.agent.sgnet import SgHost, ping, reaches
 
 WEB = "0e0e0e0e-0000-4000-8000-000000000001"
 OTHER = "0e0e0e0e-0000-4000-8000-000000000002"
+SINK = "0e0e0e0e-0000-4000-8000-000000000003"  # ingress only: no egress rule at all
 
 
 def _rid(n: int) -> str:
@@ -52,7 +53,11 @@ def host(netenv: NetEnv) -> Iterator[SgHost]:
 
 
 def _inputs(host: SgHost, web: SecurityGroup, members: list[str]) -> PolicyInputs:
-    groups = {WEB: web, OTHER: SecurityGroup(OTHER, (Rule(_rid(7), "egress", "IPv4"),))}
+    groups = {
+        WEB: web,
+        OTHER: SecurityGroup(OTHER, (Rule(_rid(7), "egress", "IPv4"),)),
+        SINK: SecurityGroup(SINK, (Rule(_rid(8), "ingress", "IPv4", 6, 5001, 5001, None),)),
+    }
     addresses = {f"m{i}": (f"{a}/128" if ":" in a else f"{a}/32",) for i, a in enumerate(members)}
     return PolicyInputs(groups, {WEB: addresses}, {}, [p.policy() for p in host.pods])
 
@@ -63,19 +68,24 @@ async def test_rules_groups_prefixes_and_port_security(host: SgHost) -> None:
     b = host.pod(2, security_groups=(WEB,))
     c = host.pod(3, security_groups=(OTHER,))
     d = host.pod(20, port_security=False)
+    e = host.pod(5, security_groups=(SINK,))
     for proto, port in (("tcp", 5001), ("tcp", 5002), ("udp", 5353), ("udp", 6050)):
         host.serve(b, proto, port)
     host.serve(d, "tcp", 5001)
+    host.serve(e, "tcp", 5001)
+    host.serve(a, "tcp", 5001)
     nft = Nftables(host.ns)
     try:
         web = SecurityGroup(WEB, _web_rules())
         first = compile_ruleset(_inputs(host, web, [a.ip6, b.ip6]))
-        assert first.problems == [] and first.enforced == 3
+        assert first.problems == [] and first.enforced == 4
         await nft.apply(ruleset.replace(first.ruleset))
 
         # rule by protocol and port; replies pass although b has no egress rule for them
         assert reaches(a, "tcp", b.ip4, 5001) and reaches(c, "tcp", b.ip4, 5001)
         assert not reaches(a, "tcp", b.ip4, 5002)
+        # stateful: e answers without any egress rule, but cannot open a flow itself
+        assert reaches(a, "tcp", e.ip4, 5001) and not reaches(e, "tcp", a.ip4, 5001)
         # UDP by IPv6 prefix, UDP port range by IPv4 prefix; c (10.9.0.3) is inside /28
         assert reaches(a, "udp", b.ip6, 5353)
         assert reaches(c, "udp", b.ip4, 6050)
