@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from podwire import keys
+from podwire.agent.metrics import AgentMetrics
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
@@ -114,9 +115,13 @@ async def test_200_ports_3_groups_20_rules_reconciled_after_restart(
     host_name = f"{netenv.tag}-sgr"
     ports = _ports(published)
     try:
-        first = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), None)
+        metrics = AgentMetrics()
+        first = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), metrics)
         task = await _run_until_synced(first, ports)
         assert first.enforced == PORTS and not first._problems
+        sample = metrics.registry.get_sample_value
+        assert sample("podwire_agent_policy_applies_total", {"kind": "replace"}) == 1
+        assert sample("podwire_agent_policy_enforced_ports") == PORTS
         await _stop(task)
         kept = await nft.query("list ruleset")
         secured = json.loads(await nft.query("list set bridge podwire secured"))
