@@ -21,10 +21,12 @@ SECTIONS = [
     "etcd_bench",
     "neutron_bench",
     "ml2_bench",
+    "policy_bench",
     "controller_bench",
     "heal_bench",  # before recovery_bench: its controller lists every port of the stack
     "recovery_bench",
     "cni_bench",
+    "cri_bench",
     "sg_bench",
     "stack_bench",
     "deviceplugin_bench",

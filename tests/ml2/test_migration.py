@@ -41,9 +41,11 @@ def test_upgrade_head_creates_the_journal_like_the_model(
             columns = {c["name"]: c for c in inspector.get_columns("podwire_journal")}
             assert set(columns) == {c.name for c in JournalRow.__table__.columns}
             assert columns["value"]["nullable"] and not columns["key"]["nullable"]
+            # Large enough for a security group of 1,000 rules (TEXT stops at 64 KiB).
+            assert "MEDIUMTEXT" in str(columns["value"]["type"]).upper()
             with engine.connect() as conn:
                 version = conn.execute(sa.text("SELECT version_num FROM alembic_version_podwire"))
-                assert version.scalar() == "podwire_0001"
+                assert version.scalar() == "podwire_0002"
         finally:
             engine.dispose()
     finally:

@@ -179,13 +179,13 @@ class Plugger:
                 return False
             return await self._pod.run(attached.sandbox, links.remove_link, attached.ifname)
         if attached is not None:  # the recorded name and MAC: right for any agent version
-            return await self._host.run_rtnl(
+            return await self._host.run_teardown(
                 _delete_own_veth, attached.host_ifname, attached.host_mac
             )
         removed = False
         for derived in _derived_ids(attachment):
             name, mac = naming.host_veth(derived), host_mac(derived)
-            removed = await self._host.run_rtnl(_delete_own_veth, name, mac) or removed
+            removed = await self._host.run_teardown(_delete_own_veth, name, mac) or removed
         return removed
 
     async def check(self, attached: Attached, bridge: str) -> str | None:

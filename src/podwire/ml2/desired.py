@@ -12,6 +12,7 @@ from neutron.objects import trunk as trunk_objects
 from neutron_lib.api.definitions import portbindings
 from neutron_lib.plugins.ml2 import api
 
+from podwire.ml2.policy import address_pairs
 from podwire.schema.ports import DesiredPort, FixedIp, TrunkInfo
 
 DRIVER_NAME = "podwire"
@@ -80,6 +81,10 @@ def desired_port(
         device_id=port.get("device_id") or "",
         trunk=_trunk(context.plugin_context, port["id"]),
         project_id=port.get("project_id") or port.get("tenant_id") or None,
+        # Absent when the port-security extension is off: Neutron then enforces nothing either
+        # way, and the agent's default (on) with no groups denies, as Neutron's agents do.
+        port_security_enabled=bool(port.get("port_security_enabled", True)),
+        allowed_address_pairs=address_pairs(port),
     )
 
 

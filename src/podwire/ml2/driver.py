@@ -20,11 +20,13 @@ from oslo_config import cfg
 
 from podwire import keys
 from podwire.config import EtcdSettings
-from podwire.ml2 import binding, journal, options
+from podwire.ml2 import binding, journal, options, policy
 from podwire.ml2.desired import bound_segment, desired_port
 from podwire.ml2.forwarder import ForwarderSettings
 from podwire.ml2.host_cache import HostCache
 from podwire.ml2.mlog import get_logger
+from podwire.ml2.policy_callbacks import PolicyJournal
+from podwire.ml2.policy_db import PolicySnapshot
 from podwire.ml2.trunk_driver import PodwireTrunkDriver
 
 log = get_logger(__name__)
@@ -76,7 +78,9 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             NeutronPortStatus(),
             forwarder,
             journal_depth=self.journal.depth,
+            policy=PolicySnapshot(cfg.CONF.database.connection),
         )
+        PolicyJournal(self.worker.kick).subscribe()
         self.worker.start()
         if not self.cache.synced.wait(self.conf.startup_sync_timeout):
             log.warning("ml2.driver.host_state_not_synced", timeout=self.conf.startup_sync_timeout)
@@ -106,12 +110,14 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
     # --- journal ---------------------------------------------------------------------------
 
     def create_port_precommit(self, context: Any) -> None:
+        self._journal_membership(context, None, context.current)
         segment = bound_segment(context.binding_levels)
         if segment is None or not context.host:
             return
         self._journal_put(context, context.host, segment)
 
     def update_port_precommit(self, context: Any) -> None:
+        self._journal_membership(context, context.original, context.current)
         port_id = context.current["id"]
         old_segment = bound_segment(context.original_binding_levels)
         new_segment = bound_segment(context.binding_levels)
@@ -151,6 +157,7 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             )
 
     def delete_port_precommit(self, context: Any) -> None:
+        self._journal_membership(context, context.current, None)
         segment = bound_segment(context.binding_levels)
         if segment is not None and context.host:
             self._journal(context, keys.node_port(context.host, context.current["id"]), None)
@@ -160,6 +167,17 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             context, context.current, segment, context.vif_type, context.vif_details
         )
         self._journal(context, keys.node_port(host, value.port_id), value.encode())
+
+    def _journal_membership(
+        self, context: Any, before: dict[str, Any] | None, after: dict[str, Any] | None
+    ) -> None:
+        """Member keys for every group of every port, podwire's or not: a rule naming a group
+        admits all its members, wherever they are wired."""
+        changes = policy.membership_changes(
+            policy.port_membership(before), policy.port_membership(after)
+        )
+        for key, value in changes:
+            self._journal(context, key, value)
 
     @staticmethod
     def _journal(context: Any, key: str, value: str | None) -> None:
@@ -177,5 +195,8 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
 
     def _kick(self, context: Any) -> None:
         levels = [context.binding_levels, getattr(context, "original_binding_levels", None)]
-        if any(bound_segment(level) is not None for level in levels):
+        ports = [context.current, getattr(context, "original", None)]
+        if any(bound_segment(level) is not None for level in levels) or any(
+            port and port.get("security_groups") for port in ports
+        ):
             self.worker.kick()

@@ -24,6 +24,7 @@ from podwire.etcd.election import Election, fence
 from podwire.etcd.watch import PrefixWatcher
 from podwire.ml2.journal import Entry
 from podwire.ml2.mlog import get_logger
+from podwire.ml2.policy_resync import PolicySource, resync
 from podwire.schema.records import leader_value
 
 log = get_logger(__name__)
@@ -47,9 +48,23 @@ class ForwarderSettings:
     lease_ttl: int = 10
     # etcd refuses txns of more than 128 operations by default (--max-txn-ops).
     batch_size: int = 100
+    # ... and requests over 1.5 MiB (--max-request-bytes): a batch of large security-group
+    # values is cut short of this many value bytes (always at least one row).
+    batch_bytes: int = 1024 * 1024
     poll_interval: float = 10.0
     retry_initial: float = 0.2
     retry_max: float = 5.0
+
+
+def within_bytes(rows: Sequence[Entry], limit: int) -> list[Entry]:
+    """The longest prefix of ``rows`` whose keys and values fit ``limit`` bytes, at least one
+    row; the rest stay in the journal for the next batch, in order."""
+    total = 0
+    for count, row in enumerate(rows):
+        total += len(row.key) + len(row.value or "")
+        if total > limit and count:
+            return list(rows[:count])
+    return list(rows)
 
 
 def batch_ops(rows: Sequence[Entry]) -> list[Op]:
@@ -75,6 +90,7 @@ class Forwarder:
         journal: Journal,
         settings: ForwarderSettings,
         on_leadership: Callable[[bool], None] | None = None,
+        policy: PolicySource | None = None,
     ) -> None:
         self._client = client
         self._journal = journal
@@ -88,8 +104,12 @@ class Forwarder:
             lambda: leader_value(settings.identity),
             Backoff(settings.retry_initial, settings.retry_max),
         )
+        self._policy = policy
         self.is_leader = False
         self.sent_rows = 0
+        self.backlog = False  # the last drain left rows behind
+        # etcd revision of the last write under /podwire/global/ (``podwire status``).
+        self.policy_revision = 0
 
     def wake(self) -> None:
         """Drain now; call on the event loop's thread."""
@@ -120,10 +140,11 @@ class Forwarder:
     async def _drain_forever(self, lease: Lease) -> None:
         settings = self._settings
         backoff = Backoff(settings.retry_initial, settings.retry_max)
+        await self._catch_up(lease, backoff)
         while True:
             self._wake.clear()
             try:
-                sent = await self.drain_once(lease)
+                await self.drain_once(lease)
             except NotLeader:
                 raise
             except RetryableError as exc:
@@ -131,16 +152,50 @@ class Forwarder:
                 log.warning("ml2.forwarder.drain_failed", error=str(exc), delay=delay)
                 continue
             backoff.reset()
-            if sent < settings.batch_size:
+            if not self.backlog:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), settings.poll_interval)
+
+    async def _catch_up(self, lease: Lease, backoff: Backoff) -> None:
+        """On taking the lead: send what is queued, then resync the policy keys (once)."""
+        if self._policy is None:
+            return
+        while True:
+            try:
+                while await self.drain_once(lease) and self.backlog:
+                    pass
+                await self.resync_policy(lease)
+                return
+            except NotLeader:
+                raise
+            except RetryableError as exc:
+                delay = await backoff.sleep()
+                log.warning("ml2.forwarder.resync_failed", error=str(exc), delay=delay)
+
+    async def resync_policy(self, lease: Lease) -> None:
+        assert self._policy is not None
+        wanted = await asyncio.to_thread(self._policy.read)
+        guards = fence(self._settings.election_key, lease.id)
+        result = await resync(self._client, wanted, guards, self._settings.batch_size)
+        if result is None:
+            raise NotLeader(f"election key {self._settings.election_key} lost during resync")
+        self.policy_revision = max(self.policy_revision, result.revision)
+        log.info(
+            "ml2.forwarder.policy_resynced",
+            put=result.put,
+            deleted=result.deleted,
+            unchanged=result.unchanged,
+            revision=result.revision,
+        )
 
     async def drain_once(self, lease: Lease) -> int:
         """Send the oldest batch; returns how many rows went (0 when the journal is empty)."""
         settings = self._settings
-        rows = await asyncio.to_thread(self._journal.fetch, settings.batch_size)
-        if not rows:
+        fetched = await asyncio.to_thread(self._journal.fetch, settings.batch_size)
+        self.backlog = False
+        if not fetched:
             return 0
+        rows = within_bytes(fetched, settings.batch_bytes)
         ids = [row.id for row in rows]
         guards = fence(settings.election_key, lease.id)
         try:
@@ -153,5 +208,9 @@ class Forwarder:
             raise NotLeader(f"election key {settings.election_key} no longer carries our lease")
         await asyncio.to_thread(self._journal.delete, ids)
         self.sent_rows += len(rows)
+        if any(row.key.startswith(keys.global_prefix()) for row in rows):
+            self.policy_revision = revision
         log.debug("ml2.forwarder.sent", rows=len(rows), first=ids[0], revision=revision)
+        # More may be waiting: the batch was full, or cut short by its size.
+        self.backlog = len(fetched) == settings.batch_size or len(rows) < len(fetched)
         return len(rows)

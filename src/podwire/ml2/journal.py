@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from neutron_lib.db import model_base
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql
 
 from podwire.errors import RetryableError
 
@@ -26,7 +27,9 @@ class JournalRow(model_base.BASEV2):  # type: ignore[misc]
 
     id = sa.Column(sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True)
     key = sa.Column(sa.String(512), nullable=False)
-    value = sa.Column(sa.Text(), nullable=True)
+    # MEDIUMTEXT on MySQL/MariaDB: a security group's value holds all its rules (~300 bytes
+    # each), past TEXT's 64 KiB at a few hundred rules.
+    value = sa.Column(sa.Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb"), nullable=True)
     created_at = sa.Column(sa.DateTime(), nullable=False)
     attempts = sa.Column(sa.Integer(), nullable=False, default=0)
 
@@ -49,9 +52,34 @@ def copy_table(name: str) -> sa.Table:
 
 
 def add(session: Any, key: str, value: str | None) -> None:
-    """Queue one change in the caller's (ML2's) transaction."""
+    """Queue one change in the caller's (ML2's) transaction.
+
+    A key written again in the same transaction updates that transaction's row instead of
+    adding one: a bulk create of N rules would otherwise journal the whole group N times
+    (quadratic in the group's size). Nothing else sees the rows before the commit, so only
+    the last value of a key in one transaction can ever matter.
+    """
+    transaction = session.get_transaction()
+    rows = _rows_of(session, transaction)
+    row = rows.get(key)
+    if row is not None:
+        row.value = value  # type: ignore[assignment]
+        return
     now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
-    session.add(JournalRow(key=key, value=value, created_at=now, attempts=0))
+    row = JournalRow(key=key, value=value, created_at=now, attempts=0)
+    session.add(row)
+    rows[key] = row
+
+
+def _rows_of(session: Any, transaction: Any) -> dict[str, JournalRow]:
+    """The rows this transaction added, kept in the session's ``info`` (the transaction is
+    held there too, so a later transaction, a different object, starts afresh)."""
+    held = session.info.get(TABLE)
+    if held is None or held[0] is not transaction:
+        held = (transaction, {})
+        session.info[TABLE] = held
+    rows: dict[str, JournalRow] = held[1]
+    return rows
 
 
 class SqlJournal:

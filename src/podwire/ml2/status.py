@@ -35,6 +35,7 @@ def report(
         sent_rows=forwarder.sent_rows,
         feedback_revision=watcher.revision if watcher else 0,
         feedback_relists=watcher.relists if watcher else 0,
+        policy_revision=forwarder.policy_revision,
         updated_at=time.time(),
     ).encode()
 

@@ -20,6 +20,7 @@ from podwire.ml2.feedback import Feedback, PortStatusSink
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings, Journal
 from podwire.ml2.host_cache import HostCache
 from podwire.ml2.mlog import get_logger
+from podwire.ml2.policy_resync import PolicySource
 from podwire.ml2.status import publish_forever
 
 log = get_logger(__name__)
@@ -37,8 +38,10 @@ class Worker:
         forwarder_settings: ForwarderSettings,
         state_prefix: str = keys.state_prefix(),
         journal_depth: Callable[[], tuple[int, float]] | None = None,
+        policy: PolicySource | None = None,
     ) -> None:
         self._journal_depth = journal_depth
+        self._policy = policy
         self._etcd = etcd
         self._cache = cache
         self._journal = journal
@@ -96,7 +99,7 @@ class Worker:
         self._client = client
         try:
             forwarder = Forwarder(
-                client, self._journal, self._forwarder_settings, self._on_leadership
+                client, self._journal, self._forwarder_settings, self._on_leadership, self._policy
             )
             feedback = Feedback(
                 client,

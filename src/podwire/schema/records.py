@@ -69,6 +69,8 @@ class Ml2Report:
     feedback_revision: int
     feedback_relists: int
     updated_at: float
+    # etcd revision of the forwarder's last write of security-group policy (0: none yet).
+    policy_revision: int = 0
 
     def encode(self) -> bytes:
         return doc.encode_versioned(
@@ -80,6 +82,7 @@ class Ml2Report:
                 "feedback_revision": self.feedback_revision,
                 "feedback_relists": self.feedback_relists,
                 "updated_at": round(self.updated_at, 3),
+                "policy_revision": self.policy_revision,
             }
         )
 
@@ -98,4 +101,5 @@ def parse_ml2_report(raw: bytes, what: str = "ml2 status") -> Ml2Report:
         feedback_revision=obj.opt("feedback_revision", _count, 0),
         feedback_relists=obj.opt("feedback_relists", _count, 0),
         updated_at=obj.req("updated_at", fields.timestamp),
+        policy_revision=obj.opt("policy_revision", _count, 0),
     )

@@ -60,6 +60,7 @@ def _ml2_lines(report: Report) -> list[str]:
         f" {ml2.get('sent_rows')} rows sent",
         f"  feedback at revision {ml2.get('feedback_revision')},"
         f" {ml2.get('feedback_relists')} re-lists",
+        f"  security-group policy forwarded up to revision {ml2.get('policy_revision', 0)}",
     ]
 
 
