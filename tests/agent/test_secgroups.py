@@ -300,3 +300,85 @@ async def test_pooled_port_moved_to_other_groups_is_filtered_by_the_new_ones(
     finally:
         for sg in (closed, web):
             await etcd.delete(keys.secgroup(sg.id))
+
+
+@pytest.fixture
+async def forwarded_agents(
+    netenv: NetEnv,
+    hostnames: list[str],
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
+) -> AsyncIterator[list[HostAgent]]:
+    """Two enforcing agents; the policy reaches them only through the ml2 forwarder."""
+    running = []
+    for index, host in enumerate(hostnames, start=1):
+        ns, vtep = netenv.host(index)
+        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
+        agent.security_groups = "enforce"
+        running.append(agent)
+    try:
+        for agent in running:
+            await agent.start()
+        yield running
+    finally:
+        for agent in running:
+            await agent.stop()
+
+
+async def test_neutron_rules_and_members_are_enforced_end_to_end(
+    forwarded_agents: list[HostAgent],
+    netenv: NetEnv,
+    vxnet: Any,
+    plugin: Path,
+    neutron: Any,
+    project_id: str,
+) -> None:
+    h1, h2 = forwarded_agents
+    net = neutron.network
+    web = net.create_security_group(name="pw-web", project_id=project_id)
+    other = net.create_security_group(name="pw-other", project_id=project_id)
+    try:
+        net.create_security_group_rule(
+            security_group_id=web.id,
+            direction="ingress",
+            ethertype="IPv4",
+            protocol="tcp",
+            port_range_min=5001,
+            port_range_max=5001,
+            remote_group_id=web.id,
+        )
+        a = await _add(plugin, h1, netenv, vxnet.id, web.id, "na")
+        b = await _add(plugin, h2, netenv, vxnet.id, web.id, "nb")
+        c = await _add(plugin, h1, netenv, vxnet.id, other.id, "nc")
+        servers = [_serve(b, 5001), _serve(b, 5002)]
+        try:
+            # by remote group, as Neutron's membership says; Neutron's default egress rules
+            assert await _eventually(lambda: _connects(a, b.ip, 5001), True)
+            assert not _connects(c, b.ip, 5001)
+            # a rule created and deleted through the Neutron API
+            rule = net.create_security_group_rule(
+                security_group_id=web.id,
+                direction="ingress",
+                ethertype="IPv4",
+                protocol="tcp",
+                port_range_min=5002,
+                port_range_max=5002,
+                remote_ip_prefix="10.77.0.0/24",
+            )
+            assert await _eventually(lambda: _connects(c, b.ip, 5002), True)
+            net.delete_security_group_rule(rule)
+            assert not await _eventually(lambda: _connects(c, b.ip, 5002), False)
+            # c's port joins the group: a member now, admitted
+            [port] = list(net.ports(project_id=project_id, security_group_ids=[other.id]))
+            net.update_port(port, security_groups=[other.id, web.id])
+            assert await _eventually(lambda: _connects(c, b.ip, 5001), True)
+        finally:
+            for proc in servers:
+                proc.kill()
+                proc.wait()
+    finally:
+        for port in list(net.ports(project_id=project_id)):
+            net.delete_port(port)
+        for group in (web, other):
+            net.delete_security_group(group)
