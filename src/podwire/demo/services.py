@@ -63,11 +63,7 @@ class Services:
             + f'[agent]\nhost = "{host}"\ncontroller_url = "{self.controller_url}"\n'
             + f'token = "{self.node_tokens[host]}"\ncni_socket = "{socket_path}"\n'
             + f'state_dir = "{self.work / host}"\nvtep_ip = "{vtep}"\n'
-            + f'host_netns = "{netns}"\nheartbeat_ttl = 10\n'
-            # Not enforcing yet: with enforcement on, the demo's pings between pods of the
-            # project's default group fail (under investigation; the tests of enforcement
-            # with Neutron's own groups pass, docs/security-groups.md).
-            + 'security_groups = "off"\n',
+            + f'host_netns = "{netns}"\nheartbeat_ttl = 10\n',
         )
         self._wait(host, lambda: Path(socket_path).exists())
         return socket_path
