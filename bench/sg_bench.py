@@ -7,6 +7,9 @@
 - restart reconcile: a fresh enforcer adopting 500 ports until its one replace is in force.
 - warm CNI ADD with SGs vs bridge+host-local (the cni bench's set-up, the agent enforcing).
 - iperf3 between two pods on one bridge: their group has 1,000 rules vs port security off.
+- Neutron API -> in force: a rule created through the API, a member port created in the
+  group, from the API's answer until the enforcer (watching the stack's etcd, fed by the real
+  ml2 forwarder) has applied it; next to the Neutron call itself.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
+from podwire.stack.client import neutron_connection
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.sgnet import SgHost, SgPod
 
@@ -41,6 +45,7 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     rows = asyncio.run(_policy_rows(stack, min(samples, 200)))
     group = SecurityGroup(str(uuid.uuid4()), _rules(0, 20))
     rows += cni_bench.with_agent(stack, samples, group, _measure_adds)
+    rows += asyncio.run(_neutron_rows(stack, min(samples, 30)))
     rows += _throughput_rows()
     return rows
 
@@ -209,6 +214,108 @@ def _measure_adds(
     return [
         row("cni ADD, warm port, SGs enforced (20 rules)", adds, "bridge+host-local ADD", ref_adds)
     ]
+
+
+# -- through the real Neutron --------------------------------------------------------
+
+
+async def _until(check: Any, within: float = 10.0) -> None:
+    for _ in range(int(within / 0.001)):
+        if check():
+            return
+        await asyncio.sleep(0.001)
+    raise TimeoutError("the change never reached the agent")
+
+
+async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    conn = neutron_connection(stack["neutron"])
+    project = uuid.uuid4().hex
+    env = NetEnv()
+    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    host_ns = env.namespace("sgn")
+    nft = Nftables(host_ns)
+    sg = conn.network.create_security_group(name="pw-bench-sg", project_id=project)
+    network = conn.network.create_network(name="pw-bench-sg", project_id=project)
+    conn.network.create_subnet(
+        network_id=network.id, cidr="10.67.0.0/20", ip_version=4, project_id=project
+    )
+    enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(f"{env.tag}-sgn"), None)
+    task = asyncio.create_task(enforcer.run())
+    rule_ms, rule_api, member_ms, member_api = [], [], [], []
+    try:
+        pods = [
+            SgPod(
+                "",
+                f"pwp7e57{i:08d}",
+                f"fa:16:3e:01:00:{i:02x}",
+                f"10.9.0.{i}",
+                f"fd00:9::{i:x}",
+                i,
+                security_groups=(sg.id,),
+            )
+            for i in range(1, 21)
+        ]
+        enforcer.adopt([(p.policy().port, p.ifname) for p in pods])
+        await enforcer.synced.wait()
+        for i in range(samples):
+            started = time.perf_counter()
+            rule = conn.network.create_security_group_rule(
+                security_group_id=sg.id,
+                direction="ingress",
+                ethertype="IPv4",
+                protocol="tcp",
+                port_range_min=3000 + i,
+                port_range_max=3000 + i,
+            )
+            returned = time.perf_counter()
+            await _until(lambda rule_id=rule.id: rule_id in _rule_ids(enforcer, sg.id))
+            await enforcer.wait_applied(enforcer.watcher.revision)
+            rule_ms.append((time.perf_counter() - returned) * 1000)
+            rule_api.append((returned - started) * 1000)
+            started = time.perf_counter()
+            port = conn.network.create_port(
+                network_id=network.id, project_id=project, security_group_ids=[sg.id]
+            )
+            returned = time.perf_counter()
+            address = f"{port.fixed_ips[0]['ip_address']}/32"
+            await _until(lambda found=address: found in _member_addresses(enforcer, sg.id))
+            await enforcer.wait_applied(enforcer.watcher.revision)
+            member_ms.append((time.perf_counter() - returned) * 1000)
+            member_api.append((returned - started) * 1000)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        nft.close()
+        for port in list(conn.network.ports(project_id=project)):
+            conn.network.delete_port(port)
+        conn.network.delete_network(network)
+        conn.network.delete_security_group(sg)
+        await etcd.delete_prefix(keys.state_node_prefix(f"{env.tag}-sgn"))
+        await etcd.close()
+        env.cleanup()
+    return [
+        row(
+            "sg Neutron rule create returned -> in force on the node",
+            rule_ms,
+            "the Neutron rule create call",
+            rule_api,
+        ),
+        row(
+            "sg Neutron member port created -> admitted on the node",
+            member_ms,
+            "the Neutron port create call",
+            member_api,
+        ),
+    ]
+
+
+def _rule_ids(enforcer: PolicyEnforcer, sg_id: str) -> set[str]:
+    group = enforcer.store.groups.get(sg_id)
+    return {r.rule_id for r in group.rules} if group else set()
+
+
+def _member_addresses(enforcer: PolicyEnforcer, sg_id: str) -> set[str]:
+    return {a for found in enforcer.store.members.get(sg_id, {}).values() for a in found}
 
 
 # -- throughput -----------------------------------------------------------------------
