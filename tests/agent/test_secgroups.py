@@ -29,7 +29,6 @@ from podwire.controller.pools import PoolKey
 from podwire.etcd import EtcdClient
 from podwire.neutron.client import connect
 from podwire.schema import nodes
-from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, pings
 from tests.agent.test_with_controller import _serving
@@ -49,23 +48,10 @@ class Pod:
     ip: str
 
 
-def _rules(sg: str, tcp: tuple[int, ...] = (5001,)) -> tuple[Rule, ...]:
-    rules = [
-        Rule(
-            str(uuid.uuid4()), "ingress", "IPv4", 1, None, None, None, sg
-        ),  # ping from the group only
-        Rule(str(uuid.uuid4()), "egress", "IPv4"),
-        Rule(str(uuid.uuid4()), "egress", "IPv6"),
-    ]
-    rules += [
-        Rule(f"00000000-0000-0000-0000-{p:012d}", "ingress", "IPv4", 6, p, p, "10.77.0.0/24")
-        for p in tcp
-    ]
-    return tuple(rules)
-
-
-async def _put_group(etcd: EtcdClient, sg: str, rules: tuple[Rule, ...], revision: int) -> None:
-    await etcd.put(keys.secgroup(sg), SecurityGroup(sg, rules, revision=revision).encode().encode())
+def _rule(net: Any, sg: str, **body: Any) -> Any:
+    return net.create_security_group_rule(
+        security_group_id=sg, direction="ingress", ethertype="IPv4", **body
+    )
 
 
 @pytest.fixture
@@ -75,31 +61,20 @@ def plugin(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def secgroup(neutron: Any, project_id: str) -> Iterator[str]:
-    group = neutron.network.create_security_group(name="pw-sg", project_id=project_id)
-    yield group.id
-    for port in list(neutron.network.ports(project_id=project_id)):
-        neutron.network.delete_port(port)
-    neutron.network.delete_security_group(group)
-
-
-@pytest.fixture
-async def sg_agents(
+async def forwarded_agents(
     netenv: NetEnv,
     hostnames: list[str],
     etcd_settings: EtcdSettings,
     neutron_endpoint: str,
     tmp_path: Path,
-    etcd: EtcdClient,
-    secgroup: str,
 ) -> AsyncIterator[list[HostAgent]]:
+    """Two enforcing agents; the policy reaches them only through the ml2 forwarder."""
     running = []
     for index, host in enumerate(hostnames, start=1):
         ns, vtep = netenv.host(index)
         agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
         agent.security_groups = "enforce"
         running.append(agent)
-    await _put_group(etcd, secgroup, _rules(secgroup), 1)
     try:
         for agent in running:
             await agent.start()
@@ -107,8 +82,18 @@ async def sg_agents(
     finally:
         for agent in running:
             await agent.stop()
-        await etcd.delete_prefix(keys.secgroup(secgroup))
-        await etcd.delete_prefix(keys.remote_groups_prefix(secgroup))
+
+
+@pytest.fixture
+def groups(neutron: Any, project_id: str) -> Iterator[list[Any]]:
+    """Two Neutron groups of this test's project (Neutron gives each its egress rules)."""
+    net = neutron.network
+    made = [net.create_security_group(name=f"pw-sg{i}", project_id=project_id) for i in (1, 2)]
+    yield made
+    for port in list(net.ports(project_id=project_id)):
+        net.delete_port(port)
+    for group in made:
+        net.delete_security_group(group)
 
 
 async def _add(plugin: Path, agent: HostAgent, netenv: NetEnv, net: str, sg: str, name: str) -> Pod:
@@ -161,58 +146,69 @@ async def _eventually(check: Any, expected: bool, within: float = 5.0) -> bool:
         await asyncio.sleep(0.2)
 
 
-async def test_groups_rules_members_spoofing_and_restart(
-    sg_agents: list[HostAgent],
+async def test_remote_group_spoofing_and_restart_with_live_flows(
+    forwarded_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
+    neutron: Any,
     etcd: EtcdClient,
-    secgroup: str,
+    groups: list[Any],
+    project_id: str,
 ) -> None:
-    h1, h2 = sg_agents
-    a = await _add(plugin, h1, netenv, vxnet.id, secgroup, "pa")
-    b = await _add(plugin, h2, netenv, vxnet.id, secgroup, "pb")
-    c = await _add(plugin, h1, netenv, vxnet.id, secgroup, "pc")
-    members = {pod.ip: str(uuid.uuid4()) for pod in (a, b)}
-    for ip, member in members.items():
-        value = GroupMember(member, (f"{ip}/32",)).encode().encode()
-        await etcd.put(keys.remote_group_member(secgroup, member), value)
-    servers = [_serve(b, 5001), _serve(b, 5002), _serve(c, 5001)]
+    h1, h2 = forwarded_agents
+    web, other = groups
+    net = neutron.network
+    _rule(net, web.id, protocol="icmp", remote_group_id=web.id)  # ping from members only
+    _rule(
+        net,
+        web.id,
+        protocol="tcp",
+        port_range_min=5001,
+        port_range_max=5001,
+        remote_ip_prefix="10.77.0.0/24",
+    )
+    a = await _add(plugin, h1, netenv, vxnet.id, web.id, "pa")
+    b = await _add(plugin, h2, netenv, vxnet.id, web.id, "pb")
+    c = await _add(plugin, h1, netenv, vxnet.id, other.id, "pc")
+    servers = [_serve(b, 5001), _serve(b, 5002)]
     try:
-        # by remote group: a and b are members, c is not (its pings are not admitted)
+        # by remote group: a and b are members, c is not
         assert await _eventually(lambda: pings(a.ns, b.ip, 1.0), True)
         assert not pings(c.ns, b.ip, 1.0)
-        # by rule and prefix, across hosts and on one host; replies pass without egress rules
-        assert _connects(a, b.ip, 5001) and _connects(a, c.ip, 5001)
-        assert not _connects(a, b.ip, 5002)
-        # a member removed: no longer admitted
-        await etcd.delete(keys.remote_group_member(secgroup, members[a.ip]))
+        # by rule and prefix across hosts; replies pass (b's egress rules are Neutron's own)
+        assert _connects(c, b.ip, 5001) and not _connects(a, b.ip, 5002)
+        # a leaves the group in Neutron: no longer a member, no longer admitted
+        [port_a] = [
+            p
+            for p in net.ports(project_id=project_id)
+            if any(ip["ip_address"] == a.ip for ip in p.fixed_ips)
+        ]
+        net.update_port(port_a, security_groups=[other.id])
         assert not await _eventually(lambda: pings(a.ns, b.ip, 1.0), False)
-        # rule added and deleted
-        await _put_group(etcd, secgroup, _rules(secgroup, (5001, 5002)), 2)
-        assert await _eventually(lambda: _connects(a, b.ip, 5002), True)
-        await _put_group(etcd, secgroup, _rules(secgroup, (5002,)), 3)
-        assert not await _eventually(lambda: _connects(c, b.ip, 5001), False)
-        # spoofed source IP and MAC are dropped at the sender's bridge port
+        net.update_port(port_a, security_groups=[web.id])
+        assert await _eventually(lambda: pings(a.ns, b.ip, 1.0), True)
+        # a spoofed source IP is dropped at the sender's bridge port
         in_ns(a.ns, "ip", "addr", "add", "10.77.0.250/24", "dev", "eth0")
         spoofed = in_ns(a.ns, "ping", "-c1", "-W1", "-I", "10.77.0.250", b.ip, check=False)
         assert spoofed.returncode != 0
         # a flow across an agent restart keeps working; a denied one stays denied
-        flow = _client(a, b.ip, 5002)
+        flow = _client(a, b.ip, 5001)
         assert _talk(flow, "before") == "connected" and _talk(flow, "x") == "before"
         await h2.stop()
-        assert not _connects(a, b.ip, 5001)
+        assert not _connects(a, b.ip, 5002)
         await h2.start()
         assert _talk(flow, "after") == "x"  # each answer is the echo of the line before
-        assert not _connects(a, b.ip, 5001)
-        flow.stdin.close() if flow.stdin else None
+        assert not _connects(a, b.ip, 5002)
+        if flow.stdin:
+            flow.stdin.close()
         flow.wait(5)
-        state = await etcd.get(keys.state_policy(h2.host))
-        for _ in range(20):
+        state = None
+        for _ in range(25):
+            state = await etcd.get(keys.state_policy(h2.host))
             if state is not None:
                 break
             await asyncio.sleep(0.2)
-            state = await etcd.get(keys.state_policy(h2.host))
         assert state is not None and nodes.parse_policy_state(state.value).enforced_ports == 1
     finally:
         for proc in servers:
@@ -262,68 +258,38 @@ async def test_pooled_port_moved_to_other_groups_is_filtered_by_the_new_ones(
     vxnet: Any,
     plugin: Path,
     neutron: Any,
-    etcd: EtcdClient,
+    groups: list[Any],
     project_id: str,
 ) -> None:
     controller, agent, node = pooled_sg
-    closed = neutron.network.create_security_group(name="pw-closed", project_id=project_id)
-    web = neutron.network.create_security_group(name="pw-web", project_id=project_id)
-    await _put_group(etcd, closed.id, (Rule(str(uuid.uuid4()), "egress", "IPv4"),), 1)
-    await _put_group(etcd, web.id, _rules(web.id), 1)
+    closed, web = groups  # closed: Neutron's egress rules only; web admits TCP 5001
+    _rule(neutron.network, web.id, protocol="tcp", port_range_min=5001, port_range_max=5001)
+    async with aiohttp.ClientSession() as http:
+        status, _ = await admin(
+            http,
+            "POST",
+            f"http://127.0.0.1:{controller.port}/v1/pools/populate",
+            {
+                "nodes": [node.name],
+                "network": vxnet.id,
+                "security_groups": [closed.id],
+                "count": 1,
+            },
+        )
+        assert status == 200
+    key = PoolKey(node.name, project_id, vxnet.id)
+    [pooled_id] = pooled_ports(controller, key)
+    subject = await _add(plugin, agent, netenv, vxnet.id, web.id, "subj")
+    assert pooled_ports(controller, key) == set()  # the ADD took the pooled port ...
+    port = neutron.network.get_port(pooled_id)
+    assert port.security_group_ids == [web.id]  # ... and moved it to the web group
+    peer = await _add(plugin, agent, netenv, vxnet.id, web.id, "peer")
+    server = _serve(subject, 5001)
     try:
-        async with aiohttp.ClientSession() as http:
-            status, _ = await admin(
-                http,
-                "POST",
-                f"http://127.0.0.1:{controller.port}/v1/pools/populate",
-                {
-                    "nodes": [node.name],
-                    "network": vxnet.id,
-                    "security_groups": [closed.id],
-                    "count": 1,
-                },
-            )
-            assert status == 200
-        key = PoolKey(node.name, project_id, vxnet.id)
-        [pooled_id] = pooled_ports(controller, key)
-        subject = await _add(plugin, agent, netenv, vxnet.id, web.id, "subj")
-        assert pooled_ports(controller, key) == set()  # the ADD took the pooled port ...
-        port = neutron.network.get_port(pooled_id)
-        assert port.security_group_ids == [web.id]  # ... and moved it to the web group
-        peer = await _add(plugin, agent, netenv, vxnet.id, web.id, "peer")
-        server = _serve(subject, 5001)
-        try:
-            assert _connects(peer, subject.ip, 5001)  # web's rule, not closed's deny
-        finally:
-            server.kill()
-            server.wait()
+        assert _connects(peer, subject.ip, 5001)  # web's rule, not closed's deny
     finally:
-        for sg in (closed, web):
-            await etcd.delete(keys.secgroup(sg.id))
-
-
-@pytest.fixture
-async def forwarded_agents(
-    netenv: NetEnv,
-    hostnames: list[str],
-    etcd_settings: EtcdSettings,
-    neutron_endpoint: str,
-    tmp_path: Path,
-) -> AsyncIterator[list[HostAgent]]:
-    """Two enforcing agents; the policy reaches them only through the ml2 forwarder."""
-    running = []
-    for index, host in enumerate(hostnames, start=1):
-        ns, vtep = netenv.host(index)
-        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
-        agent.security_groups = "enforce"
-        running.append(agent)
-    try:
-        for agent in running:
-            await agent.start()
-        yield running
-    finally:
-        for agent in running:
-            await agent.stop()
+        server.kill()
+        server.wait()
 
 
 async def test_neutron_rules_and_members_are_enforced_end_to_end(
