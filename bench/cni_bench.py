@@ -215,7 +215,12 @@ def with_agent(
 
 
 def _agent_config(
-    work: Path, stack: dict[str, Any], host: str, host_ns: str, socket: str, enforce: bool
+    work: Path,
+    stack: dict[str, Any],
+    host: str,
+    host_ns: str,
+    socket: str,
+    enforce: bool = False,
 ) -> Path:
     path = work / "agent.toml"
     path.write_text(
@@ -234,7 +239,11 @@ def _vifs_file(work: Path, vifs: list[Vif]) -> Path:
 
 
 async def _publish(
-    stack: dict[str, Any], host: str, vifs: list[Vif], network: Any, group: SecurityGroup | None
+    stack: dict[str, Any],
+    host: str,
+    vifs: list[Vif],
+    network: Any,
+    group: SecurityGroup | None = None,
 ) -> None:
     etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
     try:
@@ -246,7 +255,7 @@ async def _publish(
         await etcd.close()
 
 
-async def _unpublish(stack: dict[str, Any], host: str, group: SecurityGroup | None) -> None:
+async def _unpublish(stack: dict[str, Any], host: str, group: SecurityGroup | None = None) -> None:
     etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
     try:
         if group is not None:

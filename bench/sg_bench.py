@@ -100,7 +100,9 @@ async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, An
         for group in groups:
             await etcd.put(keys.secgroup(group.sg_id), group.encode().encode())
         ports = _ports(tuple(g.sg_id for g in groups))
-        change, member, reconcile = [], [], []
+        change: list[float] = []
+        member: list[float] = []
+        reconcile: list[float] = []
         for i in range(max(3, samples // 20)):
             enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host), None)
             task = asyncio.create_task(enforcer.run())
