@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.schema.ports import FixedIp
+from podwire.schema.secgroups import SecurityGroup
 from podwire.schema.vif import Vif
 from podwire.stack.client import neutron_connection
 
@@ -100,7 +102,7 @@ def _prepare_ports(conn: Any, project: str, host: str, count: int) -> tuple[Any,
     return (network, subnet), ports
 
 
-def _vif(port: Any, network: Any, subnet: Any) -> Vif:
+def _vif(port: Any, network: Any, subnet: Any, sgs: tuple[str, ...] = ()) -> Vif:
     fixed = [
         FixedIp(ip["ip_address"], subnet.id, subnet.cidr, subnet.gateway_ip)
         for ip in port.fixed_ips
@@ -113,6 +115,7 @@ def _vif(port: Any, network: Any, subnet: Any) -> Vif:
         network.mtu,
         fixed,
         segmentation_id=network.provider_segmentation_id,
+        security_groups=list(sgs),
     )
 
 
@@ -130,7 +133,7 @@ def _desired(vif: Vif, network: Any) -> bytes:
             "vif_type": "veth",
             "vif_details": {},
             "fixed_ips": [vars(ip) for ip in vif.fixed_ips],
-            "security_groups": [],
+            "security_groups": list(vif.security_groups),
             "device_owner": "compute:podwire",
             "device_id": "",
             "trunk": None,
@@ -165,6 +168,17 @@ class AgentProcess:
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    return with_agent(stack, samples, None, _measure)
+
+
+Measure = Callable[[HostThreadRunner, Path, str, str, list[str], int], list[dict[str, Any]]]
+
+
+def with_agent(
+    stack: dict[str, Any], samples: int, group: SecurityGroup | None, measure: Measure
+) -> list[dict[str, Any]]:
+    """A host namespace, warm ports and an agent process; with ``group``, every port is in
+    it and the agent enforces it (the group is published as the ml2 forwarder would)."""
     tag = f"pwt-{uuid.uuid4().hex[:6]}"
     host_ns, host = f"{tag}-h", f"{tag}-host"
     pods = [f"{tag}-p{i}" for i in range(BURST)]
@@ -173,25 +187,25 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     created: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="pwb-cni-", dir="/tmp"))
     agent: AgentProcess | None = None
+    sgs = (group.sg_id,) if group else ()
     try:
         for ns in [host_ns, *pods]:
             _sh("ip", "netns", "add", ns)
             created.append(ns)
         _sh("ip", "netns", "exec", host_ns, "ip", "link", "set", "lo", "up")
         (network, subnet), ports = _prepare_ports(conn, project, host, BURST)
-        vifs = [_vif(p, network, subnet) for p in ports]
-        asyncio.run(_publish(stack, host, vifs, network))
+        vifs = [_vif(p, network, subnet, sgs) for p in ports]
+        asyncio.run(_publish(stack, host, vifs, network, group))
         socket = str(work / "agent.sock")
-        agent = AgentProcess(
-            _agent_config(work, stack, host, host_ns, socket), _vifs_file(work, vifs)
-        )
+        config = _agent_config(work, stack, host, host_ns, socket, group is not None)
+        agent = AgentProcess(config, _vifs_file(work, vifs))
         agent.start()
         runner = HostThreadRunner(host_ns, BURST)
-        return _measure(runner, work, socket, network.id, pods, min(samples, 100))
+        return measure(runner, work, socket, network.id, pods, min(samples, 100))
     finally:
         if agent is not None:
             agent.stop()
-        asyncio.run(_unpublish(stack, host))
+        asyncio.run(_unpublish(stack, host, group))
         for port in conn.network.ports(project_id=project):
             conn.network.delete_port(port)
         for net in conn.network.networks(project_id=project):
@@ -200,12 +214,20 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
 
 
-def _agent_config(work: Path, stack: dict[str, Any], host: str, host_ns: str, socket: str) -> Path:
+def _agent_config(
+    work: Path,
+    stack: dict[str, Any],
+    host: str,
+    host_ns: str,
+    socket: str,
+    enforce: bool = False,
+) -> Path:
     path = work / "agent.toml"
     path.write_text(
         f'[etcd]\nendpoints = ["{stack["etcd"]}"]\n'
         f'[agent]\nhost = "{host}"\ncni_socket = "{socket}"\nstate_dir = "{work}/state"\n'
         f'vtep_ip = "192.0.2.1"\nhost_netns = "{host_ns}"\n'
+        f'security_groups = "{"enforce" if enforce else "off"}"\n'
     )
     return path
 
@@ -216,18 +238,28 @@ def _vifs_file(work: Path, vifs: list[Vif]) -> Path:
     return path
 
 
-async def _publish(stack: dict[str, Any], host: str, vifs: list[Vif], network: Any) -> None:
+async def _publish(
+    stack: dict[str, Any],
+    host: str,
+    vifs: list[Vif],
+    network: Any,
+    group: SecurityGroup | None = None,
+) -> None:
     etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
     try:
+        if group is not None:
+            await etcd.put(keys.secgroup(group.sg_id), group.encode().encode())
         for vif in vifs:
             await etcd.put(keys.node_port(host, vif.port_id), _desired(vif, network))
     finally:
         await etcd.close()
 
 
-async def _unpublish(stack: dict[str, Any], host: str) -> None:
+async def _unpublish(stack: dict[str, Any], host: str, group: SecurityGroup | None = None) -> None:
     etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
     try:
+        if group is not None:
+            await etcd.delete(keys.secgroup(group.sg_id))
         await etcd.delete_prefix(keys.node_ports_prefix(host))
         await etcd.delete_prefix(keys.state_node_prefix(host))
     finally:

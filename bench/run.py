@@ -27,6 +27,7 @@ SECTIONS = [
     "recovery_bench",
     "cni_bench",
     "cri_bench",
+    "sg_bench",
     "stack_bench",
     "deviceplugin_bench",
     "memif_bench",

@@ -124,8 +124,21 @@ class AgentSettings:
     # Nested mode (the node is a VM on a Neutron trunk): pods whose VIF carries a vlan_id get a
     # VLAN sub-interface of this uplink. Empty: not nested.
     nested_uplink: str = ""
+    # Security groups and port security on this node's ports (docs/security-groups.md):
+    # "enforce" (nftables tables bridge/inet podwire) or "off" (no filtering at all).
+    security_groups: str = "enforce"
+    # Seconds an ADD waits for its port's groups to be published before it goes on without
+    # them (what they would allow stays dropped until they arrive).
+    security_group_wait: float = 5.0
+
+    def _validate_security_groups(self) -> None:
+        if self.security_groups not in ("enforce", "off"):
+            raise ConfigError("agent.security_groups: must be 'enforce' or 'off'")
+        if self.security_group_wait < 0:
+            raise ConfigError("agent.security_group_wait: must be 0 or more")
 
     def validate(self) -> None:
+        self._validate_security_groups()
         if self.vif_source not in ("controller", "neutron"):
             raise ConfigError("agent.vif_source: must be 'controller' or 'neutron'")
         if self.ops_listen:

@@ -63,6 +63,11 @@ def state_capabilities(host: str) -> str:
     return state_node_prefix(host) + "capabilities"
 
 
+def state_policy(host: str) -> str:
+    """The agent's security-group enforcement: ports enforced, policy revision in force."""
+    return state_node_prefix(host) + "policy"
+
+
 def state_port(host: str, port_id: str) -> str:
     return state_node_prefix(host) + "ports/" + check_segment(port_id, "port id")
 
@@ -97,7 +102,7 @@ def parse_state_key(key: str) -> tuple[str, str, str | None] | None:
     parts = key[len(prefix) :].split("/")
     if not all(fields.NAME.fullmatch(part) for part in parts):
         return None
-    if len(parts) == 2 and parts[1] in ("alive", "vtep", "capabilities"):
+    if len(parts) == 2 and parts[1] in ("alive", "vtep", "capabilities", "policy"):
         return parts[0], parts[1], None
     if len(parts) == 3 and parts[1] in ("physnets", "ports"):
         return parts[0], parts[1], parts[2]

@@ -125,6 +125,8 @@ class HostAgent:
     ops_listen: str = ""
     heartbeat_ttl: int = 10
     deviceplugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
+    # Security groups need the ml2 forwarder to publish them; tests of them turn this on.
+    security_groups: str = "off"
     task: asyncio.Task[None] | None = None
     agent: Agent | None = None
 
@@ -147,6 +149,8 @@ class HostAgent:
                 vif_source="neutron",
                 cni_timeout=30.0,
                 ops_listen=self.ops_listen,
+                security_groups=self.security_groups,
+                security_group_wait=2.0,
             ),
             deviceplugin=self.deviceplugin,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from podwire import keys
@@ -64,6 +65,8 @@ class Binder:
         self._kernel = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.synced = asyncio.Event()
+        # Told of every wired port's new desired value (the policy enforcer follows SG changes).
+        self.on_port: Callable[[str, DesiredPort], None] | None = None
         self.watcher = PrefixWatcher(etcd, keys.node_ports_prefix(settings.host))
 
     # -- running -------------------------------------------------------------------------
@@ -188,6 +191,8 @@ class Binder:
                 self.wired.pop(port_id, None)
             else:
                 self.wired[port_id] = port
+                if self.on_port is not None:
+                    self.on_port(port_id, port)
             if error is None:
                 self.failed.pop(port_id, None)
             else:
@@ -207,16 +212,30 @@ class Binder:
                     except PodwireError as exc:  # one network's failure must not stop others
                         log.warning("agent.peers.sync_failed", device=plan.uplink, error=str(exc))
 
-    async def wait_wired(self, port_id: str, within: float) -> DesiredPort:
-        """The wired port, once it is; PortNotWired after ``within`` seconds."""
+    async def wait_wired(
+        self, port_id: str, within: float, security_groups: list[str] | None = None
+    ) -> DesiredPort:
+        """The wired port, once it is; PortNotWired after ``within`` seconds. With
+        ``security_groups``, once its desired value carries exactly those: a pooled port the
+        controller moved to other groups is enforced with the new ones, never the old."""
+        wanted = None if security_groups is None else set(security_groups)
 
         def ready() -> bool:
-            return port_id in self.wired or port_id in self.failed
+            if port_id in self.failed:
+                return True
+            port = self.wired.get(port_id)
+            return port is not None and (wanted is None or set(port.security_groups) == wanted)
 
         async with self._changed:
             try:
                 await asyncio.wait_for(self._changed.wait_for(ready), within)
             except TimeoutError as exc:
+                if port_id in self.wired and wanted is not None:
+                    raise PortNotWired(
+                        f"port {port_id} still has security groups"
+                        f" {sorted(self.wired[port_id].security_groups)} on host"
+                        f" {self._settings.host}, not {sorted(wanted)}, after {within:.0f} s"
+                    ) from exc
                 raise PortNotWired(
                     f"port {port_id} is not wired on host {self._settings.host} after"
                     f" {within:.0f} s: its binding has not reached etcd (is the ml2 forwarder"

@@ -23,6 +23,7 @@ from podwire.agent.memif import MemifPlan, MemifService
 from podwire.agent.memif_state import MEMIF_IFNAME, MemifEntry
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
+from podwire.agent.policy.enforcer import PolicyEnforcer
 from podwire.agent.ports import VETH, HostPort, HostPorts
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni import spec
@@ -66,10 +67,12 @@ class CniHandler:
         metrics: AgentMetrics | None = None,
         memif: MemifService | None = None,
         ports: HostPorts | None = None,
+        policy: PolicyEnforcer | None = None,
     ) -> None:
         self._settings = settings
         self._memif = memif
         self._ports = ports or HostPorts()
+        self._policy = policy
         self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
         self._binder = binder
@@ -156,6 +159,8 @@ class CniHandler:
             entry = await self._wire(req, vif, deadline)
             memif = await self._memif.attach(MemifPlan(req, deadline)) if self._memif else None
         except BaseException:
+            if self._policy is not None:
+                self._policy.forget(vif.port_id)
             await self._rollback(req.attachment, vif if existing is None else None)
             raise
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
@@ -204,7 +209,11 @@ class CniHandler:
             attached = await self._plugger.plug_nested(plug, uplink, vif.vlan_id)
         else:
             remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-            port = await self._binder.wait_wired(vif.port_id, remaining)
+            groups = vif.security_groups if self._policy is not None else None
+            port = await self._binder.wait_wired(vif.port_id, remaining, groups)
+            if self._policy is not None:  # filtered from its first packet on
+                remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+                await self._policy.enforce(port, naming.host_veth(req.attachment), remaining)
             plan = self._binder.plan_for(port.network_id)
             bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
             mtu = min(port.mtu, vif.mtu)
@@ -237,6 +246,8 @@ class CniHandler:
         if entry is not None and not is_nested(entry.attached):
             await self._ports.unplugged(_host_port(entry.vif, entry.attached))
         await self._vifs.release(attachment, entry.vif if entry else None)
+        if entry is not None and self._policy is not None:
+            self._policy.forget(entry.vif.port_id)
         await self._checkpoint.remove(attachment)
         self._metrics.attachments.set(len(self._checkpoint.entries))
         pod = entry.pod if entry else None

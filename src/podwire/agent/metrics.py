@@ -44,6 +44,26 @@ class AgentMetrics:
             "memif masters found dead and started again",
             registry=r,
         )
+        self.policy_applies = prom.Counter(
+            "podwire_agent_policy_applies",
+            "Security-group rulesets applied to nftables (replace, change, failed)",
+            ["kind"],
+            registry=r,
+        )
+        self.policy_seconds = prom.Histogram(
+            "podwire_agent_policy_apply_seconds",
+            "Time to compile and apply one security-group change",
+            buckets=CNI_BUCKETS,
+            registry=r,
+        )
+        self.policy_ports = prom.Gauge(
+            "podwire_agent_policy_enforced_ports", "Ports with port security enforced", registry=r
+        )
+        self.policy_problems = prom.Gauge(
+            "podwire_agent_policy_problems",
+            "Rules, groups or members left out because they did not parse or are missing",
+            registry=r,
+        )
         self.heartbeat_lost = prom.Counter(
             "podwire_agent_lease_lost", "Heartbeat leases lost and re-granted", registry=r
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podwire import keys
-from podwire.agent.attach import Plugger
+from podwire.agent.attach import Plugger, is_nested
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import Checkpoint
 from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
@@ -22,6 +22,7 @@ from podwire.agent.memif import MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
+from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.agent.ports import HostPorts
 from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.vifsource import VifSource
@@ -34,7 +35,9 @@ from podwire.etcd import EtcdClient
 from podwire.health import first_problem
 from podwire.log import get_logger
 from podwire.memif import build as memif_build
+from podwire.netfilter import Nftables
 from podwire.netlink import HostNetlink, PodNetlink, tap
+from podwire.schema.ports import DesiredPort
 from podwire.service.ops_http import OpsServer
 
 log = get_logger(__name__)
@@ -59,6 +62,7 @@ class AgentParts:
     memif: MemifService | None = None
     # Port filtering registers here to hear of every port's host interface (veth or tap).
     ports: HostPorts = field(default_factory=HostPorts)
+    policy: PolicyEnforcer | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -130,14 +134,11 @@ class Agent:
             self.metrics,
             self.parts.ports,
         )
-        releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
-        if releaser is not None:
-            stack.push_async_callback(releaser.close)
-        if plugin is not None:
-            self._collect_stats(stack, plugin)
+        policy = self._policy(stack, etcd, binder)
+        releaser = self._releaser(stack, plugin)
 
         async def ready() -> tuple[bool, str]:
-            return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs)
+            return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs, policy)
 
         handler = CniHandler(
             HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
@@ -150,9 +151,10 @@ class Agent:
             self.metrics,
             memif,
             self.parts.ports,
+            policy,
         )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
-        self.parts.memif = memif
+        self.parts.memif, self.parts.policy = memif, policy
         async with asyncio.TaskGroup() as tg:
             tg.create_task(heartbeat.run())
             tg.create_task(binder.run())
@@ -161,10 +163,13 @@ class Agent:
                 tg.create_task(plugin.run())
             if releaser is not None:
                 tg.create_task(releaser.run())
+            if policy is not None:
+                tg.create_task(policy.run())
             await binder.synced.wait()
             if memif is not None:
                 await memif.restore()
                 tg.create_task(memif.run())
+            await _enforce_plugged(policy, checkpoint, binder)
             server = CniServer(agent.cni_socket, handler)
             await server.start()
             stack.push_async_callback(server.stop)
@@ -172,6 +177,62 @@ class Agent:
                 await self._start_ops(stack, ready)
             log.info("agent.started", host=agent.host, socket=agent.cni_socket)
             self.parts.started.set()
+
+    def _releaser(
+        self, stack: contextlib.AsyncExitStack, plugin: DevicePlugin | None
+    ) -> PodReleaser | None:
+        if plugin is None:
+            return None
+        releaser = PodReleaser(plugin.release_pod, self.settings.agent.pod_release_grace)
+        stack.push_async_callback(releaser.close)
+        self._collect_stats(stack, plugin)
+        return releaser
+
+    def _policy(
+        self, stack: contextlib.AsyncExitStack, etcd: EtcdClient, binder: Binder
+    ) -> PolicyEnforcer | None:
+        agent = self.settings.agent
+        if agent.security_groups == "off":
+            return None
+        nft = Nftables(agent.host_netns)
+        stack.callback(nft.close)  # the tables stay: they keep enforcing while we are down
+        settings = EnforcerSettings(agent.host, agent.security_group_wait)
+        policy = PolicyEnforcer(etcd, nft, settings, self.metrics)
+        binder.on_port = policy.port_changed
+        return policy
+
+
+async def _enforce_plugged(
+    policy: PolicyEnforcer | None, checkpoint: Checkpoint, binder: Binder
+) -> None:
+    """Running pods keep their rules: the first application is one atomic replace."""
+    if policy is not None:
+        policy.adopt(_plugged_ports(checkpoint, binder))
+        await policy.synced.wait()
+
+
+def _plugged_ports(checkpoint: Checkpoint, binder: Binder) -> list[tuple[DesiredPort, str]]:
+    """The pods plugged before this start, with their ports' desired values (or, if the
+    binding is gone meanwhile, what the VIF said: still enforced, never left open)."""
+    found = []
+    for entry in checkpoint.entries.values():
+        if is_nested(entry.attached):
+            continue
+        vif = entry.vif
+        port = binder.wired.get(vif.port_id) or DesiredPort(
+            vif.port_id,
+            vif.network_id,
+            vif.mac_address,
+            vif.mtu,
+            vif.network_type,
+            None,
+            vif.segmentation_id,
+            vif.vif_type,
+            tuple(vif.fixed_ips),
+            tuple(vif.security_groups),
+        )
+        found.append((port, entry.attached.host_ifname))
+    return found
 
 
 def _memif_service(
@@ -218,6 +279,7 @@ async def _readiness(
     binder: Binder,
     peers: PeerTracker,
     vifs: VifSource,
+    policy: PolicyEnforcer | None = None,
 ) -> tuple[bool, str]:
     # A read of our own key, not etcd's Status: Status answers even when etcd no longer
     # accepts this agent's token, and the agent would look ready while it cannot see a thing.
@@ -228,7 +290,10 @@ async def _readiness(
         return False, f"etcd: {exc}"
     if not heartbeat.healthy:
         return False, "heartbeat lease lost; re-registering"
-    problem = first_problem([heartbeat.health, binder.watcher.health, peers.watcher.health])
+    healths = [heartbeat.health, binder.watcher.health, peers.watcher.health]
+    if policy is not None:
+        healths.append(policy.watcher.health)
+    problem = first_problem(healths)
     if problem is not None:
         return False, problem
     if not binder.synced.is_set():

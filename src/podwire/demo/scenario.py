@@ -99,6 +99,11 @@ class Scenario:
             network_id=network.id, cidr="10.88.0.0/24", ip_version=4, project_id=self.project
         )
         sg = self.neutron.network.create_security_group(name="demo", project_id=self.project)
+        # A new group only lets traffic out; like a default group, admit its own members
+        # (the agents enforce it: docs/security-groups.md).
+        self.neutron.network.create_security_group_rule(
+            security_group_id=sg.id, direction="ingress", ethertype="IPv4", remote_group_id=sg.id
+        )
         step(f"VXLAN network {network.id} (VNI {network.provider_segmentation_id})")
         return network, sg
 

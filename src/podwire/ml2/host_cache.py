@@ -131,6 +131,8 @@ class HostCache:
         if what == "capabilities":
             entry.capabilities = None if raw is None else values.parse_capabilities(raw, key)
             return []
+        if what == "policy":  # the agent's enforcement report, for podwire status only
+            return []
         assert what == "ports" and name is not None
         if raw is None:
             if name in entry.ports:

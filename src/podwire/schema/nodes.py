@@ -93,3 +93,40 @@ def parse_port_state(raw: bytes, what: str = "port state") -> float:
 
 def port_state_value(wired_at: float) -> bytes:
     return doc.encode_versioned({"wired_at": wired_at})
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the agent enforces: ports with port security, the etcd revision of
+    ``/podwire/global/`` in force, how many problems (rules or values left out) it logged."""
+
+    enforced_ports: int
+    revision: int
+    problems: int
+    applied_at: float
+
+
+def policy_state_value(
+    enforced_ports: int, revision: int, problems: int, applied_at: float
+) -> bytes:
+    body = {
+        "enforced_ports": enforced_ports,
+        "revision": revision,
+        "problems": problems,
+        "applied_at": applied_at,
+    }
+    return doc.encode_versioned(body)
+
+
+def parse_policy_state(raw: bytes, what: str = "policy state") -> PolicyState:
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+
+    def count(value: Any, where: str) -> int:
+        return fields.integer(value, where, 0, 2**63 - 1)
+
+    return PolicyState(
+        obj.req("enforced_ports", count),
+        obj.req("revision", count),
+        obj.opt("problems", count, 0),
+        obj.req("applied_at", fields.timestamp),
+    )

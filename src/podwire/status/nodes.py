@@ -22,6 +22,9 @@ class NodeStatus:
     ports_desired: int = 0
     ports_wired: int = 0
     bad_values: int = 0
+    # Security groups: ports enforced, the /podwire/global/ revision in force, problems logged;
+    # None when the agent does not enforce (or predates enforcement).
+    policy: nodes.PolicyState | None = None
 
 
 def _apply_state(node: NodeStatus, kind: str, name: str | None, kv: KeyValue) -> None:
@@ -36,6 +39,8 @@ def _apply_state(node: NodeStatus, kind: str, name: str | None, kv: KeyValue) ->
             node.network_types = sorted(found)
         elif kind == "physnets" and name:
             node.physnets[name] = nodes.parse_physnet(kv.value, kv.key)
+        elif kind == "policy":
+            node.policy = nodes.parse_policy_state(kv.value, kv.key)
         elif kind == "ports":
             nodes.parse_port_state(kv.value, kv.key)
             node.ports_wired += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from podwire.status.nodes import NodeStatus
 from podwire.status.report import Report
 
 
@@ -27,14 +28,26 @@ def _etcd_line(report: Report) -> str:
 def _node_lines(report: Report) -> list[str]:
     if not report.nodes:
         return ["  (no node has registered)"]
-    lines = [f"  {'host':24} {'alive':5}  {'vtep':15}  {'physnets':24} ports wired/desired"]
+    lines = [
+        f"  {'host':24} {'alive':5}  {'vtep':15}  {'physnets':24} {'ports wired/desired':20}"
+        " security groups"
+    ]
     for node in report.nodes:
         physnets = ",".join(f"{k}={v}" for k, v in sorted(node.physnets.items())) or "-"
+        wired = f"{node.ports_wired}/{node.ports_desired}"
         lines.append(
             f"  {node.host:24} {'yes' if node.alive else 'NO':5}  {node.vtep or '-':15}"
-            f"  {physnets:24} {node.ports_wired}/{node.ports_desired}"
+            f"  {physnets:24} {wired:20} {_policy_text(node)}"
         )
     return lines
+
+
+def _policy_text(node: NodeStatus) -> str:
+    policy = node.policy
+    if policy is None:
+        return "not enforced"
+    problems = f", {policy.problems} problems (see the agent's log)" if policy.problems else ""
+    return f"{policy.enforced_ports} ports enforced at revision {policy.revision}{problems}"
 
 
 def _ml2_lines(report: Report) -> list[str]:

@@ -1,0 +1,389 @@
+"""Security groups on the agent: how fast a change is in force, what ADD and throughput pay.
+
+- policy change -> in force: a rule changed in etcd (the forwarder's write) until the agent's
+  nft transaction is done, on a node with 500 enforced ports, 3 groups x 20 rules; reference:
+  ``nft -f`` of the whole ruleset, what an agent that rewrites its tables per change pays.
+- member added -> admitted: the same for a remote-group member.
+- restart reconcile: a fresh enforcer adopting 500 ports until its one replace is in force.
+- warm CNI ADD with SGs vs bridge+host-local (the cni bench's set-up, the agent enforcing).
+- iperf3 between two pods on one bridge: their group has 1,000 rules vs port security off.
+- Neutron API -> in force: a rule created through the API, a member port created in the
+  group, from the API's answer until the enforcer (watching the stack's etcd, fed by the real
+  ml2 forwarder) has applied it; next to the Neutron call itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import cni_bench
+from bench.stats import row
+from podwire import keys
+from podwire.agent.policy import ruleset
+from podwire.agent.policy.compile import PolicyInputs, compile_ruleset
+from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
+from podwire.config import EtcdSettings
+from podwire.etcd import EtcdClient
+from podwire.netfilter import Nftables
+from podwire.schema.ports import DesiredPort
+from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
+from podwire.stack.client import neutron_connection
+from tests.agent.netenv import NetEnv, in_ns
+from tests.agent.sgnet import SgHost, SgPod
+
+PORTS = 500
+
+
+def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    rows = asyncio.run(_policy_rows(stack, min(samples, 200)))
+    group = SecurityGroup(str(uuid.uuid4()), _rules(0, 20))
+    rows += cni_bench.with_agent(stack, samples, group, _measure_adds)
+    rows += asyncio.run(_neutron_rows(stack, min(samples, 30)))
+    rows += _throughput_rows()
+    return rows
+
+
+def _rules(g: int, count: int, remote: str | None = None) -> tuple[Rule, ...]:
+    """``count`` rules: TCP ranges from prefixes, egress, and (with ``remote``) ICMP from the
+    members of that group."""
+    rules = [
+        Rule(
+            str(uuid.uuid4()),
+            "ingress",
+            "IPv4",
+            6,
+            1000 + 10 * r,
+            1005 + 10 * r,
+            f"10.{g}.{r % 250}.0/24",
+        )
+        for r in range(count - 3)
+    ]
+    rules.append(Rule(str(uuid.uuid4()), "ingress", "IPv4", 1, None, None, None, remote))
+    rules.append(Rule(str(uuid.uuid4()), "egress", "IPv4"))
+    rules.append(Rule(str(uuid.uuid4()), "egress", "IPv6"))
+    return tuple(rules)
+
+
+def _ports(sgs: tuple[str, ...]) -> list[tuple[DesiredPort, str]]:
+    out = []
+    for i in range(1, PORTS + 1):
+        pod = SgPod(
+            "",
+            f"pwp7e57{i:08d}",
+            f"fa:16:3e:00:{i // 256:02x}:{i % 256:02x}",
+            f"10.9.{i // 256}.{i % 256}",
+            f"fd00:9::{i:x}",
+            i,
+            security_groups=sgs,
+        )
+        policy = pod.policy()
+        out.append((policy.port, policy.ifname))
+    return out
+
+
+async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    env = NetEnv()
+    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    groups = [SecurityGroup(sg, _rules(g, 20, sg)) for g, sg in enumerate(ids)]
+    host_ns = env.namespace("sgb")
+    host = f"{env.tag}-sgb"
+    nft = Nftables(host_ns)
+    try:
+        for group in groups:
+            await etcd.put(keys.secgroup(group.sg_id), group.encode().encode())
+        ports = _ports(tuple(g.sg_id for g in groups))
+        change: list[float] = []
+        member: list[float] = []
+        reconcile: list[float] = []
+        for i in range(max(3, samples // 20)):
+            enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host), None)
+            task = asyncio.create_task(enforcer.run())
+            await enforcer._listed.wait()
+            started = time.perf_counter()
+            enforcer.adopt(ports)
+            await enforcer.synced.wait()
+            reconcile.append((time.perf_counter() - started) * 1000)
+            if i == 0:
+                change, member = await _changes(etcd, enforcer, groups[0], samples)
+                reference_text = ruleset.replace(enforcer._compile().ruleset)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        reference = _nft_cli(host_ns, reference_text, max(3, samples // 20))
+    finally:
+        nft.close()
+        for group in groups:
+            await etcd.delete(keys.secgroup(group.sg_id))
+            await etcd.delete_prefix(keys.remote_groups_prefix(group.sg_id))
+        await etcd.delete_prefix(keys.state_node_prefix(host))
+        await etcd.close()
+        env.cleanup()
+    where = f"{PORTS} ports, 3 groups x 20 rules"
+    return [
+        row(
+            f"sg rule change -> in force, agent side ({where})",
+            change,
+            "nft -f whole ruleset",
+            reference,
+        ),
+        row(
+            "sg remote-group member added -> admitted, agent side",
+            member,
+            "nft -f whole ruleset",
+            reference,
+        ),
+        row(
+            f"sg agent restart: {PORTS} ports reconciled",
+            reconcile,
+            "nft -f whole ruleset",
+            reference,
+        ),
+    ]
+
+
+async def _changes(
+    etcd: EtcdClient, enforcer: PolicyEnforcer, group: SecurityGroup, samples: int
+) -> tuple[list[float], list[float]]:
+    change, member = [], []
+    for i in range(samples):
+        rules = (
+            *group.rules,
+            Rule(str(uuid.uuid4()), "ingress", "IPv4", 17, 2000 + i, 2000 + i, None),
+        )
+        value = SecurityGroup(group.sg_id, rules, revision=i).encode().encode()
+        revision = await etcd.put(keys.secgroup(group.sg_id), value)
+        started = time.perf_counter()
+        await enforcer.wait_applied(revision)
+        change.append((time.perf_counter() - started) * 1000)
+        added = GroupMember(str(uuid.uuid4()), (f"10.200.{i // 250}.{i % 250}/32",))
+        key = keys.remote_group_member(group.sg_id, added.port_id)
+        revision = await etcd.put(key, added.encode().encode())
+        started = time.perf_counter()
+        await enforcer.wait_applied(revision)
+        member.append((time.perf_counter() - started) * 1000)
+    return change, member
+
+
+def _nft_cli(host_ns: str, text: str, samples: int) -> list[float]:
+    with tempfile.NamedTemporaryFile("w", suffix=".nft") as file:
+        file.write(text)
+        file.flush()
+        times = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            in_ns(host_ns, "nft", "-f", file.name)
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def _measure_adds(
+    runner: cni_bench.HostThreadRunner,
+    work: Path,
+    socket: str,
+    network: str,
+    pods: list[str],
+    samples: int,
+) -> list[dict[str, Any]]:
+    ours = {
+        "cniVersion": "1.0.0",
+        "name": "pw",
+        "type": "podwire",
+        "network": network,
+        "agentSocket": socket,
+    }
+    ref = {
+        "cniVersion": "1.0.0",
+        "name": "ref",
+        "type": "bridge",
+        "bridge": "pwbref0",
+        "ipam": {"type": "host-local", "subnet": "10.99.0.0/16", "dataDir": str(work / "ipam")},
+    }
+    bridge = cni_bench.REFERENCE_DIR / "bridge"
+    adds, ref_adds = [], []
+    for i in range(samples):
+        pod, cid = pods[i % len(pods)], f"s{i}"
+        adds.append(runner.timed(cni_bench.PLUGIN, cni_bench._env("ADD", cid, pod, "eth0"), ours))
+        runner.timed(cni_bench.PLUGIN, cni_bench._env("DEL", cid, pod, "eth0"), ours)
+        ref_adds.append(runner.timed(bridge, cni_bench._env("ADD", cid, pod, "ref0"), ref))
+        runner.timed(bridge, cni_bench._env("DEL", cid, pod, "ref0"), ref)
+    return [
+        row("cni ADD, warm port, SGs enforced (20 rules)", adds, "bridge+host-local ADD", ref_adds)
+    ]
+
+
+# -- through the real Neutron --------------------------------------------------------
+
+
+async def _until(check: Any, within: float = 10.0) -> None:
+    for _ in range(int(within / 0.001)):
+        if check():
+            return
+        await asyncio.sleep(0.001)
+    raise TimeoutError("the change never reached the agent")
+
+
+async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    conn = neutron_connection(stack["neutron"])
+    project = uuid.uuid4().hex
+    env = NetEnv()
+    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    host_ns = env.namespace("sgn")
+    nft = Nftables(host_ns)
+    sg = conn.network.create_security_group(name="pw-bench-sg", project_id=project)
+    network = conn.network.create_network(name="pw-bench-sg", project_id=project)
+    conn.network.create_subnet(
+        network_id=network.id, cidr="10.67.0.0/20", ip_version=4, project_id=project
+    )
+    enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(f"{env.tag}-sgn"), None)
+    task = asyncio.create_task(enforcer.run())
+    rule_ms, rule_api, member_ms, member_api = [], [], [], []
+    try:
+        pods = [
+            SgPod(
+                "",
+                f"pwp7e57{i:08d}",
+                f"fa:16:3e:01:00:{i:02x}",
+                f"10.9.0.{i}",
+                f"fd00:9::{i:x}",
+                i,
+                security_groups=(sg.id,),
+            )
+            for i in range(1, 21)
+        ]
+        enforcer.adopt([(p.policy().port, p.ifname) for p in pods])
+        await enforcer.synced.wait()
+        for i in range(samples):
+            started = time.perf_counter()
+            rule = conn.network.create_security_group_rule(
+                security_group_id=sg.id,
+                direction="ingress",
+                ethertype="IPv4",
+                protocol="tcp",
+                port_range_min=3000 + i,
+                port_range_max=3000 + i,
+            )
+            returned = time.perf_counter()
+            await _until(lambda rule_id=rule.id: rule_id in _rule_ids(enforcer, sg.id))
+            await enforcer.wait_applied(enforcer.watcher.revision)
+            rule_ms.append((time.perf_counter() - returned) * 1000)
+            rule_api.append((returned - started) * 1000)
+            started = time.perf_counter()
+            port = conn.network.create_port(
+                network_id=network.id, project_id=project, security_group_ids=[sg.id]
+            )
+            returned = time.perf_counter()
+            address = f"{port.fixed_ips[0]['ip_address']}/32"
+            await _until(lambda found=address: found in _member_addresses(enforcer, sg.id))
+            await enforcer.wait_applied(enforcer.watcher.revision)
+            member_ms.append((time.perf_counter() - returned) * 1000)
+            member_api.append((returned - started) * 1000)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        nft.close()
+        for port in list(conn.network.ports(project_id=project)):
+            conn.network.delete_port(port)
+        conn.network.delete_network(network)
+        conn.network.delete_security_group(sg)
+        await etcd.delete_prefix(keys.state_node_prefix(f"{env.tag}-sgn"))
+        await etcd.close()
+        env.cleanup()
+    return [
+        row(
+            "sg Neutron rule create returned -> in force on the node",
+            rule_ms,
+            "the Neutron rule create call",
+            rule_api,
+        ),
+        row(
+            "sg Neutron member port created -> admitted on the node",
+            member_ms,
+            "the Neutron port create call",
+            member_api,
+        ),
+    ]
+
+
+def _rule_ids(enforcer: PolicyEnforcer, sg_id: str) -> set[str]:
+    group = enforcer.store.groups.get(sg_id)
+    return {r.rule_id for r in group.rules} if group else set()
+
+
+def _member_addresses(enforcer: PolicyEnforcer, sg_id: str) -> set[str]:
+    return {a for found in enforcer.store.members.get(sg_id, {}).values() for a in found}
+
+
+# -- throughput -----------------------------------------------------------------------
+
+
+def _throughput_rows() -> list[dict[str, Any]]:
+    enforced = _iperf(port_security=True)
+    off = _iperf(port_security=False)
+    return [
+        row(
+            "iperf3 pod->pod one host, 1,000 rules (Gbit/s, higher is better)",
+            enforced,
+            "port security off",
+            off,
+            unit="Gbit/s",
+        )
+    ]
+
+
+def _iperf(port_security: bool, runs: int = 3) -> list[float]:
+    env = NetEnv()
+    host = SgHost(env)
+    sg = str(uuid.uuid4())
+    try:
+        host.start()
+        client = host.pod(1, security_groups=(sg,), port_security=port_security)
+        server = host.pod(2, security_groups=(sg,), port_security=port_security)
+        rules = [
+            Rule(
+                str(uuid.uuid4()),
+                "ingress",
+                "IPv4",
+                6,
+                10000 + r,
+                10000 + r,
+                f"10.{r // 200}.{r % 200}.0/24",
+            )
+            for r in range(998)
+        ]
+        rules += [Rule(str(uuid.uuid4()), "ingress", "IPv4", 6, 5201, 5201, None)]
+        rules += [Rule(str(uuid.uuid4()), "egress", "IPv4")]
+        group = SecurityGroup(sg, tuple(rules))
+        compiled = compile_ruleset(
+            PolicyInputs({sg: group}, {}, {}, [p.policy() for p in host.pods])
+        )
+        subprocess.run(
+            ["ip", "netns", "exec", host.ns, "nft", "-f", "-"],
+            input=ruleset.replace(compiled.ruleset),
+            text=True,
+            check=True,
+            capture_output=True,
+        )
+        daemon = subprocess.Popen(
+            ["ip", "netns", "exec", server.ns, "iperf3", "-s"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        host.procs.append(daemon)
+        time.sleep(0.5)
+        out = []
+        for _ in range(runs):
+            proc = in_ns(client.ns, "iperf3", "-c", server.ip4, "-t", "3", "-J")
+            found = json.loads(proc.stdout)["end"]["sum_received"]["bits_per_second"]
+            out.append(found / 1e9)
+        return out
+    finally:
+        host.stop()
+        env.cleanup()

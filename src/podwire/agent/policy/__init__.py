@@ -1,0 +1,1 @@
+"""Security groups and port security on the node: store, compiler, ruleset, enforcer."""

@@ -1,0 +1,448 @@
+"""Policy in, nftables ruleset out: pure, so the semantics are unit-tested without a kernel.
+
+Layout (docs/security-groups.md has the picture):
+
+- ``bridge podwire``: every frame a port with port security sends is checked at the bridge's
+  prerouting hook, where ``iifname`` is the port itself: its MAC, its (MAC, IP) pairs from
+  fixed IPs and allowed address pairs (IPv4, IPv6 with the MACs' link-local addresses, ARP),
+  no DHCP server replies or router advertisements. At the bridge's forward hook, where both
+  ports are known, the frame gets a mark: the sending port's id in the low 16 bits, the
+  receiving port's in the high 16 bits. The kernel has no bridge conntrack (DESIGN §11).
+- ``inet podwire``: br_netfilter passes bridged IPv4/IPv6 through the inet forward hook with
+  conntrack, but names the bridge there, not the port; the mark says which ports. Two verdict
+  map lookups jump to the policy chain of the sender (egress) and of the receiver (ingress).
+
+A policy is one set of security groups (ports with the same groups share it, as pools group
+ports by SG set). Its chain does a fixed number of set lookups whatever the number of rules
+or members: rules become elements of concatenated interval sets (address . protocol . port),
+remote groups and address groups named sets of addresses. Only allows are compiled, so a rule
+or group that is missing or bad leaves something denied, never allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from podwire.agent.policy import intervals
+from podwire.agent.policy.ruleset import NftChain, NftSet, Ruleset
+from podwire.schema.ports import DesiredPort
+from podwire.schema.secgroups import EGRESS, INGRESS, Rule, SecurityGroup
+
+MAX_PORT_ID = 0xFFFF
+BRIDGE_PREFIX = "pwbr"
+FULL = {4: (0, 2**32 - 1), 6: (0, 2**128 - 1)}
+ANY_PROTO = (0, 255)
+ANY_PORT = (0, 65535)
+ADDR_TYPE = {4: "ipv4_addr", 6: "ipv6_addr"}
+SADDR = {4: "ip saddr", 6: "ip6 saddr"}
+DADDR = {4: "ip daddr", 6: "ip6 daddr"}
+ICMP_MATCH = {4: "icmp type . icmp code", 6: "icmpv6 type . icmpv6 code"}
+ICMP_TYPES = {4: "icmp_type . icmp_code", 6: "icmpv6_type . icmpv6_code"}
+PORTS_MATCH = "meta l4proto . th dport"
+PORTS_TYPE = "inet_proto . inet_service"
+INTERVAL = "flags interval;"
+
+
+@dataclass(frozen=True)
+class PortPolicy:
+    """A port this node enforces: its desired value, the host end of its veth, its id."""
+
+    port: DesiredPort
+    ifname: str
+    port_id: int  # 1..65535, unique on the node
+
+
+@dataclass
+class PolicyInputs:
+    groups: dict[str, SecurityGroup] = field(default_factory=dict)
+    members: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    address_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ports: list[PortPolicy] = field(default_factory=list)
+
+
+@dataclass
+class Compiled:
+    ruleset: Ruleset
+    problems: list[str]
+    enforced: int  # ports with port security on
+
+
+def compile_ruleset(inputs: PolicyInputs) -> Compiled:
+    ruleset = Ruleset()
+    problems: list[str] = []
+    secured = [p for p in inputs.ports if p.port.port_security_enabled]
+    _bridge_table(ruleset, secured)
+    _inet_base(ruleset)
+    policies: dict[str, tuple[str, ...]] = {}
+    egress, ingress = set(), set()
+    for item in secured:
+        sg_ids = tuple(sorted(set(item.port.security_groups)))
+        name = policy_name(sg_ids)
+        policies[name] = sg_ids
+        egress.add(f"{item.port_id} : jump {name}_out")
+        ingress.add(f"{item.port_id << 16:#x} : jump {name}_in")
+        problems += [
+            f"port {item.port.port_id}: security group {sg} is not published yet; its rules"
+            " are not enforced (traffic they would allow is dropped)"
+            for sg in sg_ids
+            if sg not in inputs.groups
+        ]
+    referenced: dict[str, set[str]] = {"g": set(), "a": set()}
+    for name, sg_ids in sorted(policies.items()):
+        groups = tuple(inputs.groups[sg] for sg in sg_ids if sg in inputs.groups)
+        for part in _policy(name, groups):
+            if isinstance(part, NftSet):
+                ruleset.add_set(part)
+            else:
+                ruleset.add_chain(part)
+        for group in groups:
+            for rule in group.rules:
+                if rule.remote_group_id:
+                    referenced["g"].add(rule.remote_group_id)
+                if rule.remote_address_group_id:
+                    referenced["a"].add(rule.remote_address_group_id)
+    ruleset.add_set(NftSet("inet", "egress", "type mark : verdict;", frozenset(egress)))
+    ruleset.add_set(NftSet("inet", "ingress", "type mark : verdict;", frozenset(ingress)))
+    problems += _address_sets(ruleset, inputs, referenced)
+    return Compiled(ruleset, problems, len(secured))
+
+
+def policy_name(sg_ids: tuple[str, ...]) -> str:
+    return "pol_" + hashlib.sha256("\n".join(sg_ids).encode()).hexdigest()[:12]
+
+
+# -- the bridge table: port security and port marks ------------------------------------
+
+
+def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy]) -> None:
+    hook_pre = "type filter hook prerouting priority -200; policy accept;"
+    ruleset.add_chain(
+        NftChain("bridge", "prerouting", ("iifname @secured goto port_security",), hook_pre)
+    )
+    ruleset.add_chain(NftChain("bridge", "port_security", _port_security_rules()))
+    hook_fwd = "type filter hook forward priority -200; policy accept;"
+    ruleset.add_chain(
+        NftChain(
+            "bridge",
+            "forward",
+            # Only frames from or to a port podwire enforces get its mark (there is no bridge
+            # name match in this kernel's bridge family).
+            ("iifname @secured goto mark_ports", "oifname @secured goto mark_ports"),
+            hook_fwd,
+        )
+    )
+    ruleset.add_chain(
+        NftChain(
+            "bridge",
+            "mark_ports",
+            ("meta mark set 0", "meta mark set iifname map @port_in", "oifname vmap @port_out"),
+        )
+    )
+    marks, outs = set(), set()
+    for item in secured:
+        marks.add(f'"{item.ifname}" : {item.port_id}')
+        outs.add(f'"{item.ifname}" : jump out_{item.port_id}')
+        ruleset.add_chain(
+            NftChain(
+                "bridge",
+                f"out_{item.port_id}",
+                (f"meta mark set meta mark or {item.port_id << 16:#x}",),
+            )
+        )
+    ruleset.add_set(NftSet("bridge", "port_in", "type ifname : mark;", frozenset(marks)))
+    ruleset.add_set(NftSet("bridge", "port_out", "type ifname : verdict;", frozenset(outs)))
+    ruleset.add_set(
+        NftSet("bridge", "secured", "type ifname;", frozenset(f'"{p.ifname}"' for p in secured))
+    )
+    macs, src4, src6 = _sources(secured)
+    ruleset.add_set(NftSet("bridge", "src_mac", "type ifname . ether_addr;", frozenset(macs)))
+    spec = "type ifname . ether_addr . {}; flags interval;"
+    ruleset.add_set(NftSet("bridge", "src4", spec.format("ipv4_addr"), frozenset(src4)))
+    ruleset.add_set(NftSet("bridge", "src6", spec.format("ipv6_addr"), frozenset(src6)))
+
+
+def _port_security_rules() -> tuple[str, ...]:
+    """What a port with port security may send (Neutron's spoofing rules, in one chain)."""
+    dad = "mld-listener-report, nd-neighbor-solicit, mld2-listener-report"
+    return (
+        "iifname . ether saddr != @src_mac counter drop",
+        "udp sport 67 udp dport 68 counter drop",  # a DHCP server in a pod
+        "udp sport 547 udp dport 546 counter drop",
+        "icmpv6 type nd-router-advert counter drop",  # router advertisements from a pod
+        "ether type ip iifname . ether saddr . ip saddr @src4 return",
+        "ether type ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 return",
+        "ether type ip6 iifname . ether saddr . ip6 saddr @src6 return",
+        f"ether type ip6 ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type {{ {dad} }} return",
+        "ether type arp iifname . arp saddr ether . arp saddr ip @src4 return",
+        "ether type arp arp saddr ip 0.0.0.0 return",  # ARP probes (address conflict detection)
+        "counter drop",
+    )
+
+
+def _sources(secured: list[PortPolicy]) -> tuple[set[str], set[str], set[str]]:
+    macs: set[str] = set()
+    src4: set[str] = set()
+    src6: set[str] = set()
+    for item in secured:
+        found = _port_sources(item)
+        macs.update(found[0])
+        src4.update(found[1])
+        src6.update(found[2])
+    return macs, src4, src6
+
+
+PortSources = tuple[frozenset[str], frozenset[str], frozenset[str]]
+# (ifname, port id) -> (the DesiredPort it was made from, its elements): a change elsewhere
+# re-uses every port's elements, so a rule change costs the same on 5 or 500 ports.
+_SOURCES: dict[tuple[str, str], tuple[DesiredPort, PortSources]] = {}
+
+
+def _port_sources(item: PortPolicy) -> PortSources:
+    key = (item.ifname, item.port.port_id)
+    cached = _SOURCES.get(key)
+    if cached is not None and cached[0] is item.port:
+        return cached[1]
+    if len(_SOURCES) > 16384:
+        _SOURCES.clear()
+    found = _compute_sources(item)
+    _SOURCES[key] = (item.port, found)
+    return found
+
+
+def _compute_sources(item: PortPolicy) -> PortSources:
+    port = item.port
+    pairs = [(port.mac_address, ip.ip_address) for ip in port.fixed_ips]
+    pairs += [(p.mac_address or port.mac_address, p.ip_address) for p in port.allowed_address_pairs]
+    if not port.fixed_ips:  # Neutron: a port without IPs may use any IP with its MAC
+        pairs += [(port.mac_address, "0.0.0.0/0"), (port.mac_address, "::/0")]
+    macs = {port.mac_address} | {mac for mac, _ in pairs}
+    pairs += [(mac, _link_local(mac)) for mac in macs]
+    spans: dict[tuple[str, int], list[intervals.Span]] = {}
+    for mac, address in pairs:
+        net = ipaddress.ip_network(address, strict=False)
+        spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
+    out: dict[int, set[str]] = {4: set(), 6: set()}
+    for (mac, version), found in spans.items():
+        for span in intervals.merge(found):
+            out[version].add(f'"{item.ifname}" . {mac} . {intervals.address_text(span, version)}')
+    return (
+        frozenset(f'"{item.ifname}" . {mac}' for mac in macs),
+        frozenset(out[4]),
+        frozenset(out[6]),
+    )
+
+
+def _link_local(mac: str) -> str:
+    """The EUI-64 link-local address the kernel gives an interface with this MAC."""
+    octets = [int(part, 16) for part in mac.split(":")]
+    octets[0] ^= 0x02
+    eui = [*octets[:3], 0xFF, 0xFE, *octets[3:]]
+    suffix = int.from_bytes(bytes(eui), "big")
+    return str(ipaddress.IPv6Address((0xFE80 << 112) | suffix))
+
+
+# -- the inet table: stateful security groups -------------------------------------------
+
+
+def _inet_base(ruleset: Ruleset) -> None:
+    hook = "type filter hook forward priority -10; policy accept;"
+    ruleset.add_chain(
+        NftChain("inet", "forward", (f'iifname "{BRIDGE_PREFIX}*" jump bridged',), hook)
+    )
+    ruleset.add_chain(
+        NftChain(
+            "inet",
+            "bridged",
+            (
+                "meta mark and 0xffff vmap @egress",
+                "meta mark and 0xffff0000 vmap @ingress",
+                # The mark is podwire's only on bridged frames; nothing after us sees it.
+                "meta mark set 0",
+            ),
+        )
+    )
+
+
+# What Neutron admits before and regardless of the groups' rules.
+_FIXED_IN = (
+    "icmpv6 type { mld-listener-query, nd-neighbor-solicit, nd-neighbor-advert,"
+    " nd-router-advert } return",
+    "udp sport 67 udp dport 68 return",  # DHCP answers to the port's client
+    "udp sport 547 udp dport 546 return",
+)
+_FIXED_OUT = (
+    "meta l4proto ipv6-icmp return",  # router advertisements were dropped at the bridge
+    "udp sport 68 udp dport 67 return",  # the port's DHCP client
+    "udp sport 546 udp dport 547 return",
+)
+_STATEFUL = ("ct state invalid counter drop", "ct state established,related return")
+
+
+@lru_cache(maxsize=1024)
+def _policy(name: str, groups: tuple[SecurityGroup, ...]) -> tuple[NftSet | NftChain, ...]:
+    """The chains and sets of one policy; cached, since most changes leave most policies."""
+    stateful = all(g.stateful for g in groups)
+    rules = [rule for group in groups for rule in group.rules]
+    parts: list[NftSet | NftChain] = []
+    for direction, short, fixed in ((INGRESS, "in", _FIXED_IN), (EGRESS, "out", _FIXED_OUT)):
+        chosen = [r for r in rules if r.direction == direction]
+        matches, sets = _direction(f"{name}_{short}", chosen, direction)
+        body = fixed + (_STATEFUL if stateful else ()) + tuple(matches) + ("counter drop",)
+        parts.append(NftChain("inet", f"{name}_{short}", body))
+        parts += sets
+    return tuple(parts)
+
+
+def _direction(base: str, rules: list[Rule], direction: str) -> tuple[list[str], list[NftSet]]:
+    addr = SADDR if direction == INGRESS else DADDR
+    matches: list[str] = []
+    sets: list[NftSet] = []
+    for version, ethertype in ((4, "IPv4"), (6, "IPv6")):
+        family = [r for r in rules if r.ethertype == ethertype]
+        prefixed = [r for r in family if not r.remote_group_id and not r.remote_address_group_id]
+        name = f"{base}{version}"
+        ports, icmp = _prefixed_elements(prefixed, version)
+        if ports:
+            sets.append(
+                NftSet("inet", name, f"type {ADDR_TYPE[version]} . {PORTS_TYPE}; {INTERVAL}", ports)
+            )
+            matches.append(f"{addr[version]} . {PORTS_MATCH} @{name} return")
+        if icmp:
+            spec = f"type {ADDR_TYPE[version]} . {ICMP_TYPES[version]}; {INTERVAL}"
+            sets.append(NftSet("inet", f"{name}i", spec, icmp))
+            matches.append(f"{addr[version]} . {ICMP_MATCH[version]} @{name}i return")
+        for kind, key in (("g", "remote_group_id"), ("a", "remote_address_group_id")):
+            by_remote: dict[str, list[Rule]] = {}
+            for rule in family:
+                remote = getattr(rule, key)
+                if remote:
+                    by_remote.setdefault(remote, []).append(rule)
+            for remote, chosen in sorted(by_remote.items()):
+                source = f"{addr[version]} @{address_set_name(kind, version, remote)}"
+                set_name = f"{name}{kind}_{remote}"
+                ports, icmp = _remote_elements(chosen, version)
+                if ports:
+                    sets.append(NftSet("inet", set_name, f"type {PORTS_TYPE}; {INTERVAL}", ports))
+                    matches.append(f"{source} {PORTS_MATCH} @{set_name} return")
+                if icmp:
+                    spec = f"type {ICMP_TYPES[version]}; {INTERVAL}"
+                    sets.append(NftSet("inet", f"{set_name}i", spec, icmp))
+                    matches.append(f"{source} {ICMP_MATCH[version]} @{set_name}i return")
+    return matches, sets
+
+
+def address_set_name(kind: str, version: int, group_id: str) -> str:
+    return f"{'rg' if kind == 'g' else 'ag'}{version}_{group_id}"
+
+
+# -- elements -------------------------------------------------------------------------
+
+
+Box = tuple[tuple[intervals.Span, ...], intervals.Span]  # (protocol/port spans, addresses)
+
+
+def _rule_boxes(rules: Iterable[Rule], version: int) -> tuple[list[Box], list[Box]]:
+    """Each rule as a box: (protocol, port) for the ports set or (ICMP type, code) for the
+    ICMP set, with its address span (the whole family without a prefix)."""
+    ports: list[Box] = []
+    icmp: list[Box] = []
+    for rule in rules:
+        address = (
+            intervals.prefix_span(rule.remote_ip_prefix) if rule.remote_ip_prefix else FULL[version]
+        )
+        if rule.protocol is None:
+            ports.append(((ANY_PROTO, ANY_PORT), address))
+        elif rule.is_icmp and rule.port_min is not None:
+            code = (rule.port_max, rule.port_max) if rule.port_max is not None else (0, 255)
+            icmp.append((((rule.port_min, rule.port_min), code), address))
+        elif rule.port_min is not None and rule.port_max is not None:
+            ports.append(
+                (((rule.protocol, rule.protocol), (rule.port_min, rule.port_max)), address)
+            )
+        else:  # a protocol without ports, or ICMP of any type
+            ports.append((((rule.protocol, rule.protocol), ANY_PORT), address))
+    return ports, icmp
+
+
+def _disjoint(boxes: list[Box]) -> list[Box]:
+    """The union of ``boxes`` as disjoint boxes: cut along protocol (or ICMP type), then port
+    (or code), then merge the addresses of what covers each piece. A rule from anywhere stays
+    one element, however many prefixes other rules name."""
+    if not boxes:
+        return []
+    if not boxes[0][0]:
+        return [((), span) for span in intervals.merge(address for _, address in boxes)]
+    out: list[Box] = []
+    cut = intervals.sweep([(dims[0], (dims[1:], address)) for dims, address in boxes])
+    for span, covering in cut:
+        out += [((span, *rest), address) for rest, address in _disjoint(covering)]
+    return out
+
+
+def _element(box: Box, version: int | None) -> str:
+    parts = [intervals.number_text(span) for span in box[0]]
+    if version is not None:
+        parts.insert(0, intervals.address_text(box[1], version))
+    return " . ".join(parts)
+
+
+def _prefixed_elements(rules: list[Rule], version: int) -> tuple[frozenset[str], frozenset[str]]:
+    ports, icmp = _rule_boxes(rules, version)
+    return (
+        frozenset(_element(box, version) for box in _disjoint(ports)),
+        frozenset(_element(box, version) for box in _disjoint(icmp)),
+    )
+
+
+def _remote_elements(rules: list[Rule], version: int) -> tuple[frozenset[str], frozenset[str]]:
+    """For rules naming a group: the addresses come from the group's set, not the rule."""
+    ports, icmp = _rule_boxes(rules, version)
+    ports = [(dims, FULL[version]) for dims, _ in ports]
+    icmp = [(dims, FULL[version]) for dims, _ in icmp]
+    return (
+        frozenset(_element(box, None) for box in _disjoint(ports)),
+        frozenset(_element(box, None) for box in _disjoint(icmp)),
+    )
+
+
+def _address_sets(
+    ruleset: Ruleset, inputs: PolicyInputs, referenced: dict[str, set[str]]
+) -> list[str]:
+    """One named set per referenced remote group / address group and family, kept current."""
+    problems = []
+    for kind, ids in referenced.items():
+        for group_id in sorted(ids):
+            if kind == "g":
+                found = inputs.members.get(group_id)
+                addresses = [a for member in (found or {}).values() for a in member]
+                if not found and group_id not in inputs.groups:
+                    problems.append(
+                        f"remote group {group_id} is not published yet:"
+                        " rules naming it match nothing"
+                    )
+            else:
+                found_ag = inputs.address_groups.get(group_id)
+                addresses = list(found_ag or ())
+                if found_ag is None:
+                    problems.append(
+                        f"address group {group_id} is not published yet:"
+                        " rules naming it match nothing"
+                    )
+            for version in (4, 6):
+                spans = [
+                    intervals.prefix_span(a)
+                    for a in addresses
+                    if ipaddress.ip_network(a, strict=False).version == version
+                ]
+                elements = frozenset(
+                    intervals.address_text(s, version) for s in intervals.merge(spans)
+                )
+                name = address_set_name(kind, version, group_id)
+                ruleset.add_set(
+                    NftSet("inet", name, f"type {ADDR_TYPE[version]}; {INTERVAL}", elements)
+                )
+    return problems

@@ -1,0 +1,283 @@
+"""The agent's security-group enforcement: policy from etcd + this node's ports -> nftables.
+
+One task follows ``/podwire/global/`` (list, then watch from the revision; the watcher re-lists
+after a compaction); another compiles and applies. Every change is compiled whole (pure, fast,
+cached per policy) and applied as the difference to what is in the kernel, in one nft
+transaction; changes that arrive while one is applied are folded into the next. The first
+application after a start replaces podwire's tables in one transaction, so a restarted agent
+never leaves a window: the old tables enforce until the new ones do, and conntrack keeps the
+flows it had. Nothing is removed on exit: the tables keep enforcing while the agent is down.
+
+A CNI ADD calls ``enforce`` before it plugs the pod and answers only once the port's rules are
+in the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from podwire import keys
+from podwire.agent.metrics import AgentMetrics
+from podwire.agent.policy import ruleset
+from podwire.agent.policy.compile import MAX_PORT_ID, Compiled, PortPolicy, compile_ruleset
+from podwire.agent.policy.store import PolicyStore
+from podwire.backoff import Backoff, retry_forever
+from podwire.errors import PodwireError, RetryableError
+from podwire.etcd import EtcdClient, PrefixWatcher
+from podwire.log import get_logger
+from podwire.netfilter import Nftables, NftError
+from podwire.schema import nodes as values
+from podwire.schema.ports import DesiredPort
+
+log = get_logger(__name__)
+
+
+class PolicyNotApplied(RetryableError):
+    """The port's rules could not be put in force (yet); the ADD is retried by the runtime."""
+
+
+@dataclass(frozen=True)
+class EnforcerSettings:
+    host: str
+    # How long an ADD waits for a port's security groups to be published before it goes on
+    # with what is known (missing groups allow nothing).
+    group_wait: float = 5.0
+    publish_interval: float = 1.0
+
+
+@dataclass
+class _Entry:
+    port: DesiredPort
+    ifname: str
+    port_id: int
+
+
+class PolicyEnforcer:
+    def __init__(
+        self,
+        etcd: EtcdClient,
+        nft: Nftables,
+        settings: EnforcerSettings,
+        metrics: AgentMetrics | None = None,
+    ) -> None:
+        self._etcd = etcd
+        self._nft = nft
+        self._settings = settings
+        self._metrics = metrics or AgentMetrics()
+        self.store = PolicyStore()
+        self.watcher = PrefixWatcher(etcd, keys.global_prefix())
+        self._ports: dict[str, _Entry] = {}
+        self._applied: ruleset.Ruleset | None = None
+        self._wanted = 0  # generation asked for
+        self._done = 0  # generation in the kernel
+        self._failure: str | None = None
+        self._failed = 0  # generation that failed last
+        self._seen_revision = 0
+        self.revision = 0  # the etcd revision of /podwire/global/ in force
+        self.enforced = 0
+        self._problems: set[str] = set()
+        self._dirty = asyncio.Event()
+        self._changed = asyncio.Condition()
+        self._listed = asyncio.Event()
+        self._adopted = asyncio.Event()
+        self.synced = asyncio.Event()
+        self.last_apply_seconds = 0.0
+
+    # -- running -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        follow = retry_forever("policy", self._follow, Backoff(0.2, 2.0), self.watcher.health)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(follow)
+            tg.create_task(self._apply_loop())
+            tg.create_task(self._publish_loop())
+
+    async def _follow(self) -> None:
+        async with contextlib.aclosing(self.watcher.batches()) as batches:
+            async for batch in batches:
+                changed = [self.store.apply(event) for event in batch.events]
+                self._seen_revision = batch.revision
+                if any(changed) or not self._listed.is_set():
+                    self._request()
+                self._listed.set()
+                async with self._changed:
+                    self._changed.notify_all()  # ADDs waiting for a group
+
+    def adopt(self, ports: list[tuple[DesiredPort, str]]) -> None:
+        """The ports already plugged when the agent starts (from its checkpoint); the first
+        application waits for this, so running pods keep their rules across a restart."""
+        for port, ifname in ports:
+            self._put(port, ifname)
+        self._adopted.set()
+        self._request()
+
+    # -- ports ---------------------------------------------------------------------------
+
+    async def enforce(self, port: DesiredPort, ifname: str, within: float) -> None:
+        """Return once the rules of ``port``'s security groups are in force for ``ifname``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        await self._wait_groups(port, min(self._settings.group_wait, within))
+        self._put(port, ifname)
+        generation = self._request()
+        async with self._changed:
+            try:
+                remaining = max(0.0, deadline - loop.time())
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: max(self._done, self._failed) >= generation),
+                    remaining,
+                )
+            except TimeoutError as exc:
+                raise PolicyNotApplied(
+                    f"security groups of port {port.port_id} not in force after {within:.0f} s"
+                ) from exc
+            if self._done < generation:
+                raise PolicyNotApplied(f"security groups of port {port.port_id}: {self._failure}")
+
+    async def _wait_groups(self, port: DesiredPort, within: float) -> None:
+        def known() -> bool:
+            return self._listed.is_set() and all(
+                sg in self.store.groups for sg in port.security_groups
+            )
+
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(known), within)
+            except TimeoutError:
+                missing = sorted(set(port.security_groups) - set(self.store.groups))
+                log.warning(
+                    "agent.policy.groups_missing",
+                    port=port.port_id,
+                    groups=missing,
+                    effect="enforced without them: what they would allow is dropped",
+                )
+
+    async def wait_applied(self, revision: int) -> None:
+        """Until the policy as of etcd ``revision`` is in force (benchmarks, tests)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.revision >= revision)
+
+    def port_changed(self, port_id: str, port: DesiredPort) -> None:
+        """The desired value of a port changed (new security groups, pairs, port security)."""
+        entry = self._ports.get(port_id)
+        if entry is not None and entry.port != port:
+            entry.port = port
+            self._request()
+
+    def forget(self, port_id: str) -> None:
+        if self._ports.pop(port_id, None) is not None:
+            self._request()
+
+    def _put(self, port: DesiredPort, ifname: str) -> None:
+        entry = self._ports.get(port.port_id)
+        if entry is not None:
+            entry.port, entry.ifname = port, ifname
+            return
+        used = {e.port_id for e in self._ports.values()}
+        free = next((i for i in range(1, MAX_PORT_ID + 1) if i not in used), None)
+        if free is None:
+            raise PolicyNotApplied(f"more than {MAX_PORT_ID} enforced ports on this node")
+        self._ports[port.port_id] = _Entry(port, ifname, free)
+
+    def _request(self) -> int:
+        self._wanted += 1
+        self._dirty.set()
+        return self._wanted
+
+    # -- applying ------------------------------------------------------------------------
+
+    async def _apply_loop(self) -> None:
+        await self._listed.wait()
+        await self._adopted.wait()
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            generation, revision = self._wanted, self._seen_revision
+            try:
+                await self._apply_once()
+            except PodwireError as exc:
+                self._failure, self._failed = str(exc), generation
+                log.error("agent.policy.apply_failed", error=str(exc))
+                self._metrics.policy_applies.labels("failed").inc()
+                async with self._changed:
+                    self._changed.notify_all()
+                await asyncio.sleep(1.0)
+                self._dirty.set()
+                continue
+            self._failure = None
+            self.revision = revision
+            async with self._changed:
+                self._done = generation
+                self._changed.notify_all()
+            self.synced.set()
+
+    def _compile(self) -> Compiled:
+        inputs = self.store.inputs()
+        inputs.ports = [
+            PortPolicy(e.port, e.ifname, e.port_id) for _, e in sorted(self._ports.items())
+        ]
+        return compile_ruleset(inputs)
+
+    async def _apply_once(self) -> None:
+        started = time.perf_counter()
+        compiled = self._compile()
+        self._report(compiled.problems)
+        kind = "replace"
+        text: str | None = None
+        if self._applied is not None:
+            text = ruleset.change(self._applied, compiled.ruleset)
+            kind = "change"
+        if text is None:
+            text, kind = ruleset.replace(compiled.ruleset), "replace"
+        if text:
+            try:
+                await self._nft.apply(text)
+            except NftError as exc:
+                if kind == "replace":
+                    raise
+                # The kernel is not what we think (someone edited our tables): start over.
+                log.warning("agent.policy.change_refused", error=str(exc)[:500])
+                await self._nft.apply(ruleset.replace(compiled.ruleset))
+                kind = "replace"
+        self._applied = compiled.ruleset
+        self.enforced = compiled.enforced
+        seconds = time.perf_counter() - started
+        self.last_apply_seconds = seconds
+        self._metrics.policy_applies.labels(kind).inc()
+        self._metrics.policy_seconds.observe(seconds)
+        self._metrics.policy_ports.set(compiled.enforced)
+        log.debug("agent.policy.applied", kind=kind, ports=compiled.enforced, seconds=seconds)
+
+    def _report(self, problems: list[str]) -> None:
+        """Log each problem once, when it appears (a change re-compiles everything)."""
+        current = set(problems)
+        for key, found in self.store.problems.items():
+            current.update(f"{key}: {p}" for p in found)
+        for problem in sorted(current - self._problems):
+            log.warning("agent.policy.problem", problem=problem)
+        self._metrics.policy_problems.set(len(current))
+        self._problems = current
+
+    # -- publishing ----------------------------------------------------------------------
+
+    async def _publish_loop(self) -> None:
+        """What ``podwire status`` shows per node; at most once per interval, never in the
+        way of an application."""
+        published: tuple[int, int, int] | None = None
+        key = keys.state_policy(self._settings.host)
+        while True:
+            await self.synced.wait()
+            now = (self.enforced, self.revision, len(self._problems))
+            if now != published:
+                value = values.policy_state_value(
+                    self.enforced, self.revision, len(self._problems), time.time()
+                )
+                try:
+                    await self._etcd.put(key, value)
+                    published = now
+                except PodwireError as exc:
+                    log.warning("agent.policy.publish_failed", error=str(exc))
+            await asyncio.sleep(self._settings.publish_interval)

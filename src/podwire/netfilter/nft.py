@@ -1,0 +1,125 @@
+"""libnftables (Debian ``libnftables1``) through ctypes, on one thread in the host namespace.
+
+A libnftables context is not thread-safe and its netlink socket belongs to the namespace it
+was opened in, so one worker thread enters the host namespace once, opens the context there
+and runs every buffer; the event loop only awaits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from podwire.errors import PermanentError, RetryableError
+from podwire.netlink.nsexec import netns_path, open_netns, setns
+
+LIBRARY = "libnftables.so.1"
+_OUTPUT_JSON = 1 << 4  # NFT_CTX_OUTPUT_JSON
+_OUTPUT_HANDLE = 1 << 3  # NFT_CTX_OUTPUT_HANDLE
+
+
+class NftError(PermanentError):
+    """The kernel or libnftables refused a buffer; the message is nft's own, with positions."""
+
+
+class NftUnavailable(PermanentError):
+    """libnftables is not installed (Debian ``libnftables1``)."""
+
+
+def _load() -> Any:
+    try:
+        lib = ctypes.CDLL(LIBRARY)
+    except OSError as exc:
+        raise NftUnavailable(f"{LIBRARY}: {exc} (install Debian libnftables1)") from exc
+    lib.nft_ctx_new.restype = ctypes.c_void_p
+    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+    lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+    for name in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p]
+        getattr(lib, name).restype = ctypes.c_int
+    for name in ("nft_ctx_get_output_buffer", "nft_ctx_get_error_buffer"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p]
+        getattr(lib, name).restype = ctypes.c_char_p
+    lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    return lib
+
+
+class _Context:
+    """One libnftables context; used only from the worker thread that created it."""
+
+    def __init__(self, lib: Any, json_output: bool) -> None:
+        self._lib = lib
+        self._ctx = lib.nft_ctx_new(0)
+        if not self._ctx:
+            raise NftError("nft_ctx_new failed")
+        lib.nft_ctx_buffer_output(self._ctx)
+        lib.nft_ctx_buffer_error(self._ctx)
+        if json_output:
+            lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON)
+
+    def run(self, text: str) -> str:
+        code = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
+        out = (self._lib.nft_ctx_get_output_buffer(self._ctx) or b"").decode()
+        err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode()
+        if code != 0:
+            raise NftError(err.strip() or f"nft returned {code}")
+        return out
+
+    def close(self) -> None:
+        if self._ctx:
+            self._lib.nft_ctx_free(self._ctx)
+            self._ctx = None
+
+
+class Nftables:
+    """Run nft buffers in the namespace named ``netns`` (empty: ours): ``apply`` for changes,
+    ``query`` for JSON listings (counters, the tables podwire owns)."""
+
+    def __init__(self, netns: str = "") -> None:
+        self._lib = _load()
+        self._netns = netns
+        self._contexts: dict[bool, _Context] = {}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="pw-nft")
+
+    def _context(self, json_output: bool) -> _Context:
+        if not self._contexts and self._netns:
+            fd = open_netns(netns_path(self._netns))
+            try:
+                setns(fd)  # this worker thread stays in the host namespace for good
+            finally:
+                os.close(fd)
+        ctx = self._contexts.get(json_output)
+        if ctx is None:
+            ctx = self._contexts[json_output] = _Context(self._lib, json_output)
+        return ctx
+
+    def _run(self, text: str, json_output: bool) -> str:
+        return self._context(json_output).run(text)
+
+    async def apply(self, text: str) -> None:
+        """One atomic transaction: every command in ``text`` takes effect, or none does."""
+        await self._call(text, False)
+
+    async def query(self, text: str) -> str:
+        return await self._call(text, True)
+
+    async def _call(self, text: str, json_output: bool) -> str:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._run, text, json_output)
+        except OSError as exc:  # entering the namespace
+            raise RetryableError(f"netfilter in {self._netns or 'this namespace'}: {exc}") from exc
+
+    def close(self) -> None:
+        def free() -> None:
+            for ctx in self._contexts.values():
+                ctx.close()
+
+        self._executor.submit(free).result()
+        self._executor.shutdown()
