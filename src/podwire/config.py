@@ -83,6 +83,13 @@ class PoolSettings:
     default_driver: str = "baremetal"
     # Rebinds tried for a new port whose binding failed before it is deleted (0: delete at once).
     binding_retries: int = 2
+    # Adaptive sizing (controller/sizing.py): per pool, ready ports = learned request rate x
+    # measured bulk-create time x headroom, within [min, max]; back to min after idle_ttl.
+    adaptive: bool = True
+    idle_ttl: float = 300.0  # seconds without a request before a pool shrinks to min
+    rate_window: float = 2.0  # seconds per rate-averaging window
+    rate_smoothing: float = 0.5  # weight of the newest window in the rate average (0 < w <= 1)
+    headroom: float = 2.0  # multiplier on the expected demand during one refill (>= 1)
 
     def validate(self) -> None:
         for name in ("min", "max", "binding_retries"):
@@ -93,8 +100,18 @@ class PoolSettings:
         for name in ("batch", "bulk_concurrency"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"pool.{name}: must be 1 or more")
-        for name in ("update_interval", "populate_timeout", "node_cleanup_interval"):
+        for name in (
+            "update_interval",
+            "populate_timeout",
+            "node_cleanup_interval",
+            "idle_ttl",
+            "rate_window",
+        ):
             _check_positive(getattr(self, name), f"pool.{name}")
+        if not 0 < self.rate_smoothing <= 1:
+            raise ConfigError("pool.rate_smoothing: must be greater than 0 and at most 1")
+        if self.headroom < 1:
+            raise ConfigError("pool.headroom: must be 1 or more")
         if self.default_driver not in ("baremetal", "nested", "noop"):
             raise ConfigError("pool.default_driver: must be baremetal, nested or noop")
 

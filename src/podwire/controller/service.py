@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -33,6 +34,7 @@ from podwire.controller.pools import (
     with_sgs,
 )
 from podwire.controller.refill import Refiller
+from podwire.controller.sizing import Target
 from podwire.errors import PodwireError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.vifs import NetworkInfo
@@ -52,6 +54,7 @@ class PoolSnapshot:
     last_refill: float | None
     waiting: int
     groups: list[tuple[SgKey, list[str]]]
+    target: Target
 
 
 class PoolService:
@@ -168,6 +171,7 @@ class PoolService:
     async def _from_pool(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
     ) -> Vif:
+        self._refiller.sizer.request(key, time.monotonic())
         taken = self._pools.take(key, wanted)
         if taken is None:
             self._metrics.misses.inc()
@@ -176,7 +180,7 @@ class PoolService:
             self._metrics.reuses.inc()
         else:
             self._metrics.hits.inc()
-        if self._pools.size(key) < self._settings.min and not self._refiller.busy(key):
+        if self._pools.size(key) < self._refiller.target(key) and not self._refiller.busy(key):
             self._spawn(self._background_refill(key, wanted, driver, network))
         return await self._apply_sgs(taken)
 
@@ -349,6 +353,7 @@ class PoolService:
             last_refill=self._refiller.last_refill.get(key),
             waiting=self._pools.waiting(key),
             groups=self._pools.groups(key),
+            target=self._refiller.sizer.target(key, time.monotonic()),
         )
 
     def recyclable(self) -> dict[str, PoolKey]:
@@ -421,6 +426,26 @@ class PoolService:
             raise ValidationError(
                 f"count: pool {tuple(key)} has room for {max(room, 0)} more ports (pool.max)"
             )
+
+    async def shrink_idle(self) -> int:
+        """Delete free ports above the target of pools idle for ``pool.idle_ttl``; returns
+        how many were deleted."""
+        now = time.monotonic()
+        deleted = 0
+        for key in self._pools.pool_keys():
+            surplus = self._refiller.sizer.surplus(key, self._pools.size(key), now)
+            if surplus <= 0 or self._refiller.busy(key):
+                continue
+            vifs = self._pools.take_surplus(key, surplus)
+            driver = await self._drivers.for_node(key.node)
+            try:
+                await driver.delete(key, vifs)
+            except BaseException:
+                self._pools.add(key, vifs, oldest=True)  # still in Neutron: keep them pooled
+                raise
+            deleted += len(vifs)
+            log.info("pool.shrunk", key=key, deleted=len(vifs), size=self._pools.size(key))
+        return deleted
 
     async def free_nodes(self, nodes: Iterable[str]) -> int:
         wanted = set(nodes)
