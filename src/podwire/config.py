@@ -127,6 +127,8 @@ class AgentSettings:
     physnet_mappings: dict[str, str] = field(default_factory=dict)
     heartbeat_ttl: int = 30
     host_netns: str = ""
+    # "linux": bridges, VXLAN, veths. "none": registration, desired ports -> wired state and
+    # peers only, with no kernel work and no CNI socket (many simulated nodes on one machine).
     dataplane: str = "linux"
     # Where CNI ADD gets a pod's port: "controller" (the VIF API, pools) or "neutron" (the agent
     # creates and deletes one Neutron port per attachment itself; needs [neutron]).
@@ -165,8 +167,11 @@ class AgentSettings:
                     f"agent.physnet_mappings: interface {interface!r} for {physnet!r}"
                     " is not a valid Linux interface name"
                 )
-        if self.dataplane != "linux":
-            raise ConfigError("agent.dataplane: only 'linux' is supported")
+        if self.dataplane not in ("linux", "none"):
+            raise ConfigError(
+                "agent.dataplane: must be 'linux' (wire ports into the kernel) or 'none'"
+                " (etcd and controller side only: no kernel work, no CNI socket)"
+            )
 
 
 @dataclass(frozen=True)

@@ -70,13 +70,14 @@ class Agent:
         settings = self.settings
         agent = settings.agent
         etcd = await EtcdClient.connect(settings.etcd, check=False)  # registration waits for it
-        host_nl = HostNetlink(agent.host_netns)
-        pod_nl = PodNetlink()
         try:
             async with contextlib.AsyncExitStack() as stack:
-                stack.callback(host_nl.close)
-                stack.callback(pod_nl.close)
-                await self._serve(stack, etcd, host_nl, pod_nl)
+                kernel: tuple[HostNetlink, PodNetlink] | None = None
+                if agent.dataplane == "linux":
+                    kernel = (HostNetlink(agent.host_netns), PodNetlink())
+                    stack.callback(kernel[0].close)
+                    stack.callback(kernel[1].close)
+                await self._serve(stack, etcd, kernel)
         finally:
             await etcd.close()
 
@@ -84,9 +85,10 @@ class Agent:
         self,
         stack: contextlib.AsyncExitStack,
         etcd: EtcdClient,
-        host_nl: HostNetlink,
-        pod_nl: PodNetlink,
+        kernel: tuple[HostNetlink, PodNetlink] | None,
     ) -> None:
+        """Everything under one TaskGroup; without ``kernel`` (``agent.dataplane = "none"``)
+        the binder only reports ports wired and no CNI socket is served."""
         agent = self.settings.agent
         vifs = self._vifs or await _default_vifs(self.settings)
         heartbeat = Heartbeat(
@@ -105,35 +107,30 @@ class Agent:
         stack.push_async_callback(heartbeat.revoke)
         binder = Binder(
             etcd,
-            host_nl,
+            kernel[0] if kernel else None,
             BinderSettings(agent.host, agent.vtep_ip, agent.physnet_mappings, vlan_capable()),
             self.metrics,
         )
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
-        plugin = _device_plugin(self.settings)
-        releaser = PodReleaser(plugin.release_pod, agent.pod_release_grace) if plugin else None
-        if releaser is not None:
-            stack.push_async_callback(releaser.close)
-        if plugin is not None:
-            collector = StatsCollector(plugin.stats)
-            self.metrics.registry.register(collector)
-            stack.callback(self.metrics.registry.unregister, collector)
+        plugin, releaser = self._device_plugin(stack)
 
         async def ready() -> tuple[bool, str]:
             return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs)
 
-        handler = CniHandler(
-            HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
-            vifs,
-            binder,
-            Plugger(host_nl, pod_nl),
-            checkpoint,
-            ready,
-            releaser,
-            self.metrics,
-        )
+        handler = None
+        if kernel is not None:
+            handler = CniHandler(
+                HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
+                vifs,
+                binder,
+                Plugger(*kernel),
+                checkpoint,
+                ready,
+                releaser,
+                self.metrics,
+            )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
         async with asyncio.TaskGroup() as tg:
             tg.create_task(heartbeat.run())
@@ -144,15 +141,35 @@ class Agent:
             if releaser is not None:
                 tg.create_task(releaser.run())
             await binder.synced.wait()
-            server = CniServer(agent.cni_socket, handler)
-            await server.start()
-            stack.push_async_callback(server.stop)
+            if handler is not None:
+                server = CniServer(agent.cni_socket, handler)
+                await server.start()
+                stack.push_async_callback(server.stop)
             if agent.ops_listen:
                 ops = OpsServer(agent.ops_listen, ready, self.metrics.registry)
                 await ops.start()
                 stack.push_async_callback(ops.stop)
-            log.info("agent.started", host=agent.host, socket=agent.cni_socket)
+            log.info(
+                "agent.started",
+                host=agent.host,
+                dataplane=agent.dataplane,
+                socket=agent.cni_socket if handler else None,
+            )
             self.parts.started.set()
+
+    def _device_plugin(
+        self, stack: contextlib.AsyncExitStack
+    ) -> tuple[DevicePlugin | None, PodReleaser | None]:
+        """The embedded device plugin, its pod releaser and its stats on the agent's /metrics."""
+        plugin = _device_plugin(self.settings)
+        if plugin is None:
+            return None, None
+        releaser = PodReleaser(plugin.release_pod, self.settings.agent.pod_release_grace)
+        stack.push_async_callback(releaser.close)
+        collector = StatsCollector(plugin.stats)
+        self.metrics.registry.register(collector)
+        stack.callback(self.metrics.registry.unregister, collector)
+        return plugin, releaser
 
 
 async def _readiness(

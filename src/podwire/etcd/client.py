@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,8 +146,6 @@ def _channel_targets(endpoints: Sequence[str]) -> tuple[list[str], bool]:
         hosts.append(f"{parts.hostname}:{parts.port}")
     if len(schemes) > 1:
         raise ConfigError("etcd.endpoints: mix of http and https endpoints")
-    if len(hosts) > 1 and not all(_is_ipv4(host.rsplit(":", 1)[0]) for host in hosts):
-        raise ConfigError("etcd.endpoints: several endpoints must be given as IPv4 addresses")
     return hosts, schemes == {"https"}
 
 
@@ -164,14 +161,6 @@ class Endpoint:
         self.maintenance = rpc.MaintenanceStub(channel)
         self.auth = rpc.AuthStub(channel)
         self.watch = rpc.WatchStub(channel)
-
-
-def _is_ipv4(host: str) -> bool:
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _read_file(path: str, key: str) -> bytes:
