@@ -203,11 +203,18 @@ async def test_pods_and_bindings_go_on_through_leader_and_member_loss(
                 except Exception as exc:  # collected: the assertion names every failure
                     failures.append(f"{type(exc).__name__}: {exc}")
 
+        killed = frozen = ""
         for n in range(40):
-            if n == 10:
-                cluster.kill(cluster.leader())
-            if n == 25:
-                cluster.freeze(cluster.follower())
+            if n == 10:  # the leader dies while pods come and go and refills bind ports
+                killed = cluster.leader()
+                cluster.kill(killed)
+            if n == 20:
+                cluster.restart(killed)
+            if n == 25:  # a member stops answering (SIGSTOP: connections stay open)
+                frozen = cluster.follower()
+                cluster.freeze(frozen)
+            if n == 35:
+                cluster.thaw(frozen)
             await churn(n)
             await asyncio.sleep(0.05)
         assert failures == []
