@@ -361,6 +361,8 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
         return value
     if origin is list:
         (item_type,) = typing.get_args(hint)
+        if item_type is str and isinstance(value, str):  # "a" or "a,b": one or several items
+            return [item.strip() for item in value.split(",") if item.strip()]
         if not isinstance(value, list) or not all(isinstance(v, item_type) for v in value):
             raise ConfigError(f"{key}: expected a list of {item_type.__name__}")
         return list(value)
