@@ -27,6 +27,7 @@ SECTIONS = [
     "cni_bench",
     "stack_bench",
     "deviceplugin_bench",
+    "scale_bench",  # samples = pod create/delete cycles per mode (adaptive, fixed min=5)
 ]
 
 

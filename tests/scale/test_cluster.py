@@ -117,7 +117,9 @@ def _existed(written: list[tuple[str, str, bytes]], index: int) -> bool:
 # --- pods and bindings through a leader loss -----------------------------------------------
 
 
-def _settings(cluster: Cluster, tmp: Path, hosts: list[str], url: str = "") -> Settings:
+def _settings(
+    cluster: Cluster, tmp: Path, hosts: list[str], url: str = "", vtep: str = "192.0.2.50"
+) -> Settings:
     return Settings(
         etcd=EtcdSettings(endpoints=cluster.endpoints, timeout=2.0),
         neutron=NeutronSettings(endpoint=cluster.info["neutron"]),
@@ -130,7 +132,7 @@ def _settings(cluster: Cluster, tmp: Path, hosts: list[str], url: str = "") -> S
         agent=AgentSettings(
             controller_url=url or "http://127.0.0.1:1",
             state_dir=str(tmp),
-            vtep_ip="192.0.2.50",
+            vtep_ip=vtep,
             heartbeat_ttl=10,
             dataplane="none",
         ),
@@ -168,8 +170,8 @@ async def test_pods_and_bindings_go_on_through_leader_and_member_loss(
 
         await eventually(serving, "controller serving", timeout=30)
         url = f"http://127.0.0.1:{controller.port}"
-        for host in hosts:
-            s = _settings(cluster, tmp_path / host, hosts, url)
+        for i, host in enumerate(hosts):
+            s = _settings(cluster, tmp_path / host, hosts, url, vtep=f"192.0.2.{50 + i}")
             agent = Agent(
                 Settings(
                     etcd=s.etcd,

@@ -163,5 +163,5 @@ def test_agent_dataplane_none_is_a_setting(tmp_path: Path) -> None:
     path.write_text('[agent]\ndataplane = "none"\n')
     assert load_settings(path, env={}).agent.dataplane == "none"
     path.write_text('[agent]\ndataplane = "dpdk"\n')
-    with pytest.raises(ConfigError, match="agent.dataplane: must be 'linux'"):
+    with pytest.raises(ConfigError, match=r"agent\.dataplane: must be 'linux'"):
         load_settings(path, env={})
