@@ -116,3 +116,22 @@ def test_sizer_stays_in_bounds_and_never_deletes_below_min(
         assert settings.min <= target and (not settings.max or target <= settings.max)
     surplus = sizer.surplus("p", size, now + later)
     assert 0 <= surplus <= max(size - settings.min, 0)
+
+
+def test_status_shows_each_pools_target_and_why() -> None:
+    from podwire.status.render import _pool_lines
+    from podwire.status.report import Report
+
+    target = compute_target(5.0, 1.5, 0.5, SETTINGS)
+    pool = {
+        "key": {"node": "node-1", "project_id": "p" * 32, "network_id": "n" * 36},
+        "size": 12,
+        "in_use": 3,
+        "recyclable": 0,
+        "last_refill": None,
+        "sizing": target.to_json(),
+    }
+    text = "\n".join(_pool_lines(Report(pools={"state": "ok", "pools": [pool]})))
+    assert "free target in-use" in text
+    assert "node-1" in text and "    15 " in text
+    assert "target: rate 5.00/s x refill 1.50 s x headroom 2 = 15" in text
