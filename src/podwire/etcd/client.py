@@ -207,7 +207,7 @@ class EtcdClient:
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1_000),
             # Also the connect timeout: a stopped member must not hold a call for 20 s.
-            ("grpc.min_reconnect_backoff_ms", 1_000),
+            ("grpc.min_reconnect_backoff_ms", 2_000),
         ]
         secure = tls or bool(settings.ca_file)
         credentials = cls._credentials(settings) if secure else None
