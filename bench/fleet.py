@@ -40,17 +40,19 @@ class Fleet:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pwscale-")))
     prefix: str = field(default_factory=lambda: f"bs-{uuid.uuid4().hex[:6]}")
+    etcd_timeout: float = 5.0
 
     @classmethod
-    async def open(cls, stack: dict[str, Any]) -> Fleet:
-        return cls(stack, await EtcdClient.connect(etcd_settings(stack)))
+    async def open(cls, stack: dict[str, Any], etcd_timeout: float = 5.0) -> Fleet:
+        etcd = await EtcdClient.connect(etcd_settings(stack, etcd_timeout))
+        return cls(stack, etcd, etcd_timeout=etcd_timeout)
 
     def names(self, count: int) -> list[str]:
         return [f"{self.prefix}-{i}" for i in range(count)]
 
     async def start_controller(self, pool: PoolSettings, nodes: int) -> str:
         settings = Settings(
-            etcd=etcd_settings(self.stack),
+            etcd=etcd_settings(self.stack, self.etcd_timeout),
             neutron=NeutronSettings(endpoint=self.stack["neutron"]),
             controller=ControllerSettings(
                 listen="127.0.0.1:0",
@@ -72,7 +74,7 @@ class Fleet:
             host = self.names(count)[i]
             agent = Agent(
                 Settings(
-                    etcd=etcd_settings(self.stack),
+                    etcd=etcd_settings(self.stack, self.etcd_timeout),
                     agent=AgentSettings(
                         host=host,
                         token=f"t-{host}",
@@ -100,5 +102,6 @@ class Fleet:
         await self.etcd.close()
 
 
-def etcd_settings(stack: dict[str, Any]) -> EtcdSettings:
-    return EtcdSettings(endpoints=list(stack.get("etcd_endpoints") or [stack["etcd"]]))
+def etcd_settings(stack: dict[str, Any], timeout: float = 5.0) -> EtcdSettings:
+    endpoints = list(stack.get("etcd_endpoints") or [stack["etcd"]])
+    return EtcdSettings(endpoints=endpoints, timeout=timeout)

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 import urllib.request
@@ -25,7 +26,7 @@ from typing import Any
 import aiohttp
 
 from bench.fleet import Fleet
-from bench.stats import row
+from bench.stats import render, row
 from podwire import keys
 from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.config import PoolSettings
@@ -45,9 +46,15 @@ CLUSTER_ARGS = ("--etcd-members", "3", "--workers", "1")
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
-    rows = asyncio.run(_churn_rows(stack, samples))
-    rows += asyncio.run(_many_rows(stack))
-    rows += _leader_loss_rows()
+    rows: list[dict[str, Any]] = []
+    for leg in (
+        lambda: asyncio.run(_churn_rows(stack, samples)),
+        lambda: asyncio.run(_many_rows(stack)),
+        _leader_loss_rows,
+    ):
+        done = leg()
+        print(render(done), file=sys.stderr, flush=True)  # kept if a later leg fails
+        rows += done
     return rows
 
 
@@ -173,7 +180,7 @@ async def _pods(
             return
         adds.append((time.monotonic() - started) * 1000)
         await asyncio.sleep(POD_SECONDS)
-        await sources[i].release(req.attachment, vif)
+        await _release(sources[i], req.attachment, vif, errors)
 
     pods = []
     for n in range(cycles):
@@ -183,6 +190,20 @@ async def _pods(
     for source in sources:
         await source.close()
     return adds, errors
+
+
+async def _release(
+    source: ControllerVifSource, attachment: str, vif: Any, errors: list[str]
+) -> None:
+    """DEL as a runtime sends it: repeated until it succeeds (each failure is counted)."""
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                await source.release(attachment, vif)
+                return
+            except PodwireError as exc:
+                errors.append(f"DEL: {exc}")
+                await asyncio.sleep(0.2)
 
 
 async def _back_to_min(fleet: Fleet, pool: PoolSettings) -> str:
@@ -289,7 +310,9 @@ def _leader_loss_rows() -> list[dict[str, Any]]:
 
 async def _leader_loss(stack: dict[str, Any]) -> tuple[list[float], int]:
     network = Network(stack, "10.97.0.0/16")
-    fleet = await Fleet.open(stack)
+    # A call a dead leader would have answered fails after etcd.timeout and goes to another
+    # member; 1 s keeps an ADD that meets the loss within the 2 s target.
+    fleet = await Fleet.open(stack, etcd_timeout=1.0)
     try:
         url = await fleet.start_controller(
             PoolSettings(min=5, batch=10, update_interval=1.0, idle_ttl=60.0), 2
