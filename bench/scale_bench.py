@@ -20,6 +20,8 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +49,12 @@ CLUSTER_ARGS = ("--etcd-members", "3", "--workers", "1")
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for leg in (
-        lambda: asyncio.run(_churn_rows(stack, samples)),
-        lambda: asyncio.run(_many_rows(stack)),
+    legs: list[Callable[[], list[dict[str, Any]]]] = [
+        partial(asyncio.run, _churn_rows(stack, samples)),
+        partial(asyncio.run, _many_rows(stack)),
         _leader_loss_rows,
-    ):
+    ]
+    for leg in legs:
         done = leg()
         print(render(done), file=sys.stderr, flush=True)  # kept if a later leg fails
         rows += done
