@@ -37,8 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     finally:
         step("tearing down")
-        left = scenario.teardown()
-        stop_background(proc)
+        try:
+            left = scenario.teardown()
+        finally:
+            stop_background(proc)  # even when the teardown itself fails
         if left:
             print(f"left behind: {', '.join(left)}", file=sys.stderr)
             code = 1
