@@ -135,3 +135,21 @@ def test_status_shows_each_pools_target_and_why() -> None:
     assert "free target in-use" in text
     assert "node-1" in text and "    15 " in text
     assert "target: rate 5.00/s x refill 1.50 s x headroom 2 = 15" in text
+
+
+def test_a_refill_grows_the_pool_by_doubling_toward_the_target() -> None:
+    from podwire.controller.sizing import step_toward
+
+    assert step_toward(200, 0, 10) == 10  # a spike of 50 requests does not order 200 ports
+    assert step_toward(200, 10, 10) == 30
+    assert step_toward(200, 30, 10) == 70
+    assert step_toward(12, 30, 10) == 12  # at or below the pool: the target itself
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(1, 100))
+def test_a_refill_step_never_passes_the_target(target: int, size: int, batch: int) -> None:
+    from podwire.controller.sizing import step_toward
+
+    step = step_toward(target, size, batch)
+    assert step <= target
+    assert step >= min(target, size)  # never asks to shrink below what is there

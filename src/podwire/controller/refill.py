@@ -17,7 +17,7 @@ from podwire.controller.errors import PoolNotReady
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.pools import PoolKey, Pools, SgKey
-from podwire.controller.sizing import PoolSizer
+from podwire.controller.sizing import PoolSizer, step_toward
 from podwire.log import get_logger
 from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import Vif
@@ -57,6 +57,13 @@ class Refiller:
     def target(self, key: PoolKey) -> int:
         return self.sizer.target(key, time.monotonic()).size
 
+    def _refill_goal(self, key: PoolKey) -> int:
+        """The size this refill aims at (before the waiters): the target, approached by
+        doubling; never below min."""
+        size = self._pools.size(key)
+        goal = step_toward(self.target(key), size, self._settings.batch)
+        return max(goal, self._settings.min)
+
     def busy(self, key: PoolKey) -> bool:
         return self._locks[key].locked()
 
@@ -86,7 +93,7 @@ class Refiller:
                     self._pools.size(key),
                     self._pools.waiting(key),
                     self._settings,
-                    self.target(key),
+                    self._refill_goal(key),
                 )
             if count <= 0:
                 return 0

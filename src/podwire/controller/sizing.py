@@ -78,6 +78,14 @@ def compute_target(
     return Target(size, reason, rate, lead)
 
 
+def step_toward(target: int, size: int, batch: int) -> int:
+    """What one refill fills the pool to: the target, but at most twice the pool plus one
+    batch. A spike of concurrent requests reads as a very high rate; growing by doubling
+    still reaches a sustained burst's target within a few refills without sending Neutron a
+    hundred ports for a spike that is over before they land."""
+    return min(target, 2 * size + batch)
+
+
 @dataclass
 class RateWindow:
     """Requests of one pool counted per window, folded into an average when a window ends."""
