@@ -83,7 +83,7 @@ class PoolService:
         self._refiller = Refiller(self._pools, settings, metrics, liveness)
         self._attachments: dict[tuple[str, str], InUse] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[Vif]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
 
@@ -190,8 +190,21 @@ class PoolService:
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
         waiter = Waiter(wanted, got.set_result)
         self._pools.wait(key, waiter)
+        refill = asyncio.ensure_future(self._refiller.refill(key, wanted, driver, network))
+        either: set[asyncio.Future[Any]] = {refill, got}
         try:
-            await self._refiller.refill(key, wanted, driver, network)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            waiter.cancelled = True
+            self._keep(refill)
+            raise
+        if got.done():
+            # Served (a recycled port, another refill's batch): this refill goes on for the
+            # requests behind, but this one does not wait for the rest of it.
+            self._keep(refill)
+            return got.result()
+        try:
+            refill.result()
         except PodwireError as exc:
             if not got.done():
                 waiter.cancelled = True
@@ -255,6 +268,13 @@ class PoolService:
         return {att: r.vif for (n, att), r in self._attachments.items() if n == node}
 
     # --- background work -------------------------------------------------------------------
+
+    def _keep(self, refill: asyncio.Future[int]) -> None:
+        """A refill no request awaits any more: drain() and the term's end still wait for
+        it, and its failure is logged, not lost."""
+        self._background.add(refill)
+        refill.add_done_callback(self._background.discard)
+        refill.add_done_callback(_log_refill_failure)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._group is None:  # the term is ending: the next term's requests refill again
@@ -480,3 +500,11 @@ class PoolService:
                 raise result
         log.info("pool.sg_removed", sg=sg_id, network=network_id, ports=len(moved))
         return len(moved)
+
+
+def _log_refill_failure(refill: asyncio.Future[int]) -> None:
+    if refill.cancelled():
+        return
+    exc = refill.exception()
+    if exc is not None:
+        log.warning("pool.refill_failed", error=str(exc))
