@@ -117,7 +117,8 @@ async def _churn_rows(stack: dict[str, Any], cycles: int) -> list[dict[str, Any]
     for mode, result in results.items():
         rows.append(
             row(
-                f"scale: pool hit ratio (%), {mode}; errors {result['errors']}, leaked keys"
+                f"scale: pool hit ratio (%), {mode}; failed ADDs / repeated DELs"
+                f" {result['errors']}, leaked keys"
                 f" {result['leaked_keys']}, ports {result['leaked_ports']}; idle at min after"
                 f" {result['back_to_min_s']} s",
                 [100.0 * result["hits"] / max(result["requests"], 1)],
@@ -145,6 +146,7 @@ async def _churn(
         hits = metrics.hits._value.get() + metrics.reuses._value.get() - before
         requests = hits + metrics.misses._value.get() - misses
         back = await _back_to_min(fleet, pool) if pool.adaptive else "-"
+        await service.drain()  # a refill still under way would fill a pool after the free
         await service.free_nodes(fleet.hosts)
         leaked_keys = 0
         for host in fleet.hosts:
@@ -179,7 +181,7 @@ async def _pods(
             assert binder is not None
             await binder.wait_wired(vif.port_id, 120)
         except PodwireError as exc:  # counted in the table, not fatal to the bench
-            errors.append(str(exc))
+            errors.append(f"ADD: {exc}")
             return
         adds.append((time.monotonic() - started) * 1000)
         await asyncio.sleep(POD_SECONDS)
@@ -305,13 +307,15 @@ def _leader_loss_rows() -> list[dict[str, Any]]:
             stop_background(proc)
     return [
         row(
-            f"scale: pod ADD while the etcd leader is killed (3 members); errors {errors}",
+            f"scale: pod ADD while the etcd leader is killed (3 members); failed ADDs"
+            f" {sum(e.startswith('ADD') for e in errors)}, DELs repeated"
+            f" {sum(e.startswith('DEL') for e in errors)}",
             during,
         )
     ]
 
 
-async def _leader_loss(stack: dict[str, Any]) -> tuple[list[float], int]:
+async def _leader_loss(stack: dict[str, Any]) -> tuple[list[float], list[str]]:
     network = Network(stack, "10.97.0.0/16")
     # A call a dead leader would have answered fails after etcd.timeout and goes to another
     # member; 1 s keeps an ADD that meets the loss within the 2 s target.
@@ -326,7 +330,7 @@ async def _leader_loss(stack: dict[str, Any]) -> tuple[list[float], int]:
         killer = asyncio.create_task(_kill_leader(stack, after=2.0))
         adds, errors = await _pods(fleet, url, network, 80, rate=10.0, tag="l")
         await killer
-        return adds, len(errors)
+        return adds, errors
     finally:
         await fleet.close()
         network.delete()
