@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ class Fleet:
             await self.etcd.delete_prefix(keys.state_node_prefix(host))
             await self.etcd.delete_prefix(keys.vifs_prefix(host))
         await self.etcd.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def etcd_settings(stack: dict[str, Any], timeout: float = 5.0) -> EtcdSettings:
