@@ -34,7 +34,7 @@ stop_stack = stop_background
 # in their module.
 ROOT_KERNEL_FIXTURES = frozenset({"netenv"})
 # Fixtures that start real servers: the session's stack, or an etcd of the test's own.
-STACK_FIXTURES = frozenset({"stack", "private_etcd", "authed"})
+STACK_FIXTURES = frozenset({"stack", "private_etcd", "authed", "cluster_stack"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -83,6 +83,13 @@ class PoolSettings:
     default_driver: str = "baremetal"
     # Rebinds tried for a new port whose binding failed before it is deleted (0: delete at once).
     binding_retries: int = 2
+    # Adaptive sizing (controller/sizing.py): per pool, ready ports = learned request rate x
+    # measured bulk-create time x headroom, within [min, max]; back to min after idle_ttl.
+    adaptive: bool = True
+    idle_ttl: float = 300.0  # seconds without a request before a pool shrinks to min
+    rate_window: float = 2.0  # seconds per rate-averaging window
+    rate_smoothing: float = 0.5  # weight of the newest window in the rate average (0 < w <= 1)
+    headroom: float = 2.0  # multiplier on the expected demand during one refill (>= 1)
 
     def validate(self) -> None:
         for name in ("min", "max", "binding_retries"):
@@ -93,8 +100,18 @@ class PoolSettings:
         for name in ("batch", "bulk_concurrency"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"pool.{name}: must be 1 or more")
-        for name in ("update_interval", "populate_timeout", "node_cleanup_interval"):
+        for name in (
+            "update_interval",
+            "populate_timeout",
+            "node_cleanup_interval",
+            "idle_ttl",
+            "rate_window",
+        ):
             _check_positive(getattr(self, name), f"pool.{name}")
+        if not 0 < self.rate_smoothing <= 1:
+            raise ConfigError("pool.rate_smoothing: must be greater than 0 and at most 1")
+        if self.headroom < 1:
+            raise ConfigError("pool.headroom: must be 1 or more")
         if self.default_driver not in ("baremetal", "nested", "noop"):
             raise ConfigError("pool.default_driver: must be baremetal, nested or noop")
 
@@ -110,6 +127,8 @@ class AgentSettings:
     physnet_mappings: dict[str, str] = field(default_factory=dict)
     heartbeat_ttl: int = 30
     host_netns: str = ""
+    # "linux": bridges, VXLAN, veths. "none": registration, desired ports -> wired state and
+    # peers only, with no kernel work and no CNI socket (many simulated nodes on one machine).
     dataplane: str = "linux"
     # Where CNI ADD gets a pod's port: "controller" (the VIF API, pools) or "neutron" (the agent
     # creates and deletes one Neutron port per attachment itself; needs [neutron]).
@@ -161,8 +180,11 @@ class AgentSettings:
                     f"agent.physnet_mappings: interface {interface!r} for {physnet!r}"
                     " is not a valid Linux interface name"
                 )
-        if self.dataplane != "linux":
-            raise ConfigError("agent.dataplane: only 'linux' is supported")
+        if self.dataplane not in ("linux", "none"):
+            raise ConfigError(
+                "agent.dataplane: must be 'linux' (wire ports into the kernel) or 'none'"
+                " (etcd and controller side only: no kernel work, no CNI socket)"
+            )
 
 
 @dataclass(frozen=True)
@@ -394,6 +416,8 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
         return value
     if origin is list:
         (item_type,) = typing.get_args(hint)
+        if item_type is str and isinstance(value, str):  # "a" or "a,b": one or several items
+            return [item.strip() for item in value.split(",") if item.strip()]
         if not isinstance(value, list) or not all(isinstance(v, item_type) for v in value):
             raise ConfigError(f"{key}: expected a list of {item_type.__name__}")
         return list(value)

@@ -96,7 +96,14 @@ def sgs(neutron: Any, project_id: str) -> Iterator[list[str]]:
 def settings_for(
     stack: dict[str, Any], nodes: list[Node], endpoint: str | None = None, **pool: Any
 ) -> Settings:
-    base = {"min": 2, "batch": 3, "update_interval": 3600.0, "node_cleanup_interval": 3600.0}
+    # Fixed sizes: these tests count ports; adaptive sizing has its own tests (test_sizing*).
+    base = {
+        "min": 2,
+        "batch": 3,
+        "update_interval": 3600.0,
+        "node_cleanup_interval": 3600.0,
+        "adaptive": False,
+    }
     return Settings(
         neutron=NeutronSettings(endpoint=endpoint or stack["neutron"]),
         controller=ControllerSettings(

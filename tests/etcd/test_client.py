@@ -102,9 +102,12 @@ async def test_several_endpoints_fail_over(etcd_settings: EtcdSettings) -> None:
         assert await client.status() > 0
 
 
-def test_several_endpoints_must_be_addresses() -> None:
-    with pytest.raises(ConfigError, match="IPv4"):
-        client_module._channel_target(["http://localhost:1", "http://localhost:2"])
+def test_several_endpoints_get_a_channel_each() -> None:
+    # One channel per member (the client fails over itself), so names are fine too.
+    targets = client_module._channel_targets(["http://localhost:1", "http://10.0.0.2:2"])
+    assert targets == (["localhost:1", "10.0.0.2:2"], False)
+    with pytest.raises(ConfigError, match="mix of http and https"):
+        client_module._channel_targets(["http://a:1", "https://b:2"])
 
 
 async def test_missing_tls_file_names_key() -> None:

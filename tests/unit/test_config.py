@@ -136,3 +136,36 @@ def test_config_check_names_every_problem_on_a_line_of_its_own(
         assert problem in joined
     assert main(["config", "check", str(tmp_path / "missing.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_etcd_endpoints_as_one_string_stay_valid(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[etcd]\nendpoints = "http://10.0.0.5:2379, http://10.0.0.6:2379"\n')
+    assert load_settings(path, env={}).etcd.endpoints == [
+        "http://10.0.0.5:2379",
+        "http://10.0.0.6:2379",
+    ]
+    path.write_text('[etcd]\nendpoints = "http://10.0.0.5:2379"\n')
+    assert load_settings(path, env={}).etcd.endpoints == ["http://10.0.0.5:2379"]
+
+
+def test_pool_sizing_settings_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    for body, message in [
+        ("headroom = 0.5", "pool.headroom: must be 1 or more"),
+        ("rate_smoothing = 0.0", "pool.rate_smoothing"),
+        ("idle_ttl = 0", "pool.idle_ttl: must be greater than 0"),
+        ('adaptive = "yes"', "pool.adaptive: expected bool"),
+    ]:
+        path.write_text(f"[pool]\n{body}\n")
+        with pytest.raises(ConfigError, match=message):
+            load_settings(path, env={})
+
+
+def test_agent_dataplane_none_is_a_setting(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[agent]\ndataplane = "none"\n')
+    assert load_settings(path, env={}).agent.dataplane == "none"
+    path.write_text('[agent]\ndataplane = "dpdk"\n')
+    with pytest.raises(ConfigError, match=r"agent\.dataplane: must be 'linux'"):
+        load_settings(path, env={})

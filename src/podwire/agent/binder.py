@@ -1,5 +1,8 @@
 """Binder: desired ports in etcd -> shared plumbing in the kernel -> port state in etcd.
 
+With ``agent.dataplane = "none"`` (no host netlink) the kernel steps are skipped and a port
+counts as wired once planned: the node's etcd side alone, for many-node runs on one machine.
+
 One task consumes the list-then-watch of ``/podwire/nodes/<host>/ports/`` in order; kernel
 work goes to the host netlink workers. CNI ADDs wait here (``wait_wired``) until the port they
 were handed is wired, so a pod is never plugged into a bridge that does not exist yet.
@@ -49,7 +52,7 @@ class Binder:
     def __init__(
         self,
         etcd: EtcdClient,
-        host_nl: HostNetlink,
+        host_nl: HostNetlink | None,
         settings: BinderSettings,
         metrics: AgentMetrics | None = None,
     ) -> None:
@@ -144,7 +147,8 @@ class Binder:
         if self._plans.get(plan.network_id) == plan:
             return
         async with self._kernel:
-            await self._nl.run(plumbing.ensure_network, plan, set(self._peers))
+            if self._nl is not None:
+                await self._nl.run(plumbing.ensure_network, plan, set(self._peers))
             self._plans[plan.network_id] = plan
 
     async def _unbind(self, port_id: str) -> None:
@@ -164,7 +168,9 @@ class Binder:
         if plan is None:
             return
         async with self._kernel:
-            removed = await self._nl.run(plumbing.remove_network, plan)
+            removed = (
+                True if self._nl is None else await self._nl.run(plumbing.remove_network, plan)
+            )
             if removed:
                 self._plans.pop(network_id, None)
         log.info("agent.network.removed" if removed else "agent.network.kept", bridge=plan.bridge)
@@ -177,6 +183,8 @@ class Binder:
             port_id = kv.key[len(prefix) :]
             if port_id not in self._desired:
                 await self._etcd.delete(kv.key)
+        if self._nl is None:
+            return
         keep = {plan.bridge for plan in self._plans.values()}
         async with self._kernel:
             sweep = await self._nl.run(plumbing.sweep_unused, keep)
@@ -205,6 +213,8 @@ class Binder:
         """New flood list for every VXLAN network (called by the peer tracker)."""
         async with self._kernel:
             self._peers = set(peers)
+            if self._nl is None:
+                return
             for plan in list(self._plans.values()):
                 if plan.network_type == "vxlan" and plan.uplink:
                     try:

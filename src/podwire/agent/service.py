@@ -81,13 +81,14 @@ class Agent:
         settings = self.settings
         agent = settings.agent
         etcd = await EtcdClient.connect(settings.etcd, check=False)  # registration waits for it
-        host_nl = HostNetlink(agent.host_netns)
-        pod_nl = PodNetlink()
         try:
             async with contextlib.AsyncExitStack() as stack:
-                stack.callback(host_nl.close)
-                stack.callback(pod_nl.close)
-                await self._serve(stack, etcd, host_nl, pod_nl)
+                kernel: tuple[HostNetlink, PodNetlink] | None = None
+                if agent.dataplane == "linux":
+                    kernel = (HostNetlink(agent.host_netns), PodNetlink())
+                    stack.callback(kernel[0].close)
+                    stack.callback(kernel[1].close)
+                await self._serve(stack, etcd, kernel)
         finally:
             await etcd.close()
 
@@ -105,9 +106,10 @@ class Agent:
         self,
         stack: contextlib.AsyncExitStack,
         etcd: EtcdClient,
-        host_nl: HostNetlink,
-        pod_nl: PodNetlink,
+        kernel: tuple[HostNetlink, PodNetlink] | None,
     ) -> None:
+        """Everything under one TaskGroup; without ``kernel`` (``agent.dataplane = "none"``)
+        the binder only reports ports wired and no CNI socket is served."""
         agent = self.settings.agent
         vifs = self._vifs or await _default_vifs(self.settings)
         plugin = _device_plugin(self.settings)
@@ -119,63 +121,67 @@ class Agent:
         stack.push_async_callback(heartbeat.revoke)
         binder = Binder(
             etcd,
-            host_nl,
+            kernel[0] if kernel else None,
             BinderSettings(agent.host, agent.vtep_ip, agent.physnet_mappings, vlan_capable()),
             self.metrics,
         )
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
-        memif = _memif_service(
-            self.settings,
-            plugin,
-            memif_binary,
-            (vifs, binder, host_nl),
-            self.metrics,
-            self.parts.ports,
-        )
-        policy = self._policy(stack, etcd, binder)
+        memif = policy = None
+        if kernel is not None:
+            memif = _memif_service(
+                self.settings,
+                plugin,
+                memif_binary,
+                (vifs, binder, kernel[0]),
+                self.metrics,
+                self.parts.ports,
+            )
+            policy = self._policy(stack, etcd, binder)
         releaser = self._releaser(stack, plugin)
 
         async def ready() -> tuple[bool, str]:
             return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs, policy)
 
-        handler = CniHandler(
-            HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
-            vifs,
-            binder,
-            Plugger(host_nl, pod_nl),
-            checkpoint,
-            ready,
-            releaser,
-            self.metrics,
-            memif,
-            self.parts.ports,
-            policy,
-        )
+        handler = None
+        if kernel is not None:
+            handler = CniHandler(
+                HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
+                vifs,
+                binder,
+                Plugger(*kernel),
+                checkpoint,
+                ready,
+                releaser,
+                self.metrics,
+                memif,
+                self.parts.ports,
+                policy,
+            )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
         self.parts.memif, self.parts.policy = memif, policy
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(heartbeat.run())
-            tg.create_task(binder.run())
-            tg.create_task(peers.run())
-            if plugin is not None:
-                tg.create_task(plugin.run())
-            if releaser is not None:
-                tg.create_task(releaser.run())
-            if policy is not None:
-                tg.create_task(policy.run())
+            for part in (heartbeat, binder, peers, plugin, releaser, policy):
+                if part is not None:
+                    tg.create_task(part.run())
             await binder.synced.wait()
             if memif is not None:
                 await memif.restore()
                 tg.create_task(memif.run())
             await _enforce_plugged(policy, checkpoint, binder)
-            server = CniServer(agent.cni_socket, handler)
-            await server.start()
-            stack.push_async_callback(server.stop)
+            if handler is not None:
+                server = CniServer(agent.cni_socket, handler)
+                await server.start()
+                stack.push_async_callback(server.stop)
             if agent.ops_listen:
                 await self._start_ops(stack, ready)
-            log.info("agent.started", host=agent.host, socket=agent.cni_socket)
+            log.info(
+                "agent.started",
+                host=agent.host,
+                dataplane=agent.dataplane,
+                socket=agent.cni_socket if handler else None,
+            )
             self.parts.started.set()
 
     def _releaser(

@@ -26,6 +26,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="etcd with authentication; secrets in DATA_DIR/etcd-auth/",
     )
+    up.add_argument(
+        "--etcd-members",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="etcd cluster members on loopback (stack.json: etcd_endpoints)",
+    )
+    up.add_argument(
+        "--neutron-servers",
+        type=int,
+        default=1,
+        help="neutron-server processes on the same database, each a forwarder candidate",
+    )
     up.set_defaults(handler=_up)
     down = actions.add_parser("down", help="stop the stack running on a data dir")
     down.add_argument("--data-dir", required=True, type=Path)
@@ -37,11 +50,29 @@ def _up(args: argparse.Namespace) -> int:
 
     if not 1 <= args.workers <= 16:
         raise ConfigError("--workers: must be between 1 and 16")
+    if not 1 <= args.neutron_servers <= 4:
+        raise ConfigError("--neutron-servers: must be between 1 and 4")
     setup_logging(LogSettings(level=args.log_level.upper()))
-    stack = Stack(StackOptions(args.data_dir, args.workers, args.ready_timeout, args.etcd_auth))
+    options = StackOptions(
+        args.data_dir,
+        args.workers,
+        args.ready_timeout,
+        args.etcd_auth,
+        etcd_members=args.etcd_members,
+        neutron_servers=args.neutron_servers,
+    )
+    stack = Stack(options)
 
     def announce(info: dict[str, Any]) -> None:
-        shown = ("etcd", "etcd_auth", "neutron", "data_dir", "ready_seconds")
+        shown = (
+            "etcd",
+            "etcd_endpoints",
+            "etcd_auth",
+            "neutron",
+            "neutron_servers",
+            "data_dir",
+            "ready_seconds",
+        )
         print(json.dumps({k: info[k] for k in shown}))
         sys.stdout.flush()
 

@@ -103,6 +103,7 @@ def _pool_json(pool: PoolSnapshot) -> dict[str, Any]:
         "recyclable": pool.recyclable,
         "last_refill": pool.last_refill,
         "waiting": pool.waiting,
+        "sizing": pool.target.to_json(),
         "groups": [{"security_groups": list(sgs), "ports": ports} for sgs, ports in pool.groups],
     }
 

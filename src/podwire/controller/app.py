@@ -117,6 +117,8 @@ class Controller:
                 group.create_task(
                     self._every(self.settings.pool.node_cleanup_interval, self.sweeper.sweep_once)
                 )
+                if self.settings.pool.adaptive:
+                    group.create_task(self._every(self._shrink_interval(), self._shrink))
                 self.service.serving = True
                 log.info("controller.serving", term=self.leadership.terms, source=report.source)
         finally:
@@ -131,6 +133,14 @@ class Controller:
             except PodwireError as exc:
                 log.warning("controller.recovery.verify_failed", error=str(exc))
             await asyncio.sleep(self.settings.pool.update_interval)
+
+    def _shrink_interval(self) -> float:
+        """Often enough that an idle pool is back at min within a quarter TTL past it."""
+        pool = self.settings.pool
+        return min(pool.update_interval, pool.idle_ttl / 4)
+
+    async def _shrink(self) -> object:
+        return await self.service.shrink_idle()
 
     async def _recycle(self) -> object:
         return await recycle_once(self.service, self.neutron, self.settings.pool)

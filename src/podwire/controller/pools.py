@@ -210,6 +210,24 @@ class Pools:
                 del pool.groups[sgs]
         self._on_size(key, pool.size())
 
+    def take_surplus(self, key: PoolKey, count: int) -> list[Vif]:
+        """Remove up to ``count`` free ports, least recently refreshed groups first (the
+        caller deletes them in Neutron)."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return []
+        taken: list[Vif] = []
+        for sgs in list(pool.groups):
+            ports = pool.groups[sgs]
+            while ports and len(taken) < count:
+                port_id = ports.pop(0)
+                self._owner.pop(port_id, None)
+                taken.append(self._vifs.pop(port_id))
+            if not ports:
+                del pool.groups[sgs]
+        self._on_size(key, pool.size())
+        return taken
+
     def remove_key(self, key: PoolKey) -> list[Vif]:
         """Empty one pool completely; returns its ports (the caller deletes them)."""
         pool = self._pools.pop(key, None)

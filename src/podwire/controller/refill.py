@@ -17,6 +17,7 @@ from podwire.controller.errors import PoolNotReady
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.pools import PoolKey, Pools, SgKey
+from podwire.controller.sizing import PoolSizer, step_toward
 from podwire.log import get_logger
 from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import Vif
@@ -24,9 +25,10 @@ from podwire.schema.vif import Vif
 log = get_logger(__name__)
 
 
-def refill_count(size: int, waiting: int, settings: PoolSettings) -> int:
-    """How many ports to create so the pool reaches ``min`` after serving who is waiting."""
-    target = settings.min + waiting
+def refill_count(size: int, waiting: int, settings: PoolSettings, target: int | None = None) -> int:
+    """How many ports to create so the pool reaches its target (``min`` when fixed) after
+    serving who is waiting."""
+    target = (settings.min if target is None else target) + waiting
     if size >= target:
         return 0
     count = max(settings.batch, target - size)
@@ -50,6 +52,17 @@ class Refiller:
         self._locks: defaultdict[PoolKey, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._gate = asyncio.Semaphore(settings.bulk_concurrency)
         self.last_refill: dict[PoolKey, float] = {}  # unix time of the last finished refill
+        self.sizer: PoolSizer[PoolKey] = PoolSizer(settings)
+
+    def target(self, key: PoolKey) -> int:
+        return self.sizer.target(key, time.monotonic()).size
+
+    def _refill_goal(self, key: PoolKey) -> int:
+        """The size this refill aims at (before the waiters): the target, approached by
+        doubling; never below min."""
+        size = self._pools.size(key)
+        goal = step_toward(self.target(key), size, self._settings.batch)
+        return max(goal, self._settings.min)
 
     def busy(self, key: PoolKey) -> bool:
         return self._locks[key].locked()
@@ -77,7 +90,10 @@ class Refiller:
                 if not await self._liveness.may_refill(key.node):
                     return 0
                 count = refill_count(
-                    self._pools.size(key), self._pools.waiting(key), self._settings
+                    self._pools.size(key),
+                    self._pools.waiting(key),
+                    self._settings,
+                    self._refill_goal(key),
                 )
             if count <= 0:
                 return 0
@@ -109,6 +125,9 @@ class Refiller:
         self, key: PoolKey, sgs: SgKey, driver: PortDriver, network: NetworkInfo, count: int
     ) -> list[Vif]:
         async with self._gate:
+            started = time.monotonic()
             vifs = await driver.create(key, sgs, count, network)
+            if vifs:
+                self.sizer.bulk_created(time.monotonic() - started)
         self._pools.add(key, vifs)
         return vifs

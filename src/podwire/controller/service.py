@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -33,6 +34,7 @@ from podwire.controller.pools import (
     with_sgs,
 )
 from podwire.controller.refill import Refiller
+from podwire.controller.sizing import Target
 from podwire.errors import PodwireError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.vifs import NetworkInfo
@@ -52,6 +54,7 @@ class PoolSnapshot:
     last_refill: float | None
     waiting: int
     groups: list[tuple[SgKey, list[str]]]
+    target: Target
 
 
 class PoolService:
@@ -80,7 +83,7 @@ class PoolService:
         self._refiller = Refiller(self._pools, settings, metrics, liveness)
         self._attachments: dict[tuple[str, str], InUse] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[Vif]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
 
@@ -168,6 +171,7 @@ class PoolService:
     async def _from_pool(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
     ) -> Vif:
+        self._refiller.sizer.request(key, time.monotonic())
         taken = self._pools.take(key, wanted)
         if taken is None:
             self._metrics.misses.inc()
@@ -176,7 +180,7 @@ class PoolService:
             self._metrics.reuses.inc()
         else:
             self._metrics.hits.inc()
-        if self._pools.size(key) < self._settings.min and not self._refiller.busy(key):
+        if self._pools.size(key) < self._refiller.target(key) and not self._refiller.busy(key):
             self._spawn(self._background_refill(key, wanted, driver, network))
         return await self._apply_sgs(taken)
 
@@ -186,8 +190,21 @@ class PoolService:
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
         waiter = Waiter(wanted, got.set_result)
         self._pools.wait(key, waiter)
+        refill = asyncio.ensure_future(self._refiller.refill(key, wanted, driver, network))
+        either: set[asyncio.Future[Any]] = {refill, got}
         try:
-            await self._refiller.refill(key, wanted, driver, network)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            waiter.cancelled = True
+            self._keep(refill)
+            raise
+        if got.done():
+            # Served (a recycled port, another refill's batch): this refill goes on for the
+            # requests behind, but this one does not wait for the rest of it.
+            self._keep(refill)
+            return got.result()
+        try:
+            refill.result()
         except PodwireError as exc:
             if not got.done():
                 waiter.cancelled = True
@@ -251,6 +268,13 @@ class PoolService:
         return {att: r.vif for (n, att), r in self._attachments.items() if n == node}
 
     # --- background work -------------------------------------------------------------------
+
+    def _keep(self, refill: asyncio.Future[int]) -> None:
+        """A refill no request awaits any more: drain() and the term's end still wait for
+        it, and its failure is logged, not lost."""
+        self._background.add(refill)
+        refill.add_done_callback(self._background.discard)
+        refill.add_done_callback(_log_refill_failure)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._group is None:  # the term is ending: the next term's requests refill again
@@ -349,6 +373,7 @@ class PoolService:
             last_refill=self._refiller.last_refill.get(key),
             waiting=self._pools.waiting(key),
             groups=self._pools.groups(key),
+            target=self._refiller.sizer.target(key, time.monotonic()),
         )
 
     def recyclable(self) -> dict[str, PoolKey]:
@@ -422,6 +447,26 @@ class PoolService:
                 f"count: pool {tuple(key)} has room for {max(room, 0)} more ports (pool.max)"
             )
 
+    async def shrink_idle(self) -> int:
+        """Delete free ports above the target of pools idle for ``pool.idle_ttl``; returns
+        how many were deleted."""
+        now = time.monotonic()
+        deleted = 0
+        for key in self._pools.pool_keys():
+            surplus = self._refiller.sizer.surplus(key, self._pools.size(key), now)
+            if surplus <= 0 or self._refiller.busy(key):
+                continue
+            vifs = self._pools.take_surplus(key, surplus)
+            driver = await self._drivers.for_node(key.node)
+            try:
+                await driver.delete(key, vifs)
+            except BaseException:
+                self._pools.add(key, vifs, oldest=True)  # still in Neutron: keep them pooled
+                raise
+            deleted += len(vifs)
+            log.info("pool.shrunk", key=key, deleted=len(vifs), size=self._pools.size(key))
+        return deleted
+
     async def free_nodes(self, nodes: Iterable[str]) -> int:
         wanted = set(nodes)
         freed = 0
@@ -455,3 +500,11 @@ class PoolService:
                 raise result
         log.info("pool.sg_removed", sg=sg_id, network=network_id, ports=len(moved))
         return len(moved)
+
+
+def _log_refill_failure(refill: asyncio.Future[int]) -> None:
+    if refill.cancelled():
+        return
+    exc = refill.exception()
+    if exc is not None:
+        log.warning("pool.refill_failed", error=str(exc))

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import grpc
@@ -135,8 +134,8 @@ def _to_kv(kv: Any) -> KeyValue:
     )
 
 
-def _channel_target(endpoints: Sequence[str]) -> tuple[str, bool]:
-    """One gRPC target for all endpoints, so the channel fails over between them."""
+def _channel_targets(endpoints: Sequence[str]) -> tuple[list[str], bool]:
+    """One gRPC target per endpoint (the client fails over between them itself)."""
     hosts = []
     schemes = set()
     for endpoint in endpoints:
@@ -147,19 +146,21 @@ def _channel_target(endpoints: Sequence[str]) -> tuple[str, bool]:
         hosts.append(f"{parts.hostname}:{parts.port}")
     if len(schemes) > 1:
         raise ConfigError("etcd.endpoints: mix of http and https endpoints")
-    if len(hosts) == 1:
-        return hosts[0], schemes == {"https"}
-    if not all(_is_ipv4(host.rsplit(":", 1)[0]) for host in hosts):
-        raise ConfigError("etcd.endpoints: several endpoints must be given as IPv4 addresses")
-    return "ipv4:" + ",".join(hosts), schemes == {"https"}
+    return hosts, schemes == {"https"}
 
 
-def _is_ipv4(host: str) -> bool:
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
+class Endpoint:
+    """One member's channel and stubs; ``index`` is its place in ``etcd.endpoints``."""
+
+    def __init__(self, index: int, target: str, channel: grpc.aio.Channel) -> None:
+        self.index = index
+        self.target = target
+        self.channel = channel
+        self.kv = rpc.KVStub(channel)
+        self.lease = rpc.LeaseStub(channel)
+        self.maintenance = rpc.MaintenanceStub(channel)
+        self.auth = rpc.AuthStub(channel)
+        self.watch = rpc.WatchStub(channel)
 
 
 def _read_file(path: str, key: str) -> bytes:
@@ -170,52 +171,90 @@ def _read_file(path: str, key: str) -> bytes:
 
 
 class EtcdClient:
-    """An open connection to an etcd cluster. Create with ``await EtcdClient.connect(...)``."""
+    """An open connection to an etcd cluster. Create with ``await EtcdClient.connect(...)``.
+
+    Calls go to one member at a time (the *active* endpoint). A member that does not answer
+    (connection refused or reset, a deadline passed, "no leader") makes the client move to the
+    next one: reads are repeated there at once; writes only when etcd cannot have applied them
+    (the member was unreachable or had no leader), else the caller's retry repeats them. A
+    stopped member thus costs one call its deadline, not every call until TCP notices.
+    """
 
     def __init__(
         self,
-        channel: grpc.aio.Channel,
+        endpoints: Sequence[Endpoint],
         timeout: float,
         login: tuple[str, str] | None = None,
     ) -> None:
-        self._channel = channel
+        self._endpoints = list(endpoints)
+        self._active = 0
         self._timeout = timeout
         self._login = login
         self._metadata: Metadata = ()
         self._auth_lock = asyncio.Lock()
         self.authentications = 0
-        self._kv = rpc.KVStub(channel)
-        self._lease = rpc.LeaseStub(channel)
-        self._maintenance = rpc.MaintenanceStub(channel)
-        self._auth = rpc.AuthStub(channel)
-        self.watch_stub = rpc.WatchStub(channel)
+        self.failovers = 0
 
     @classmethod
     async def connect(cls, settings: EtcdSettings, check: bool = True) -> EtcdClient:
-        """Open a channel; with ``check``, fail now with EtcdUnavailable if etcd does not answer."""
-        target, tls = _channel_target(settings.endpoints)
+        """Open the channels; with ``check``, fail now with EtcdUnavailable if etcd does not
+        answer."""
+        targets, tls = _channel_targets(settings.endpoints)
         options = [
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_timeout_ms", 5_000),
-            ("grpc.lb_policy_name", "pick_first"),
+            # etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time).
+            ("grpc.keepalive_time_ms", 5_000),
+            ("grpc.keepalive_timeout_ms", 3_000),
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1_000),
+            # Also the connect timeout: a stopped member must not hold a call for 20 s.
+            ("grpc.min_reconnect_backoff_ms", 2_000),
         ]
-        channel = (
-            grpc.aio.secure_channel(target, cls._credentials(settings), options=options)
-            if tls or settings.ca_file
-            else grpc.aio.insecure_channel(target, options=options)
-        )
+        secure = tls or bool(settings.ca_file)
+        credentials = cls._credentials(settings) if secure else None
+        endpoints = [
+            Endpoint(
+                i,
+                target,
+                grpc.aio.secure_channel(target, credentials, options=options)
+                if credentials is not None
+                else grpc.aio.insecure_channel(target, options=options),
+            )
+            for i, target in enumerate(targets)
+        ]
         login = (settings.user, settings.password) if settings.user else None
-        client = cls(channel, settings.timeout, login)
+        client = cls(endpoints, settings.timeout, login)
         try:
             if check:
                 await client.status()
                 await client.auth_metadata()  # wrong credentials fail at start, not later
         except BaseException:
-            await channel.close()
+            await client.close()
             raise
         return client
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The member calls go to now."""
+        return self._endpoints[self._active]
+
+    def failed(self, endpoint: Endpoint, error: str) -> None:
+        """``endpoint`` did not answer: the next call goes to the next member (once per
+        failure, however many callers saw it)."""
+        if len(self._endpoints) == 1 or endpoint.index != self._active:
+            return
+        self._active = (self._active + 1) % len(self._endpoints)
+        self.failovers += 1
+        log.warning(
+            "etcd.failover", left=endpoint.target, to=self.endpoint.target, error=error[:200]
+        )
+
+    async def probe(self, endpoint: Endpoint, within: float) -> None:
+        """EtcdUnavailable unless ``endpoint`` answers a Status call within ``within`` s."""
+        try:
+            await endpoint.maintenance.Status(rpc.StatusRequest(), timeout=within)
+        except grpc.aio.AioRpcError as exc:
+            self.failed(endpoint, exc.details() or exc.code().name)
+            raise translate(exc, f"status of {endpoint.target}", self.user) from exc
 
     @staticmethod
     def _credentials(settings: EtcdSettings) -> grpc.ChannelCredentials:
@@ -249,16 +288,23 @@ class EtcdClient:
 
     async def _authenticate(self, user: str, password: str) -> Metadata:
         request = rpc.AuthenticateRequest(name=user, password=password)
-        try:
-            response = await self._auth.Authenticate(request, timeout=self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise authentication_error(exc, user) from exc
+        for attempt in range(len(self._endpoints)):
+            endpoint = self.endpoint
+            try:
+                response = await endpoint.auth.Authenticate(request, timeout=self._timeout)
+                break
+            except grpc.aio.AioRpcError as exc:
+                error = authentication_error(exc, user)
+                if not isinstance(error, EtcdUnavailable) or attempt == len(self._endpoints) - 1:
+                    raise error from exc
+                self.failed(endpoint, str(error))
         self.authentications += 1
         log.info("etcd.authenticated", user=user)
         return (("token", str(response.token)),)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for endpoint in self._endpoints:
+            await endpoint.channel.close()
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -266,10 +312,28 @@ class EtcdClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, method: Any, request: Any, what: What) -> Any:
-        return await self._authed(
-            what, lambda metadata: method(request, timeout=self._timeout, metadata=metadata)
-        )
+    async def _call(
+        self, method: Callable[[Endpoint], Any], request: Any, what: What, read: bool = False
+    ) -> Any:
+        """One unary call on the active member, moving to the next one when it fails to
+        answer: a read at once, a write only if etcd cannot have applied it."""
+        for attempt in range(len(self._endpoints)):
+            endpoint = self.endpoint
+            try:
+                return await self._authed(what, self._unary(method(endpoint), request))
+            except EtcdUnavailable as exc:
+                cause = exc.__cause__
+                self.failed(endpoint, str(exc))
+                last = attempt == len(self._endpoints) - 1
+                if last or not (read or _not_applied(cause)):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _unary(self, stub: Any, request: Any) -> Callable[[Metadata], Awaitable[Any]]:
+        def attempt(metadata: Metadata) -> Awaitable[Any]:
+            return cast(Awaitable[Any], stub(request, timeout=self._timeout, metadata=metadata))
+
+        return attempt
 
     async def _authed(self, what: What, attempt: Callable[[Metadata], Awaitable[T]]) -> T:
         """Run ``attempt`` with the current token; once more with a new one if it was stale."""
@@ -288,16 +352,18 @@ class EtcdClient:
 
     async def auth_rpc(self, name: str, request: Any, what: str) -> Any:
         """One call of etcd's Auth service (user and role management), e.g. ``"UserAdd"``."""
-        return await self._call(getattr(self._auth, name), request, what)
+        return await self._call(lambda e: getattr(e.auth, name), request, what)
 
     async def status(self) -> int:
         """Return the cluster's current revision; raises EtcdUnavailable if unreachable."""
-        response = await self._call(self._maintenance.Status, rpc.StatusRequest(), "status")
+        response = await self._call(
+            lambda e: e.maintenance.Status, rpc.StatusRequest(), "status", read=True
+        )
         return int(response.header.revision)
 
     async def get(self, key: str) -> KeyValue | None:
         request = rpc.RangeRequest(key=key.encode())
-        response = await self._call(self._kv.Range, request, f"get {key}")
+        response = await self._call(lambda e: e.kv.Range, request, f"get {key}", read=True)
         return _to_kv(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
@@ -308,7 +374,7 @@ class EtcdClient:
         items: list[KeyValue] = []
         while True:
             request = rpc.RangeRequest(key=start, range_end=end, limit=PAGE_SIZE, revision=revision)
-            response = await self._call(self._kv.Range, request, f"list {prefix}")
+            response = await self._call(lambda e: e.kv.Range, request, f"list {prefix}", read=True)
             revision = revision or int(response.header.revision)
             items.extend(_to_kv(kv) for kv in response.kvs)
             if not response.more:
@@ -317,17 +383,17 @@ class EtcdClient:
 
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
         request = rpc.PutRequest(key=key.encode(), value=value, lease=lease)
-        response = await self._call(self._kv.Put, request, f"put {key}")
+        response = await self._call(lambda e: e.kv.Put, request, f"put {key}")
         return int(response.header.revision)
 
     async def delete(self, key: str) -> bool:
         request = rpc.DeleteRangeRequest(key=key.encode())
-        response = await self._call(self._kv.DeleteRange, request, f"delete {key}")
+        response = await self._call(lambda e: e.kv.DeleteRange, request, f"delete {key}")
         return bool(response.deleted)
 
     async def delete_prefix(self, prefix: str) -> int:
         request = rpc.DeleteRangeRequest(key=prefix.encode(), range_end=prefix_end(prefix))
-        response = await self._call(self._kv.DeleteRange, request, f"delete {prefix}*")
+        response = await self._call(lambda e: e.kv.DeleteRange, request, f"delete {prefix}*")
         return int(response.deleted)
 
     async def txn(
@@ -339,7 +405,7 @@ class EtcdClient:
             success=[o.message for o in success],
             failure=[o.message for o in failure],
         )
-        response = await self._call(self._kv.Txn, request, lambda: _txn_what(request))
+        response = await self._call(lambda e: e.kv.Txn, request, lambda: _txn_what(request))
         return bool(response.succeeded), int(response.header.revision)
 
     async def create_if_absent(self, key: str, value: bytes, lease: int = 0) -> bool:
@@ -355,10 +421,12 @@ class EtcdClient:
 
     async def compact(self, revision: int) -> None:
         request = rpc.CompactionRequest(revision=revision, physical=True)
-        await self._call(self._kv.Compact, request, "compact")
+        await self._call(lambda e: e.kv.Compact, request, "compact")
 
     async def grant_lease(self, ttl: int) -> Lease:
-        response = await self._call(self._lease.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl), "lease")
+        response = await self._call(
+            lambda e: e.lease.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl), "lease"
+        )
         if response.error:
             raise PermanentError(f"etcd lease grant: {response.error}")
         return Lease(self, int(response.ID), int(response.TTL))
@@ -366,13 +434,15 @@ class EtcdClient:
     async def revoke_lease(self, lease_id: int) -> None:
         request = rpc.LeaseRevokeRequest(ID=lease_id)
         with contextlib.suppress(PermanentError):  # already expired: nothing to revoke
-            await self._call(self._lease.LeaseRevoke, request, "lease revoke")
+            await self._call(lambda e: e.lease.LeaseRevoke, request, "lease revoke")
 
     async def refresh_lease(self, lease_id: int) -> int:
         """One keepalive round trip; returns the remaining TTL (0 when the lease is gone)."""
 
+        endpoint = self.endpoint
+
         async def once(metadata: Metadata) -> int:
-            call = self._lease.LeaseKeepAlive(
+            call = endpoint.lease.LeaseKeepAlive(
                 iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
                 timeout=self._timeout,
                 metadata=metadata,
@@ -381,7 +451,25 @@ class EtcdClient:
                 return int(response.TTL)
             raise EtcdUnavailable("etcd lease keepalive: stream closed without an answer")
 
-        return await self._authed("lease keepalive", once)
+        try:
+            return await self._authed("lease keepalive", once)
+        except EtcdUnavailable as exc:
+            self.failed(endpoint, str(exc))
+            raise
+
+
+def _not_applied(cause: BaseException | None) -> bool:
+    """Whether a failed write cannot have been applied: the member was not reachable (no
+    connection) or had no leader to propose to. A deadline or a reset mid-call may have
+    been applied, so such a write is left to the caller's retry."""
+    if not isinstance(cause, grpc.aio.AioRpcError):
+        return False
+    detail = (cause.details() or "").lower()
+    if "no leader" in detail:
+        return True
+    return cause.code() == grpc.StatusCode.UNAVAILABLE and (
+        "connect" in detail or "no address" in detail or "refused" in detail
+    )
 
 
 def _txn_what(request: Any) -> str:

@@ -27,7 +27,7 @@ from aetcd import rpc
 
 from podwire.backoff import Backoff
 from podwire.errors import EtcdCompacted, EtcdUnavailable
-from podwire.etcd.client import EtcdClient, KeyValue, prefix_end
+from podwire.etcd.client import Endpoint, EtcdClient, KeyValue, prefix_end
 from podwire.etcd.errors import EtcdPermissionDenied, denied, translate
 from podwire.health import Health
 from podwire.log import get_logger
@@ -59,7 +59,9 @@ class PrefixWatcher:
         prefix: str,
         retry_initial: float = 0.1,
         retry_max: float = 2.0,
+        probe_interval: float = 2.0,
     ) -> None:
+        self._probe_interval = probe_interval
         self._client = client
         self._prefix = prefix
         self._backoff = Backoff(retry_initial, retry_max)
@@ -135,11 +137,16 @@ class PrefixWatcher:
             progress_notify=True,
         )
         metadata = await self._client.auth_metadata()
-        call = self._client.watch_stub.Watch(metadata=metadata)
+        endpoint = self._client.endpoint
+        # "hasleader": a member cut off from the cluster's leader cancels the stream instead
+        # of silently sending nothing.
+        call = endpoint.watch.Watch(metadata=(*metadata, ("hasleader", "true")))
+        read: asyncio.Future[Any] | None = None
         try:
             await call.write(rpc.WatchRequest(create_request=create))
             while True:
-                response = await call.read()
+                read = asyncio.ensure_future(call.read())
+                response = await self._answer(read, endpoint)
                 if response is grpc.aio.EOF:
                     raise EtcdUnavailable("etcd watch: stream closed by server")
                 batch = self._handle(response)
@@ -147,14 +154,30 @@ class PrefixWatcher:
                     yield batch
         except grpc.aio.AioRpcError as exc:
             self._renewed_for_denial = False  # a new connection may meet a forgotten token
+            self._client.failed(endpoint, exc.details() or exc.code().name)
             raise translate(exc, f"watch {self._prefix}", self._client.user) from exc
+        except EtcdUnavailable as exc:
+            self._client.failed(endpoint, str(exc))
+            raise
         except EtcdPermissionDenied:
             if self._renewed_for_denial or not await self._client.renew_token(metadata):
                 raise
             self._renewed_for_denial = True
             raise EtcdUnavailable(f"etcd watch {self._prefix}: denied; token renewed") from None
         finally:
+            if read is not None:
+                read.cancel()
             call.cancel()
+
+    async def _answer(self, read: asyncio.Future[Any], endpoint: Endpoint) -> Any:
+        """The next message; while none comes, the member is probed every ``probe_interval``
+        so a stopped member (SIGSTOP, a partition) ends the stream within about two probes
+        instead of never: TCP and gRPC keepalives take a minute or more to notice."""
+        while True:
+            done, _ = await asyncio.wait({read}, timeout=self._probe_interval)
+            if done:
+                return read.result()
+            await self._client.probe(endpoint, self._probe_interval)
 
     def _handle(self, response: Any) -> WatchBatch | None:
         if response.compact_revision:

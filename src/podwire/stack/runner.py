@@ -25,8 +25,7 @@ from podwire.errors import StackError
 from podwire.etcd.admin import ROOT_USER
 from podwire.files import atomic_write
 from podwire.log import get_logger
-from podwire.stack import etcd_auth, procs
-from podwire.stack.etcd_server import EtcdServer
+from podwire.stack import etcd_auth, etcd_server, procs
 from podwire.stack.mariadb import MariaDB
 from podwire.stack.netutil import http_ok, pick_port, wait_until
 from podwire.stack.neutron_conf import NeutronConfig
@@ -43,6 +42,8 @@ class StackOptions:
     workers: int = 2
     ready_timeout: float = 120.0
     etcd_auth: bool = False
+    etcd_members: int = 1  # 1, 3 or 5: a cluster on loopback
+    neutron_servers: int = 1  # neutron-server processes on the same database
 
 
 class StopRequested(Exception):
@@ -76,33 +77,35 @@ class Stack:
     def _start(self) -> dict[str, Any]:
         started = time.monotonic()
         ports = _previous_ports(self.data_dir)
-        etcd = EtcdServer(
-            self.data_dir / "etcd",
-            pick_port(ports.get("etcd", 0)),
-            pick_port(ports.get("etcd_peer", 0)),
-        )
+        members = self.options.etcd_members
+        etcds = etcd_server.cluster(self.data_dir, ports, members)
+        endpoints = [member.client_url for member in etcds]
         mariadb = MariaDB(self.data_dir)
         mariadb.check_paths()
         mariadb.ensure_initialized(self.logs / "mariadb-install.log")
         self._spawn("mariadb", mariadb.argv(self.logs / "mariadb.log"))
-        self._spawn("etcd", etcd.argv())
+        for member in etcds:
+            self._spawn(etcd_server.child_name(member, members), member.argv())
         self._wait_ready("mariadb", mariadb.ready)
         mariadb.ensure_database()
         self._ensure_schema(mariadb.url)
-        self._wait_ready("etcd", etcd.ready)
-        server = self._etcd_server_user(etcd.client_url)
-        neutron_port = pick_port(ports.get("neutron", 0))
-        self._start_neutron(mariadb.url, etcd.client_url, neutron_port, server)
+        for member in etcds:
+            self._wait_ready(etcd_server.child_name(member, members), member.ready)
+        server = self._etcd_server_user(endpoints[0])
+        neutron_ports = {
+            name: pick_port(ports.get(name, 0)) for name in _neutron_names(self.options)
+        }
+        for name, port in neutron_ports.items():
+            self._start_neutron(name, mariadb.url, ",".join(endpoints), port, server)
+        neutron_urls = [f"http://127.0.0.1:{port}/" for port in neutron_ports.values()]
         info = {
-            "etcd": etcd.client_url,
+            "etcd": endpoints[0],
+            "etcd_endpoints": endpoints,
             "etcd_auth": server is not None,
-            "neutron": f"http://127.0.0.1:{neutron_port}/",
+            "neutron": neutron_urls[0],
+            "neutron_servers": neutron_urls,
             "data_dir": str(self.data_dir),
-            "ports": {
-                "etcd": etcd.client_port,
-                "etcd_peer": etcd.peer_port,
-                "neutron": neutron_port,
-            },
+            "ports": {**etcd_server.port_entries(etcds), **neutron_ports},
             "pids": {"supervisor": os.getpid(), **{n: p.pid for n, p in self.children.items()}},
             "cmdlines": {
                 "supervisor": procs.cmdline(os.getpid()),
@@ -125,15 +128,23 @@ class Stack:
         return None
 
     def _start_neutron(
-        self, db_url: str, etcd_url: str, port: int, server: etcd_auth.Credentials | None
+        self,
+        name: str,
+        db_url: str,
+        etcd_url: str,
+        port: int,
+        server: etcd_auth.Credentials | None,
     ) -> None:
+        """One neutron-server (``neutron``, ``neutron-2``, ...): its own config dir, state,
+        log and ``host`` (the forwarder's identity), the same database and etcd."""
         config = NeutronConfig(
-            config_dir=self.data_dir / "neutron-etc",
-            state_path=self.data_dir / "neutron",
-            log_file=self.logs / "neutron.log",
+            config_dir=self.data_dir / name.replace("neutron", "neutron-etc", 1),
+            state_path=self.data_dir / name,
+            log_file=self.logs / f"{name}.log",
             db_url=db_url,
             etcd_url=etcd_url,
             workers=self.options.workers,
+            host="podwire-stack" if name == "neutron" else f"podwire-stack-{name}",
             etcd_user=server.user if server else "",
             etcd_password=server.password if server else "",
         )
@@ -143,13 +154,13 @@ class Stack:
             "--no-control-socket",
             "--workers", str(self.options.workers),
             "--bind", f"127.0.0.1:{port}",
-            "--pid", str(self.data_dir / "neutron.pid"),
+            "--pid", str(self.data_dir / f"{name}.pid"),
             "--timeout", "300",
             "--graceful-timeout", "5",
             "podwire.stack.neutron_wsgi:application",
         ]  # fmt: skip
-        self._spawn("neutron", argv, env={**os.environ, **config.environ()})
-        self._wait_ready("neutron", lambda: http_ok(f"http://127.0.0.1:{port}/", timeout=5))
+        self._spawn(name, argv, env={**os.environ, **config.environ()})
+        self._wait_ready(name, lambda: http_ok(f"http://127.0.0.1:{port}/", timeout=5))
 
     def _ensure_schema(self, db_url: str) -> None:
         marker = self.data_dir / SCHEMA_MARKER
@@ -176,19 +187,38 @@ class Stack:
         wait_until(check, name, self.options.ready_timeout, alive=lambda: proc.poll() is None)
 
     def _wait(self) -> int:
+        """Serve until a service is gone: every etcd member, every neutron-server, or MariaDB.
+
+        One member or server of several may die (a failover test kills them): that is logged
+        and the rest keeps serving.
+        """
+        reported: set[str] = set()
         while True:
             for name, proc in self.children.items():
-                if proc.poll() is not None:
+                if proc.poll() is not None and name not in reported:
+                    reported.add(name)
                     log.error("stack.child_exited", service=name, code=proc.returncode)
+            for kind in ("mariadb", "etcd", "neutron"):
+                kin = [name for name in self.children if _kind(name) == kind]
+                if kin and all(name in reported for name in kin):
                     return 1
             time.sleep(0.5)
 
     def _stop_all(self) -> None:
-        for name in ("neutron", "etcd", "mariadb"):
-            proc = self.children.pop(name, None)
-            if proc is not None:
+        for kind in ("neutron", "etcd", "mariadb"):
+            for name in [n for n in self.children if _kind(n) == kind]:
+                proc = self.children.pop(name)
                 procs.stop_child(proc, timeout=30)
                 log.info("stack.stopped", service=name)
+
+
+def _kind(child: str) -> str:
+    """``etcd-2`` -> ``etcd``, ``neutron-2`` -> ``neutron``."""
+    return child.split("-", 1)[0]
+
+
+def _neutron_names(options: StackOptions) -> list[str]:
+    return ["neutron", *(f"neutron-{i}" for i in range(2, options.neutron_servers + 1))]
 
 
 def stack_down(data_dir: Path, timeout: float = 60.0) -> bool:

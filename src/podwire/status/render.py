@@ -70,14 +70,20 @@ def _pool_lines(report: Report) -> list[str]:
         return [f"  {pools.get('state')}" + (f": {pools['error']}" if pools.get("error") else "")]
     if not pools["pools"]:
         return ["  (no pools)"]
-    lines = [f"  {'node':20} {'project':10} {'network':10} free in-use recyclable last refill"]
+    lines = [
+        f"  {'node':20} {'project':10} {'network':10} free target in-use recyclable last refill"
+    ]
     now = time.time()
     for pool in pools["pools"]:
         key = pool["key"]
         refill = pool.get("last_refill")
         age = f"{now - refill:.0f} s ago" if refill else "never"
+        sizing = pool.get("sizing") or {}
         lines.append(
             f"  {key['node']:20} {key['project_id'][:8]:10} {key['network_id'][:8]:10}"
-            f" {pool['size']:4} {pool.get('in_use', 0):6} {pool.get('recyclable', 0):10} {age}"
+            f" {pool['size']:4} {sizing.get('target', '-'):>6} {pool.get('in_use', 0):6}"
+            f" {pool.get('recyclable', 0):10} {age}"
         )
+        if sizing.get("reason"):
+            lines.append(f"      target: {sizing['reason']}")
     return lines

@@ -1,0 +1,155 @@
+"""Adaptive pool sizing (controller/sizing.py): the rules, exactly, with the clock passed in."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from podwire.config import PoolSettings
+from podwire.controller.sizing import PoolSizer, RateWindow, compute_target
+
+SETTINGS = PoolSettings(min=2, max=40, idle_ttl=10.0, rate_window=1.0, headroom=2.0)
+
+
+def test_a_step_up_is_seen_within_one_window() -> None:
+    window = RateWindow(window=2.0, smoothing=0.5, started=0.0)
+    for i in range(5):  # 5 requests/s from t=0
+        window.observe(i * 0.2)
+    assert window.rate(1.0) == 5.0  # the current window's pace, before it ends
+
+
+def test_the_rate_decays_through_quiet_windows_to_zero() -> None:
+    window = RateWindow(window=1.0, smoothing=0.5, started=0.0)
+    for i in range(10):
+        window.observe(i * 0.1)
+    assert window.rate(1.5) == 5.0  # 10 per window, half-weighted into the average
+    assert window.rate(2.5) == 2.5  # one empty window
+    assert window.rate(30.0) == 0.0
+
+
+def test_target_is_rate_times_refill_time_times_headroom() -> None:
+    target = compute_target(rate=5.0, lead=1.5, idle_for=0.5, settings=SETTINGS)
+    assert target.size == 15
+    assert target.reason == "rate 5.00/s x refill 1.50 s x headroom 2 = 15"
+
+
+def test_target_is_held_inside_min_and_max() -> None:
+    assert compute_target(0.1, 1.0, 0.1, SETTINGS).size == 2
+    high = compute_target(100.0, 2.0, 0.1, SETTINGS)
+    assert high.size == 40
+    assert high.reason.endswith("held at pool.max 40")
+
+
+def test_idle_pool_and_fixed_sizes_use_min() -> None:
+    idle = compute_target(5.0, 1.0, 10.0, SETTINGS)
+    assert (idle.size, idle.reason) == (2, "idle 10 s >= pool.idle_ttl 10 s: pool.min")
+    fixed = compute_target(5.0, 1.0, 0.1, replace(SETTINGS, adaptive=False))
+    assert (fixed.size, fixed.reason) == (2, "fixed: pool.adaptive is off")
+    assert compute_target(0.0, 1.0, None, SETTINGS).reason == "no request yet: pool.min"
+
+
+def test_lead_time_follows_measured_bulk_creates() -> None:
+    sizer: PoolSizer[str] = PoolSizer(SETTINGS)
+    sizer.bulk_created(3.0)
+    assert sizer.lead == 3.0  # the first measurement replaces the prior
+    sizer.bulk_created(1.0)
+    assert abs(sizer.lead - 2.4) < 1e-9
+
+
+def test_surplus_only_after_the_ttl() -> None:
+    sizer: PoolSizer[str] = PoolSizer(SETTINGS)
+    sizer.bulk_created(1.0)
+    for i in range(20):
+        sizer.request("p", i * 0.05)
+    assert sizer.target("p", 1.0).size > SETTINGS.min
+    assert sizer.surplus("p", 30, 5.0) == 0  # quiet, but not for a TTL yet
+    assert sizer.surplus("p", 30, 0.95 + 10.0) == 28  # back to min
+    assert sizer.surplus("never-requested", 9, 0.0) == 0  # its clock starts now
+    assert sizer.surplus("never-requested", 9, 10.0) == 7
+    assert PoolSizer(replace(SETTINGS, adaptive=False)).surplus("p", 30, 1e6) == 0
+
+
+settings_st = st.builds(
+    lambda lo, span, headroom, ttl: PoolSettings(
+        min=lo, max=lo + span if span >= 0 else 0, headroom=headroom, idle_ttl=ttl
+    ),
+    st.integers(0, 50),
+    st.integers(-1, 100),
+    st.floats(1.0, 10.0),
+    st.floats(0.1, 1000.0),
+)
+
+
+@given(
+    settings_st,
+    st.floats(0.0, 1e4, allow_nan=False),
+    st.floats(0.0, 600.0, allow_nan=False),
+    st.one_of(st.none(), st.floats(0.0, 1e5, allow_nan=False)),
+)
+def test_target_never_leaves_min_and_max(
+    settings: PoolSettings, rate: float, lead: float, idle_for: float | None
+) -> None:
+    for adaptive in (True, False):
+        target = compute_target(rate, lead, idle_for, replace(settings, adaptive=adaptive))
+        assert settings.min <= target.size
+        assert not settings.max or target.size <= settings.max
+        assert target.reason
+
+
+@given(
+    settings_st,
+    st.lists(st.floats(0.0, 100.0, allow_nan=False), max_size=60),
+    st.floats(0.0, 2000.0, allow_nan=False),
+    st.integers(0, 500),
+)
+def test_sizer_stays_in_bounds_and_never_deletes_below_min(
+    settings: PoolSettings, gaps: list[float], later: float, size: int
+) -> None:
+    sizer: PoolSizer[str] = PoolSizer(settings)
+    now = 0.0
+    for gap in gaps:
+        now += gap
+        sizer.request("p", now)
+        target = sizer.target("p", now).size
+        assert settings.min <= target and (not settings.max or target <= settings.max)
+    surplus = sizer.surplus("p", size, now + later)
+    assert 0 <= surplus <= max(size - settings.min, 0)
+
+
+def test_status_shows_each_pools_target_and_why() -> None:
+    from podwire.status.render import _pool_lines
+    from podwire.status.report import Report
+
+    target = compute_target(5.0, 1.5, 0.5, SETTINGS)
+    pool = {
+        "key": {"node": "node-1", "project_id": "p" * 32, "network_id": "n" * 36},
+        "size": 12,
+        "in_use": 3,
+        "recyclable": 0,
+        "last_refill": None,
+        "sizing": target.to_json(),
+    }
+    text = "\n".join(_pool_lines(Report(pools={"state": "ok", "pools": [pool]})))
+    assert "free target in-use" in text
+    assert "node-1" in text and "    15 " in text
+    assert "target: rate 5.00/s x refill 1.50 s x headroom 2 = 15" in text
+
+
+def test_a_refill_grows_the_pool_by_doubling_toward_the_target() -> None:
+    from podwire.controller.sizing import step_toward
+
+    assert step_toward(200, 0, 10) == 10  # a spike of 50 requests does not order 200 ports
+    assert step_toward(200, 10, 10) == 30
+    assert step_toward(200, 30, 10) == 70
+    assert step_toward(12, 30, 10) == 12  # at or below the pool: the target itself
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(1, 100))
+def test_a_refill_step_never_passes_the_target(target: int, size: int, batch: int) -> None:
+    from podwire.controller.sizing import step_toward
+
+    step = step_toward(target, size, batch)
+    assert step <= target
+    assert step >= min(target, size)  # never asks to shrink below what is there
