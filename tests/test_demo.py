@@ -8,10 +8,12 @@ import sys
 
 import pytest
 
+from podwire.demo import testpmd
+
 pytestmark = pytest.mark.netns  # the demo's hosts and pods are network namespaces
 
 
-def test_demo_attaches_pods_that_reach_each_other_and_leaves_nothing() -> None:
+def test_demo_pods_reach_each_other_groups_decide_cnf_answers_nothing_left() -> None:
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     result = subprocess.run(
         [sys.executable, "-m", "podwire.demo", "--pods", "4"],
@@ -24,6 +26,13 @@ def test_demo_attaches_pods_that_reach_each_other_and_leaves_nothing() -> None:
     assert "pod-to-pod pings: 12 of 12 answered" in out
     assert "pool hits: 6 of 6 ADDs; re-created pods got 2 recycled ports back" in out
     assert re.search(r"CNI ADD: p50 [\d.]+ ms, p99 [\d.]+ ms \(6 ADDs\)", out)
+    # Neutron's rules decide: a reset from an open pod, silence from the locked one, then in.
+    assert "nothing listening: refused; listening pod, group without that rule: timed out" in out
+    assert re.search(r"rule create returned -> first connection accepted: -?\d+ ms", out)
+    if testpmd.available():
+        assert re.search(r"memif CNF .* pinged from host 2: \d+ of 50 answered, RTT p50", out)
+    else:
+        assert "memif CNF: skipped, dpdk-testpmd not found" in out
     assert out.rstrip().endswith("nothing left behind")
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert sorted(after.split()) == sorted(before.split())

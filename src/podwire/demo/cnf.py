@@ -118,9 +118,9 @@ class CnfFigures:
         ordered = sorted(self.rtt_ms)
         p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
         return [
-            f"memif CNF (dpdk-testpmd icmpecho, host 1) pinged from a veth pod on host 2:"
-            f" {self.answered} of {self.sent} answered, RTT p50"
-            f" {statistics.median(self.rtt_ms):.3f} ms, p99 {p99:.3f} ms"
+            f"memif CNF (dpdk-testpmd icmpecho) on host 1, pinged from host 2: {self.answered}"
+            f" of {self.sent} answered, RTT p50 {statistics.median(self.rtt_ms):.2f} ms,"
+            f" p99 {p99:.2f} ms"
         ]
 
 
@@ -142,6 +142,8 @@ def ping_cnf(
         samples = _ping_times(client_netns, address, count)
     finally:
         cnf.stop()
+    if not samples:
+        raise StackError(f"the memif CNF at {address} stopped answering (testpmd log: {log})")
     return CnfFigures(answered=len(samples), sent=count, rtt_ms=samples)
 
 
