@@ -32,12 +32,13 @@ while True:
 _CONNECT = """
 import json, socket, sys, time
 host, port, each, total = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+source = (sys.argv[5], 0) if len(sys.argv) > 5 else None
 deadline, attempts, outcome = time.monotonic() + total, 0, "timed out"
 print("probing", flush=True)
 while True:
     attempts += 1
     try:
-        socket.create_connection((host, port), timeout=each).close()
+        socket.create_connection((host, port), timeout=each, source_address=source).close()
         outcome = "connected"
     except ConnectionRefusedError:
         outcome = "refused"
@@ -75,15 +76,21 @@ def start_listener(netns: str, port: int) -> Popen:
     return proc
 
 
-def connect(netns: str, address: str, port: int, each: float, total: float = 0.0) -> Probe:
-    """Connect from ``netns``; retries every ``each`` seconds until connected or ``total``."""
-    return finish_connect(start_connect(netns, address, port, each, total), netns)
+def connect(
+    netns: str, address: str, port: int, each: float, total: float = 0.0, source: str = ""
+) -> Probe:
+    """Connect from ``netns`` (from ``source`` if given); retries every ``each`` seconds until
+    connected or ``total``."""
+    return finish_connect(start_connect(netns, address, port, each, total, source), netns)
 
 
-def start_connect(netns: str, address: str, port: int, each: float, total: float) -> Popen:
+def start_connect(
+    netns: str, address: str, port: int, each: float, total: float, source: str = ""
+) -> Popen:
     """``connect`` in the background: returns once it probes, before the change to notice."""
+    args = [address, str(port), str(each), str(total), *([source] if source else [])]
     proc = subprocess.Popen(
-        _in_netns(netns, _CONNECT, address, str(port), str(each), str(total)),
+        _in_netns(netns, _CONNECT, *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
