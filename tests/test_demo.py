@@ -29,6 +29,7 @@ def test_demo_pods_reach_each_other_groups_decide_cnf_answers_nothing_left() -> 
     # Neutron's rules decide: a reset from an open pod, silence from the locked one, then in.
     assert "nothing listening: refused; listening pod, group without that rule: timed out" in out
     assert re.search(r"rule create returned -> first connection accepted: -?\d+ ms", out)
+    assert re.search(r"from a spoofed source [\d.]+ \(inside the rule's prefix\): timed out", out)
     if testpmd.available():
         assert re.search(r"memif CNF .* pinged from host 2: \d+ of 50 answered, RTT p50", out)
     else:
