@@ -184,7 +184,7 @@ class Scenario:
         open_pod = next(p for p in self.pods if p.host == HOSTS[0] and p is not server)
         client = next(p for p in self.pods if p.host == HOSTS[1])
         figures = secgroups.run(self.neutron, group, server, open_pod, client, CIDR)
-        step("security groups: the Neutron rule admitted it")
+        step("security groups: the Neutron rule let it in; a spoofed source stays out")
         self.figures.more += figures.lines()
 
     def _memif_cnf(self, network_id: str, sg_id: str) -> None:
