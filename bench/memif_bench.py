@@ -25,9 +25,9 @@ from typing import Any
 from bench.stats import row
 from podwire.agent import memif_master, naming
 from podwire.config import MemifSettings
+from podwire.demo.testpmd import Testpmd, available
 from podwire.memif import build as memif_build
 from podwire.netlink import HostNetlink, tap
-from tests.agent.testpmd import Testpmd, available
 
 WINDOW = 0.5
 WARMUP = 2.0

@@ -9,10 +9,11 @@ from pathlib import Path
 import aiohttp
 
 from podwire.config import EtcdSettings
+from podwire.deviceplugin.kubelet_peer import KubeletPeer
 from podwire.stack.netutil import free_port
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv
-from tests.deviceplugin.conftest import FakeKubelet, make_settings
+from tests.deviceplugin.conftest import make_settings
 
 
 async def test_ops_endpoint_and_embedded_device_plugin(
@@ -23,7 +24,7 @@ async def test_ops_endpoint_and_embedded_device_plugin(
     tmp_path: Path,
 ) -> None:
     short_root = Path(tempfile.mkdtemp(prefix="pw-dp-", dir="/tmp"))  # unix socket length
-    kubelet = FakeKubelet(short_root, "podwire.io/memif")
+    kubelet = KubeletPeer(short_root, "podwire.io/memif")
     await kubelet.start()
     await kubelet.start_pod_resources()
     ns, vtep = netenv.host(1)

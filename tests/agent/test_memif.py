@@ -26,16 +26,16 @@ from podwire.agent.memif_master import is_running
 from podwire.agent.memif_state import MemifEntry
 from podwire.agent.ports import HostPort
 from podwire.config import EtcdSettings
+from podwire.demo import testpmd
+from podwire.demo.testpmd import Testpmd
+from podwire.deviceplugin.kubelet_peer import KubeletPeer, allocate_request
 from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
 from podwire.schema import nodes
-from tests.agent import testpmd
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, links_in, pings
-from tests.agent.testpmd import Testpmd
-from tests.deviceplugin.conftest import FakeKubelet, make_settings
-from tests.deviceplugin.test_plugin import allocate_request
+from tests.deviceplugin.conftest import make_settings
 
 pytestmark = [
     pytest.mark.stack,
@@ -61,7 +61,7 @@ class Grant:
 
 @dataclass
 class MemifHosts:
-    kubelet: FakeKubelet
+    kubelet: KubeletPeer
     cnf_host: HostAgent
     veth_host: HostAgent
     root: Path
@@ -76,7 +76,7 @@ async def hosts(
     tmp_path: Path,
 ) -> AsyncIterator[MemifHosts]:
     root = Path(tempfile.mkdtemp(prefix="pw-mf-", dir="/tmp"))  # unix socket length
-    kubelet = FakeKubelet(root, "podwire.io/memif")
+    kubelet = KubeletPeer(root, "podwire.io/memif")
     await kubelet.start()
     await kubelet.start_pod_resources()
     agents = []

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from podwire.cli import deviceplugin_cmd
+from podwire.deviceplugin.kubelet_peer import KubeletPeer
 from podwire.errors import ConfigError
-
-from .conftest import FakeKubelet
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -106,7 +105,7 @@ async def test_start_up_error_is_one_line_and_exit_code_2(short_root: Path) -> N
 
 
 async def test_process_registers_reloads_on_sighup_and_stops_on_sigterm(
-    kubelet: FakeKubelet, short_root: Path
+    kubelet: KubeletPeer, short_root: Path
 ) -> None:
     config = short_root / "podwire.toml"
     write_config(config, short_root, devices=3)

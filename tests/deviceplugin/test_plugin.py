@@ -16,17 +16,12 @@ import pytest
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.api import dp
 from podwire.deviceplugin.checkpoint import CheckpointIncompatible
+from podwire.deviceplugin.kubelet_peer import KubeletPeer, allocate_request
 from podwire.deviceplugin.model import PodName
 from podwire.deviceplugin.registration import RegistrationRejected
 from podwire.errors import ConfigError, ValidationError
 
-from .conftest import FakeKubelet, StartPlugin, dirs_in, make_settings
-
-
-def allocate_request(*containers: list[str]) -> Any:
-    return dp.AllocateRequest(
-        container_requests=[dp.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
-    )
+from .conftest import StartPlugin, dirs_in, make_settings
 
 
 async def eventually(condition: Callable[[], bool]) -> None:
@@ -41,7 +36,7 @@ def checkpoint_of(root: Path) -> dict[str, Any]:
 
 
 async def test_registers_only_once_serving_with_kubelet_api_fields(
-    kubelet: FakeKubelet, start_plugin: StartPlugin
+    kubelet: KubeletPeer, start_plugin: StartPlugin
 ) -> None:
     running = await start_plugin()
     (event,) = kubelet.registrations
@@ -58,7 +53,7 @@ async def test_registers_only_once_serving_with_kubelet_api_fields(
 
 
 async def test_list_and_watch_sends_all_devices_then_every_change(
-    kubelet: FakeKubelet, start_plugin: StartPlugin
+    kubelet: KubeletPeer, start_plugin: StartPlugin
 ) -> None:
     running = await start_plugin(devices=3)
     devices = await kubelet.wait_devices(lambda d: len(d) == 3)
@@ -78,7 +73,7 @@ async def test_list_and_watch_sends_all_devices_then_every_change(
 
 
 async def test_reload_refuses_settings_that_need_a_restart(
-    kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path
+    kubelet: KubeletPeer, start_plugin: StartPlugin, short_root: Path
 ) -> None:
     running = await start_plugin()
     with pytest.raises(ConfigError, match=r"deviceplugin\.memif_host_dir: cannot change"):
@@ -86,7 +81,7 @@ async def test_reload_refuses_settings_that_need_a_restart(
 
 
 async def test_options_prestart_and_preferred(
-    kubelet: FakeKubelet, start_plugin: StartPlugin
+    kubelet: KubeletPeer, start_plugin: StartPlugin
 ) -> None:
     await start_plugin(devices=6)
     stub = kubelet.stub
@@ -127,7 +122,7 @@ async def test_options_prestart_and_preferred(
 
 
 async def test_allocate_gives_each_container_its_own_dir_secret_env_and_mount(
-    kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path
+    kubelet: KubeletPeer, start_plugin: StartPlugin, short_root: Path
 ) -> None:
     running = await start_plugin()
     response = await kubelet.stub.Allocate(allocate_request(["memif-0", "memif-1"], ["memif-2"]))
@@ -164,7 +159,7 @@ async def test_allocate_gives_each_container_its_own_dir_secret_env_and_mount(
     ],
 )
 async def test_bad_allocate_is_invalid_argument_and_allocates_nothing(
-    kubelet: FakeKubelet,
+    kubelet: KubeletPeer,
     start_plugin: StartPlugin,
     short_root: Path,
     containers: tuple[list[str], ...],
@@ -181,7 +176,7 @@ async def test_bad_allocate_is_invalid_argument_and_allocates_nothing(
 
 
 async def test_200_concurrent_allocations_get_unique_dirs_and_secrets(
-    kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path
+    kubelet: KubeletPeer, start_plugin: StartPlugin, short_root: Path
 ) -> None:
     await start_plugin(devices=200)
     responses = await asyncio.gather(
@@ -197,7 +192,7 @@ async def test_200_concurrent_allocations_get_unique_dirs_and_secrets(
 
 
 async def test_pod_deletion_removes_dir_and_socket(
-    kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path
+    kubelet: KubeletPeer, start_plugin: StartPlugin, short_root: Path
 ) -> None:
     running = await start_plugin()
     plugin = running.plugin
@@ -223,7 +218,7 @@ async def test_pod_deletion_removes_dir_and_socket(
 
 
 async def test_plugin_restart_keeps_live_grants_and_cleans_the_rest(
-    kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path
+    kubelet: KubeletPeer, start_plugin: StartPlugin, short_root: Path
 ) -> None:
     first = await start_plugin()
     live = (await kubelet.stub.Allocate(allocate_request(["memif-0"]))).container_responses[0]
@@ -249,7 +244,7 @@ async def test_plugin_restart_keeps_live_grants_and_cleans_the_rest(
 
 
 async def test_kubelet_restart_reregisters_without_losing_grants(
-    kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path
+    kubelet: KubeletPeer, start_plugin: StartPlugin, short_root: Path
 ) -> None:
     running = await start_plugin(devices=4)
     before = (await kubelet.stub.Allocate(allocate_request(["memif-0"]))).container_responses[0]
@@ -271,7 +266,7 @@ async def test_kubelet_restart_reregisters_without_losing_grants(
 async def test_plugin_waits_for_a_kubelet_that_is_not_up_yet(
     short_root: Path, start_plugin: StartPlugin
 ) -> None:
-    fake = FakeKubelet(short_root, "podwire.io/memif")
+    fake = KubeletPeer(short_root, "podwire.io/memif")
     running = await start_plugin(wait=False)
     try:
         await eventually(lambda: running.plugin.stats()["registration_failures"] > 0)
@@ -285,7 +280,7 @@ async def test_plugin_waits_for_a_kubelet_that_is_not_up_yet(
 
 
 async def test_refused_registration_ends_the_run(
-    kubelet: FakeKubelet, start_plugin: StartPlugin
+    kubelet: KubeletPeer, start_plugin: StartPlugin
 ) -> None:
     kubelet.reject_with = "resource podwire.io/memif is already registered"
     with pytest.raises(RegistrationRejected, match="already registered"):
@@ -293,7 +288,7 @@ async def test_refused_registration_ends_the_run(
 
 
 async def test_corrupt_checkpoint_is_set_aside_and_the_plugin_starts(
-    kubelet: FakeKubelet, start_plugin: StartPlugin, short_root: Path, caplog: Any
+    kubelet: KubeletPeer, start_plugin: StartPlugin, short_root: Path, caplog: Any
 ) -> None:
     (short_root / "state").mkdir()
     checkpoint = short_root / "state" / "memif-checkpoint.json"
@@ -314,7 +309,7 @@ async def test_corrupt_checkpoint_is_set_aside_and_the_plugin_starts(
     assert len(checkpoint_of(short_root)["allocations"]) == 1
 
 
-async def test_newer_checkpoint_stops_start_up(kubelet: FakeKubelet, short_root: Path) -> None:
+async def test_newer_checkpoint_stops_start_up(kubelet: KubeletPeer, short_root: Path) -> None:
     (short_root / "state").mkdir()
     (short_root / "state" / "memif-checkpoint.json").write_text('{"v": 7}')
     with pytest.raises(CheckpointIncompatible, match="schema v=7 was written by a newer podwire"):

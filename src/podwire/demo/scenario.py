@@ -14,14 +14,17 @@ from typing import Any
 
 from podwire import keys
 from podwire.config import EtcdSettings
+from podwire.demo import cnf, secgroups
 from podwire.demo.pods import Pod, cni, cni_conf, new_pod
 from podwire.demo.services import Services
 from podwire.demo.topology import Topology, pings
+from podwire.deviceplugin.model import PodName
 from podwire.errors import StackError
 from podwire.etcd.client import EtcdClient
 from podwire.stack.client import neutron_connection
 
 HOSTS = ("demo-node-1", "demo-node-2")
+CIDR = "10.88.0.0/24"
 
 
 def step(message: str) -> None:
@@ -42,6 +45,7 @@ class Figures:
     reused: int = 0
     add_ms: list[float] = field(default_factory=list)
     active_ms: list[float] = field(default_factory=list)
+    more: list[str] = field(default_factory=list)  # the later steps' lines
 
     def lines(self) -> list[str]:
         return [
@@ -53,6 +57,7 @@ class Figures:
             f" p99 {p99(self.add_ms):.1f} ms ({len(self.add_ms)} ADDs)",
             f"pool port bound -> ACTIVE: p50 {statistics.median(self.active_ms):.0f} ms"
             f" ({len(self.active_ms)} ports)",
+            *self.more,
         ]
 
 
@@ -68,6 +73,9 @@ class Scenario:
         self.sockets: dict[str, str] = {}
         self.confs: dict[str, dict[str, Any]] = {}
         self.figures = Figures()
+        self.work = work
+        self.memif_missing = cnf.missing()
+        self.kubelet: cnf.KubeletThread | None = None
 
     def run(self) -> Figures:
         self._start_hosts()
@@ -83,6 +91,8 @@ class Scenario:
         self.figures.pods = len(self.pods)
         self.figures.ports = len(list(self.neutron.network.ports(project_id=self.project)))
         self.figures.pool_hits = self.services.metric("podwire_pool_hits_total")
+        self._security_groups(network.id)
+        self._memif_cnf(network.id, sg.id)
         return self.figures
 
     def _start_hosts(self) -> None:
@@ -90,13 +100,21 @@ class Scenario:
         hosts = self.topology.build_hosts(len(HOSTS))
         step("starting the controller and one agent per host")
         self.services.start_controller(list(HOSTS))
-        for host, (netns, vtep) in zip(HOSTS, hosts, strict=True):
-            self.sockets[host] = self.services.start_agent(host, netns, vtep)
+        memif_host = ""
+        if self.memif_missing:
+            step(f"{self.memif_missing}: the memif step is skipped")
+        else:  # host 1's agent serves memif: its device plugin registers with a kubelet peer
+            self.kubelet = cnf.KubeletThread(self.work / "kubelet")
+            self.kubelet.start()
+            memif_host = self.kubelet.settings_toml()
+        for index, (host, (netns, vtep)) in enumerate(zip(HOSTS, hosts, strict=True)):
+            extra = memif_host if index == 0 else ""
+            self.sockets[host] = self.services.start_agent(host, netns, vtep, extra)
 
     def _network(self) -> tuple[Any, Any]:
         network = self.neutron.network.create_network(name="demo-pods", project_id=self.project)
         self.neutron.network.create_subnet(
-            network_id=network.id, cidr="10.88.0.0/24", ip_version=4, project_id=self.project
+            network_id=network.id, cidr=CIDR, ip_version=4, project_id=self.project
         )
         sg = self.neutron.network.create_security_group(name="demo", project_id=self.project)
         # A new group only lets traffic out; like a default group, admit its own members
@@ -149,6 +167,38 @@ class Scenario:
             pod.port_id = self._port_of(result)
             self.figures.add_ms.append(elapsed)
             self.pods.append(pod)
+
+    def _attach_extra(self, name: str, host: str, conf: dict[str, Any]) -> tuple[Pod, Any]:
+        """A pod for a later step: torn down with the others, not in the ADD figures."""
+        pod = new_pod(name, self.topology.pod(name), host)
+        self.pods.append(pod)  # before the ADD: a failed ADD's pod is still DELeted
+        _, result = cni("ADD", pod, conf)
+        pod.ip = result["ips"][0]["address"].split("/")[0]
+        return pod, result
+
+    def _security_groups(self, network_id: str) -> None:
+        step(f"security groups: tcp/{secgroups.TCP_PORT} to a pod whose group has no ingress rule")
+        group = secgroups.create_locked_group(self.neutron, self.project)
+        conf = dict(self.confs[HOSTS[0]], securityGroups=[group])
+        server, _ = self._attach_extra("sg-server", HOSTS[0], conf)
+        open_pod = next(p for p in self.pods if p.host == HOSTS[0] and p is not server)
+        client = next(p for p in self.pods if p.host == HOSTS[1])
+        figures = secgroups.run(self.neutron, group, server, open_pod, client, CIDR)
+        step("security groups: the Neutron rule let it in; a spoofed source stays out")
+        self.figures.more += figures.lines()
+
+    def _memif_cnf(self, network_id: str, sg_id: str) -> None:
+        if self.kubelet is None:
+            self.figures.more += cnf.CnfFigures(skipped=self.memif_missing).lines()
+            return
+        step("memif: a CNF pod with a podwire.io/memif grant on host 1 runs dpdk-testpmd")
+        grant = self.kubelet.grant(PodName("demo", "cnf"), "memif-0")
+        _, result = self._attach_extra("cnf", HOSTS[0], self.confs[HOSTS[0]])
+        address, mac = cnf.memif_ip(result)
+        client = next(p for p in self.pods if p.host == HOSTS[1])
+        step(f"memif: pinging the CNF's memif address {address} from {client.name} on host 2")
+        figures = cnf.ping_cnf(grant, mac, client.netns, address, self.work / "testpmd.log", 50)
+        self.figures.more += figures.lines()
 
     def _port_of(self, result: dict[str, Any]) -> str:
         mac = next(i["mac"] for i in result["interfaces"] if i.get("sandbox"))
@@ -210,10 +260,14 @@ class Scenario:
         if self.services.children.get("controller"):
             self.services.admin("POST", "/v1/pools/free", {"nodes": list(HOSTS)})
         self.services.stop()
+        if self.kubelet is not None:
+            self.kubelet.stop()
         for port in list(self.neutron.network.ports(project_id=self.project)):
             self.neutron.network.delete_port(port)
         for network in list(self.neutron.network.networks(project_id=self.project)):
             self.neutron.network.delete_network(network)
+        for group in list(self.neutron.network.security_groups(project_id=self.project)):
+            self.neutron.network.delete_security_group(group)
         self.topology.destroy()
         left = asyncio.run(self._etcd_leftovers())
         left += [f"namespace {name}" for name in self.topology.leftovers()]

@@ -54,7 +54,8 @@ class Services:
         )
         self._wait("controller", lambda: http_ok(f"{self.controller_url}/readyz"))
 
-    def start_agent(self, host: str, netns: str, vtep: str) -> str:
+    def start_agent(self, host: str, netns: str, vtep: str, extra: str = "") -> str:
+        """``extra``: more TOML sections for this agent (the memif host's [deviceplugin])."""
         socket_path = str(self.work / f"{host}.sock")
         self._spawn(
             host,
@@ -63,7 +64,8 @@ class Services:
             + f'[agent]\nhost = "{host}"\ncontroller_url = "{self.controller_url}"\n'
             + f'token = "{self.node_tokens[host]}"\ncni_socket = "{socket_path}"\n'
             + f'state_dir = "{self.work / host}"\nvtep_ip = "{vtep}"\n'
-            + f'host_netns = "{netns}"\nheartbeat_ttl = 10\n',
+            + f'host_netns = "{netns}"\nheartbeat_ttl = 10\n'
+            + extra,
         )
         self._wait(host, lambda: Path(socket_path).exists())
         return socket_path
