@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,31 +76,62 @@ def _canonical(entry: Attachment) -> Attachment:
     )
 
 
-class Checkpoint:
-    def __init__(self, state_dir: str) -> None:
-        self.path = Path(state_dir) / FILE_NAME
-        self.entries: dict[str, Attachment] = {}
+class StateFile:
+    """One of the agent's checkpoint files: a versioned object whose ``section`` maps ids to
+    entries. A damaged file stops the agent with a message (the operator decides: starting
+    empty would forget live pods); writes are atomic and group-committed, so changes made while
+    a write is in flight share the next one and a burst of ADDs pays a few fsyncs, not one each.
+    """
+
+    def __init__(self, path: Path, what: str, section: str, max_bytes: int) -> None:
+        self.path = path
+        self._what, self._section, self._max = what, section, max_bytes
         self._lock = asyncio.Lock()
         self._changes = 0  # bumped by every change
         self._written = 0  # the change count the file on disk reflects
 
-    def load(self) -> None:
+    def read(self) -> dict[str, Any]:
+        """The raw entries by id; empty when there is no file yet."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             text = self.path.read_text()
         except FileNotFoundError:
-            return
+            return {}
         except OSError as exc:
             raise ConfigError(f"agent.state_dir: cannot read {self.path}: {exc}") from exc
         try:
-            body = doc.decode_versioned(text, "checkpoint", MAX_FILE)
-            items = doc.as_object(body.get("attachments", {}), "checkpoint: attachments")
+            body = doc.decode_versioned(text, self._what, self._max)
+            return doc.as_object(body.get(self._section, {}), f"{self._what}: {self._section}")
         except ValidationError as exc:
             raise ConfigError(
-                f"checkpoint {self.path} is damaged ({exc}); move it away to start empty"
+                f"{self._what} {self.path} is damaged ({exc}); move it away to start empty"
             ) from exc
+
+    def write(self, items: dict[str, Any]) -> None:
+        body = {"v": doc.SCHEMA_VERSION, self._section: items}
+        atomic_write(self.path, json.dumps(body, sort_keys=True).encode())
+
+    async def persist(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        """Return once the file holds the caller's change (``snapshot`` gives every entry)."""
+        self._changes += 1
+        mine = self._changes
+        async with self._lock:
+            if self._written >= mine:
+                return
+            covered, items = self._changes, snapshot()
+            await asyncio.to_thread(self.write, items)
+            self._written = covered
+
+
+class Checkpoint:
+    def __init__(self, state_dir: str) -> None:
+        self.file = StateFile(Path(state_dir) / FILE_NAME, "checkpoint", "attachments", MAX_FILE)
+        self.path = self.file.path
+        self.entries: dict[str, Attachment] = {}
+
+    def load(self) -> None:
         migrated = 0
-        for key, raw in items.items():
+        for key, raw in self.file.read().items():
             try:
                 entry = _canonical(Attachment.from_json(key, raw))
             except ValidationError as exc:
@@ -109,7 +141,7 @@ class Checkpoint:
             migrated += entry.attachment != key
         if migrated:
             # Entries from before ``<container>:<ifname>`` ids: stored under the new ids now.
-            self._write(self._snapshot())
+            self.file.write(self._items())
             log.info("agent.checkpoint.migrated", entries=migrated)
 
     def get(self, attachment: str) -> Attachment | None:
@@ -117,27 +149,11 @@ class Checkpoint:
 
     async def put(self, entry: Attachment) -> None:
         self.entries[entry.attachment] = entry
-        await self._persist()
+        await self.file.persist(self._items)
 
     async def remove(self, attachment: str) -> None:
         if self.entries.pop(attachment, None) is not None:
-            await self._persist()
+            await self.file.persist(self._items)
 
-    async def _persist(self) -> None:
-        """Return once the file holds this change. Group commit: changes made while a write
-        is in flight share the next write, so a burst of ADDs pays a few fsyncs, not one each."""
-        self._changes += 1
-        mine = self._changes
-        async with self._lock:
-            if self._written >= mine:
-                return
-            covered, data = self._changes, self._snapshot()
-            await asyncio.to_thread(self._write, data)
-            self._written = covered
-
-    def _snapshot(self) -> bytes:
-        body = {"v": 1, "attachments": {k: e.to_json() for k, e in self.entries.items()}}
-        return json.dumps(body, sort_keys=True).encode()
-
-    def _write(self, data: bytes) -> None:
-        atomic_write(self.path, data)
+    def _items(self) -> dict[str, Any]:
+        return {key: entry.to_json() for key, entry in self.entries.items()}

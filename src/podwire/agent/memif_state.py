@@ -8,16 +8,14 @@ checkpoint that holds the same secrets; it is always the old or the new state (a
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from podwire.agent.checkpoint import StateFile
 from podwire.cni.result import Address
-from podwire.errors import ConfigError, ValidationError
-from podwire.files import atomic_write
+from podwire.errors import ValidationError
 from podwire.log import get_logger
 from podwire.schema import doc, fields
 from podwire.schema.vif import Vif
@@ -121,25 +119,13 @@ def _address(raw: Any, what: str) -> Address:
 
 class MemifCheckpoint:
     def __init__(self, state_dir: str) -> None:
-        self.path = Path(state_dir) / FILE_NAME
+        path = Path(state_dir) / FILE_NAME
+        self.file = StateFile(path, "memif checkpoint", "memifs", MAX_FILE)
+        self.path = path
         self.entries: dict[str, MemifEntry] = {}
-        self._lock = asyncio.Lock()
 
     def load(self) -> None:
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise ConfigError(f"agent.state_dir: cannot read {self.path}: {exc}") from exc
-        try:
-            body = doc.decode_versioned(text, "memif checkpoint", MAX_FILE)
-            items = doc.as_object(body.get("memifs", {}), "memif checkpoint: memifs")
-        except ValidationError as exc:
-            raise ConfigError(
-                f"memif checkpoint {self.path} is damaged ({exc}); move it away to start empty"
-            ) from exc
-        for key, raw in items.items():
+        for key, raw in self.file.read().items():
             try:
                 self.entries[key] = MemifEntry.from_json(key, raw)
             except (ValidationError, KeyError, TypeError) as exc:
@@ -147,15 +133,11 @@ class MemifCheckpoint:
 
     async def put(self, entry: MemifEntry) -> None:
         self.entries[entry.attachment] = entry
-        await self._persist()
+        await self.file.persist(self._items)
 
     async def remove(self, attachment: str) -> None:
         if self.entries.pop(attachment, None) is not None:
-            await self._persist()
+            await self.file.persist(self._items)
 
-    async def _persist(self) -> None:
-        async with self._lock:
-            body = {"v": 1, "memifs": {k: e.to_json() for k, e in self.entries.items()}}
-            data = json.dumps(body, sort_keys=True).encode()
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            await asyncio.to_thread(atomic_write, self.path, data)
+    def _items(self) -> dict[str, Any]:
+        return {key: entry.to_json() for key, entry in self.entries.items()}
