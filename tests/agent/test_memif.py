@@ -230,6 +230,9 @@ async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
     try:
         cnf_pmd.start()
         assert await _eventually_pings(client.ns, target), (tmp_path / "tp1").read_text()
+        # Unfiltered, the CNF answers for an address it does not own (icmpecho answers any);
+        # test_security_groups_apply_to_the_memif_port sees that dropped.
+        assert await asyncio.to_thread(pings, client.ns, _unused_address(neutron, vxnet), 2.0)
 
         # CNF restart: a new client on the same socket, no new ADD.
         cnf_pmd.stop()
@@ -333,6 +336,12 @@ def cnf_groups(neutron: Any, project_id: str) -> Iterator[tuple[Any, Any]]:
         net.delete_security_group(group)
 
 
+def _unused_address(neutron: Any, network: Any) -> str:
+    used = {ip["ip_address"] for p in neutron.network.ports(network_id=network.id)
+            for ip in p.fixed_ips}  # fmt: skip
+    return next(a for a in (f"10.77.0.{i}" for i in range(250, 1, -1)) if a not in used)
+
+
 def _secured(agent: HostAgent) -> set[str]:
     """The host interfaces podwire's tables in the host's kernel filter."""
     out = in_ns(agent.netns, "nft", "-j", "list", "set", "bridge", "podwire", "secured").stdout
@@ -378,7 +387,8 @@ async def test_security_groups_apply_to_the_memif_port(
         assert await _eventually_pings(client.ns, target), (tmp_path / "tp").read_text()
         # testpmd's icmpecho answers ARP and ping for any address: from one the CNF's port
         # does not own, its answers are spoofed and dropped at the tap.
-        assert not await asyncio.to_thread(pings, client.ns, "10.77.0.249", 1.0)
+        spoofed = _unused_address(neutron, vxnet)
+        assert not await asyncio.to_thread(pings, client.ns, spoofed, 1.0)
         net.delete_security_group_rule(rule)
         assert await _eventually_denied(client.ns, target)
         assert not await asyncio.to_thread(pings, client.ns, target, 1.0)
@@ -387,8 +397,8 @@ async def test_security_groups_apply_to_the_memif_port(
         await hosts.cnf_host.stop()
         assert not await asyncio.to_thread(pings, client.ns, target, 1.0)
         await hosts.cnf_host.start()
-        assert entry.tap in _secured(hosts.cnf_host)
         assert not await asyncio.to_thread(pings, client.ns, target, 2.0)
+        assert entry.tap in _secured(hosts.cnf_host)
     finally:
         pmd.stop()
 
