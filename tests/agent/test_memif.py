@@ -389,6 +389,17 @@ async def test_security_groups_apply_to_the_memif_port(
         # does not own, its answers are spoofed and dropped at the tap.
         spoofed = _unused_address(neutron, vxnet)
         assert not await asyncio.to_thread(pings, client.ns, spoofed, 1.0)
+
+        # The master dies and is restarted: its new tap is filtered as the old one was.
+        os.kill(entry.pid, 9)
+        async with asyncio.timeout(10):
+            while _entry(hosts.cnf_host, f"{cnf.cid}:eth0").pid == entry.pid:
+                await asyncio.sleep(0.1)
+        pmd.stop()
+        pmd.start()
+        assert await _eventually_pings(client.ns, target), "no answer after the master restarted"
+        assert not await asyncio.to_thread(pings, client.ns, spoofed, 1.0)
+
         net.delete_security_group_rule(rule)
         assert await _eventually_denied(client.ns, target)
         assert not await asyncio.to_thread(pings, client.ns, target, 1.0)
