@@ -9,12 +9,13 @@ nothing behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ import pytest
 from podwire import keys
 from podwire.agent.memif_master import is_running
 from podwire.agent.memif_state import MemifEntry
-from podwire.agent.ports import HostPort
 from podwire.config import EtcdSettings
 from podwire.demo import testpmd
 from podwire.demo.testpmd import Testpmd
@@ -34,7 +34,7 @@ from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
 from podwire.schema import nodes
 from tests.agent.harness import HostAgent, acni, plugin_binary
-from tests.agent.netenv import NetEnv, links_in, pings
+from tests.agent.netenv import NetEnv, in_ns, links_in, pings
 from tests.deviceplugin.conftest import make_settings
 
 pytestmark = [
@@ -75,6 +75,33 @@ async def hosts(
     neutron_endpoint: str,
     tmp_path: Path,
 ) -> AsyncIterator[MemifHosts]:
+    args = (netenv, hostnames, etcd_settings, neutron_endpoint, tmp_path)
+    async with _memif_hosts(*args, security_groups="off") as running:
+        yield running
+
+
+@pytest.fixture
+async def enforcing_hosts(
+    netenv: NetEnv,
+    hostnames: list[str],
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
+) -> AsyncIterator[MemifHosts]:
+    args = (netenv, hostnames, etcd_settings, neutron_endpoint, tmp_path)
+    async with _memif_hosts(*args, security_groups="enforce") as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def _memif_hosts(
+    netenv: NetEnv,
+    hostnames: list[str],
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
+    security_groups: str,
+) -> AsyncIterator[MemifHosts]:
     root = Path(tempfile.mkdtemp(prefix="pw-mf-", dir="/tmp"))  # unix socket length
     kubelet = KubeletPeer(root, "podwire.io/memif")
     await kubelet.start()
@@ -85,7 +112,9 @@ async def hosts(
         extra: dict[str, Any] = (
             {"deviceplugin": make_settings(root, devices=4)} if index == 1 else {}
         )
-        agents.append(HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint, **extra))
+        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint, **extra)
+        agent.security_groups = security_groups
+        agents.append(agent)
     try:
         for agent in agents:
             await agent.start()
@@ -119,12 +148,17 @@ async def _grant(hosts: MemifHosts, pod: str, device: str) -> Grant:
     )
 
 
-async def _add(agent: HostAgent, netenv: NetEnv, network: str, name: str) -> Pod:
+async def _add(agent: HostAgent, netenv: NetEnv, network: str, name: str, **conf: Any) -> Pod:
     ns = netenv.namespace(name)
     cid = uuid.uuid4().hex
     args = f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID={uuid.uuid4()}"
     call = await acni(
-        _plugin(), "ADD", agent.conf(network), container_id=cid, netns=f"/run/netns/{ns}", args=args
+        _plugin(),
+        "ADD",
+        agent.conf(network, **conf),
+        container_id=cid,
+        netns=f"/run/netns/{ns}",
+        args=args,
     )
     assert call.code == 0, call.stdout
     return Pod(name, ns, cid, call.json)
@@ -196,6 +230,9 @@ async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
     try:
         cnf_pmd.start()
         assert await _eventually_pings(client.ns, target), (tmp_path / "tp1").read_text()
+        # Unfiltered, the CNF answers for an address it does not own (icmpecho answers any);
+        # test_security_groups_apply_to_the_memif_port sees that dropped.
+        assert await asyncio.to_thread(pings, client.ns, _unused_address(neutron, vxnet), 2.0)
 
         # CNF restart: a new client on the same socket, no new ADD.
         cnf_pmd.stop()
@@ -227,15 +264,8 @@ async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
 async def test_two_memif_pods_and_grant_release(
     hosts: MemifHosts, netenv: NetEnv, vxnet: Any, neutron: Any, etcd: EtcdClient, tmp_path: Path
 ) -> None:
-    assert hosts.cnf_host.agent is not None
-    plugged: list[HostPort] = []
-    unplugged: list[HostPort] = []
-    hosts.cnf_host.agent.parts.ports.on_plugged(_append_to(plugged))
-    hosts.cnf_host.agent.parts.ports.on_unplugged(_append_to(unplugged))
     grants = [await _grant(hosts, f"cnf{i}", f"memif-{i}") for i in range(2)]
     pods = [await _add(hosts.cnf_host, netenv, vxnet.id, f"cnf{i}") for i in range(2)]
-    # Port filtering hears of both kinds of host interface, with the port they belong to.
-    assert sorted(p.kind for p in plugged) == ["memif", "memif", "veth", "veth"]
     client = await _add(hosts.veth_host, netenv, vxnet.id, "client")
     entries = [_entry(hosts.cnf_host, f"{pod.cid}:eth0") for pod in pods]
     assert len({e.tap for e in entries}) == 2 and len({e.vif.port_id for e in entries}) == 2
@@ -272,17 +302,6 @@ async def test_two_memif_pods_and_grant_release(
     await _del(hosts.veth_host, vxnet.id, client)
     assert not is_running(entries[1].pid, entries[1].started)
     assert not [name for name in links_in(hosts.cnf_host.netns) if name.startswith("pwt")]
-    assert sorted(p.host_ifname for p in unplugged) == sorted(p.host_ifname for p in plugged)
-    assert {e.tap: e.vif.port_id for e in entries}.items() <= {
-        p.host_ifname: p.port_id for p in plugged
-    }.items()
-
-
-def _append_to(found: list[HostPort]) -> Callable[[HostPort], Awaitable[None]]:
-    async def listener(port: HostPort) -> None:
-        found.append(port)
-
-    return listener
 
 
 async def test_device_plugin_failure_never_stops_veth_pods(
@@ -303,3 +322,97 @@ async def test_device_plugin_failure_never_stops_veth_pods(
 def _memif_of(agent: HostAgent, attachment: str) -> MemifEntry | None:
     assert agent.agent is not None and agent.agent.parts.memif is not None
     return agent.agent.parts.memif.get(attachment)
+
+
+@pytest.fixture
+def cnf_groups(neutron: Any, project_id: str) -> Iterator[tuple[Any, Any]]:
+    """The CNF's group (no ingress rule: Neutron gives it its egress ones) and the client's."""
+    net = neutron.network
+    made = [net.create_security_group(name=f"pw-mf-{n}", project_id=project_id) for n in "ab"]
+    yield made[0], made[1]
+    for port in list(net.ports(project_id=project_id)):
+        net.delete_port(port)
+    for group in made:
+        net.delete_security_group(group)
+
+
+def _unused_address(neutron: Any, network: Any) -> str:
+    used = {ip["ip_address"] for p in neutron.network.ports(network_id=network.id)
+            for ip in p.fixed_ips}  # fmt: skip
+    return next(a for a in (f"10.77.0.{i}" for i in range(250, 1, -1)) if a not in used)
+
+
+def _secured(agent: HostAgent) -> set[str]:
+    """The host interfaces podwire's tables in the host's kernel filter."""
+    out = in_ns(agent.netns, "nft", "-j", "list", "set", "bridge", "podwire", "secured").stdout
+    [found] = [item["set"] for item in json.loads(out)["nftables"] if "set" in item]
+    return set(found.get("elem", []))
+
+
+async def _eventually_denied(ns: str, address: str, within: float = 5.0) -> bool:
+    """A ping id admitted before a rule went may linger in conntrack for a moment."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        if not await asyncio.to_thread(pings, ns, address, 1.0):
+            return True
+    return False
+
+
+async def test_security_groups_apply_to_the_memif_port(
+    enforcing_hosts: MemifHosts,
+    netenv: NetEnv,
+    vxnet: Any,
+    neutron: Any,
+    cnf_groups: tuple[Any, Any],
+    tmp_path: Path,
+) -> None:
+    hosts, net = enforcing_hosts, neutron.network
+    cnf_group, client_group = cnf_groups
+    grant = await _grant(hosts, "cnf", "memif-0")
+    cnf = await _add(hosts.cnf_host, netenv, vxnet.id, "cnf", securityGroups=[cnf_group.id])
+    client = await _add(hosts.veth_host, netenv, vxnet.id, "client",
+                        securityGroups=[client_group.id])  # fmt: skip
+    entry = _entry(hosts.cnf_host, f"{cnf.cid}:eth0")
+    assert entry.tap in _secured(hosts.cnf_host)
+    target = _memif_ip(cnf.result)
+    pmd = Testpmd.memif_client(grant.socket, grant.secret, entry.vif.mac_address,
+                               log=tmp_path / "tp")  # fmt: skip
+    try:
+        pmd.start()
+        assert not await asyncio.to_thread(pings, client.ns, target, 3.0)  # no ingress rule
+        rule = net.create_security_group_rule(
+            security_group_id=cnf_group.id, direction="ingress", ethertype="IPv4", protocol="icmp"
+        )
+        assert await _eventually_pings(client.ns, target), (tmp_path / "tp").read_text()
+        # testpmd's icmpecho answers ARP and ping for any address: from one the CNF's port
+        # does not own, its answers are spoofed and dropped at the tap.
+        spoofed = _unused_address(neutron, vxnet)
+        assert not await asyncio.to_thread(pings, client.ns, spoofed, 1.0)
+
+        # The master dies and is restarted: its new tap is filtered as the old one was.
+        os.kill(entry.pid, 9)
+        async with asyncio.timeout(10):
+            while _entry(hosts.cnf_host, f"{cnf.cid}:eth0").pid == entry.pid:
+                await asyncio.sleep(0.1)
+        pmd.stop()
+        pmd.start()
+        assert await _eventually_pings(client.ns, target), "no answer after the master restarted"
+        assert not await asyncio.to_thread(pings, client.ns, spoofed, 1.0)
+
+        net.delete_security_group_rule(rule)
+        assert await _eventually_denied(client.ns, target)
+        assert not await asyncio.to_thread(pings, client.ns, target, 1.0)
+
+        # Agent restart: the memif port is adopted from the memif checkpoint, still enforced.
+        await hosts.cnf_host.stop()
+        assert not await asyncio.to_thread(pings, client.ns, target, 1.0)
+        await hosts.cnf_host.start()
+        assert not await asyncio.to_thread(pings, client.ns, target, 2.0)
+        assert entry.tap in _secured(hosts.cnf_host)
+    finally:
+        pmd.stop()
+
+    await _del(hosts.cnf_host, vxnet.id, cnf)
+    assert entry.tap not in _secured(hosts.cnf_host)
+    await _del(hosts.veth_host, vxnet.id, client)

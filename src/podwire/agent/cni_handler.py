@@ -16,15 +16,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from podwire.agent import naming
-from podwire.agent.attach import Plugger, PlugSpec, is_nested
+from podwire.agent.attach import Plugger, PlugSpec
 from podwire.agent.binder import Binder
 from podwire.agent.checkpoint import Attachment, Checkpoint
 from podwire.agent.memif import MemifPlan, MemifService
 from podwire.agent.memif_state import MEMIF_IFNAME, MemifEntry
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
-from podwire.agent.policy.enforcer import PolicyEnforcer
-from podwire.agent.ports import VETH, HostPort, HostPorts
+from podwire.agent.ports import PortFilter
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni import spec
 from podwire.cni.request import (
@@ -34,7 +33,7 @@ from podwire.cni.request import (
     parse_request,
     valid_attachments,
 )
-from podwire.cni.result import Address, Attached, add_memif, render
+from podwire.cni.result import Address, add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
@@ -66,12 +65,10 @@ class CniHandler:
         pods: PodReleaser | None = None,
         metrics: AgentMetrics | None = None,
         memif: MemifService | None = None,
-        ports: HostPorts | None = None,
-        policy: PolicyEnforcer | None = None,
+        policy: PortFilter | None = None,
     ) -> None:
         self._settings = settings
         self._memif = memif
-        self._ports = ports or HostPorts()
         self._policy = policy
         self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
@@ -221,7 +218,6 @@ class CniHandler:
                 req.attachment, req.netns, req.ifname, vif.mac_address, mtu, bridge, addresses
             )
             attached = await self._plugger.plug(plug)
-            await self._ports.plugged(_host_port(vif, attached))
         entry = Attachment(
             attachment=req.attachment,
             container_id=req.container_id,
@@ -243,8 +239,6 @@ class CniHandler:
         if self._memif is not None:
             await self._memif.detach(attachment)
         await self._plugger.unplug(attachment, entry.attached if entry else None)
-        if entry is not None and not is_nested(entry.attached):
-            await self._ports.unplugged(_host_port(entry.vif, entry.attached))
         await self._vifs.release(attachment, entry.vif if entry else None)
         if entry is not None and self._policy is not None:
             self._policy.forget(entry.vif.port_id)
@@ -310,11 +304,6 @@ class CniHandler:
         if not ready:
             raise CniError(spec.NOT_AVAILABLE, f"podwire agent not ready: {detail}")
         return ""
-
-
-def _host_port(vif: Vif, attached: Attached) -> HostPort:
-    addresses = tuple(a.address for a in attached.addresses)
-    return HostPort(vif.port_id, VETH, attached.host_ifname, vif.mac_address, addresses)
 
 
 def _bridge(vif: Vif) -> str:

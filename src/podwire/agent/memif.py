@@ -3,9 +3,11 @@
 A pod that holds a ``podwire.io/memif`` grant gets, at CNI ADD, a second VIF from the VIF
 source (attachment ``<container>:memif0``, same network, project and security groups), wired
 by the binder like any port. Its host end is a tap on the network's bridge (``pwt`` + digest,
-marked like a veth), so the bridge, VXLAN and the port filters treat it as one more port; the
-tap's frames are those of a ``podwire-memif`` master serving the grant's socket. The pod
-learns its addresses from ``<grant dir>/memif.json``.
+marked like a veth), so the bridge and VXLAN treat it as one more port; the tap's frames are
+those of a ``podwire-memif`` master serving the grant's socket. The pod learns its addresses
+from ``<grant dir>/memif.json``. The port filter (security groups, anti-spoofing) is told of
+the port, keyed on the tap's name, before the tap exists, exactly as for a veth: a restarted
+master's tap comes back under the same name and is filtered from its first frame.
 
 Masters outlive the agent (see ``memif_master``); a supervision loop restarts a master that
 died and tears a memif down when its grant's dir is gone (kubelet released the grant).
@@ -26,7 +28,7 @@ from podwire.agent import memif_master, naming
 from podwire.agent.binder import Binder
 from podwire.agent.memif_state import MEMIF_IFNAME, MemifCheckpoint, MemifEntry
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.ports import MEMIF, HostPort, HostPorts
+from podwire.agent.ports import PortFilter
 from podwire.agent.vifsource import VifRequest, VifSource
 from podwire.cni.request import CniRequest
 from podwire.cni.result import Address
@@ -73,11 +75,11 @@ class MemifService:
         host_nl: HostNetlink,
         state_dir: str,
         metrics: AgentMetrics | None = None,
-        ports: HostPorts | None = None,
+        port_filter: PortFilter | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics or AgentMetrics()
-        self._ports = ports or HostPorts()
+        self._filter = port_filter
         self._binary = binary
         self._grants = grants
         self._vifs = vifs
@@ -120,6 +122,8 @@ class MemifService:
         try:
             entry = await self._wire(req, grant, vif_attachment, vif, plan.deadline)
         except BaseException:
+            if self._filter is not None:
+                self._filter.forget(vif.port_id)
             await self._vifs.release(vif_attachment, vif)
             raise
         log.info(
@@ -151,8 +155,9 @@ class MemifService:
     async def _wire(
         self, req: CniRequest, grant: MemifInfo, vif_attachment: str, vif: Vif, deadline: float
     ) -> MemifEntry:
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-        port = await self._binder.wait_wired(vif.port_id, remaining)
+        loop = asyncio.get_running_loop()
+        groups = vif.security_groups if self._filter is not None else None
+        port = await self._binder.wait_wired(vif.port_id, max(0.0, deadline - loop.time()), groups)
         plan = self._binder.plan_for(port.network_id)
         bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
         addresses = tuple(
@@ -173,6 +178,8 @@ class MemifService:
             mtu=min(port.mtu, vif.mtu),
             addresses=addresses,
         )
+        if self._filter is not None:  # keyed on the tap's name: in force before it exists
+            await self._filter.enforce(port, entry.tap, max(0.0, deadline - loop.time()))
         await asyncio.to_thread(_write_info, entry)
         try:
             entry = await self._start(entry)
@@ -198,6 +205,8 @@ class MemifService:
         if entry is None:
             return False
         await self._stop(entry)
+        if self._filter is not None:
+            self._filter.forget(entry.vif.port_id)
         await self._vifs.release(entry.vif_attachment, entry.vif)
         await self.checkpoint.remove(attachment)
         self._metrics.memifs.set(len(self.checkpoint.entries))
@@ -209,11 +218,6 @@ class MemifService:
     async def _start(self, entry: MemifEntry) -> MemifEntry:
         await self._host.run(_remove_own_tap, entry.tap)
         fd = await self._host.run(tap.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
-        try:
-            await self._ports.plugged(_host_port(entry))  # no frame flows before this
-        except BaseException:
-            os.close(fd)  # the tap goes with it
-            raise
         spec = memif_master.MasterSpec(entry.tap, entry.socket, entry.secret)
         pid, started = await asyncio.to_thread(
             memif_master.spawn, self._binary, spec, fd, self._settings
@@ -223,7 +227,6 @@ class MemifService:
     async def _stop(self, entry: MemifEntry) -> None:
         await asyncio.to_thread(memif_master.stop, entry.pid, entry.started)
         await self._host.run(_remove_own_tap, entry.tap)
-        await self._ports.unplugged(_host_port(entry))
         await asyncio.to_thread(_remove_files, entry)
 
     # -- restart and supervision ---------------------------------------------------------
@@ -265,11 +268,6 @@ class MemifService:
         self._metrics.memif_master_restarts.inc()
         await self.checkpoint.put(await self._start(entry))
         return 0
-
-
-def _host_port(entry: MemifEntry) -> HostPort:
-    addresses = tuple(a.address for a in entry.addresses)
-    return HostPort(entry.vif.port_id, MEMIF, entry.tap, entry.vif.mac_address, addresses)
 
 
 def _write_info(entry: MemifEntry) -> None:

@@ -23,7 +23,7 @@ from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
-from podwire.agent.ports import HostPorts
+from podwire.agent.ports import PortFilter
 from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
@@ -38,6 +38,7 @@ from podwire.memif import build as memif_build
 from podwire.netfilter import Nftables
 from podwire.netlink import HostNetlink, PodNetlink, tap
 from podwire.schema.ports import DesiredPort
+from podwire.schema.vif import Vif
 from podwire.service.ops_http import OpsServer
 
 log = get_logger(__name__)
@@ -60,8 +61,6 @@ class AgentParts:
     heartbeat: Heartbeat | None = None
     handler: CniHandler | None = None
     memif: MemifService | None = None
-    # Port filtering registers here to hear of every port's host interface (veth or tap).
-    ports: HostPorts = field(default_factory=HostPorts)
     policy: PolicyEnforcer | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -130,15 +129,10 @@ class Agent:
         checkpoint.load()
         memif = policy = None
         if kernel is not None:
-            memif = _memif_service(
-                self.settings,
-                plugin,
-                memif_binary,
-                (vifs, binder, kernel[0]),
-                self.metrics,
-                self.parts.ports,
-            )
             policy = self._policy(stack, etcd, binder)
+            memif = _memif_service(
+                self.settings, plugin, memif_binary, (vifs, binder, kernel[0]), self.metrics, policy
+            )
         releaser = self._releaser(stack, plugin)
 
         async def ready() -> tuple[bool, str]:
@@ -156,7 +150,6 @@ class Agent:
                 releaser,
                 self.metrics,
                 memif,
-                self.parts.ports,
                 policy,
             )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
@@ -169,7 +162,7 @@ class Agent:
             if memif is not None:
                 await memif.restore()
                 tg.create_task(memif.run())
-            await _enforce_plugged(policy, checkpoint, binder)
+            await _enforce_plugged(policy, _plugged_ports(checkpoint, memif, binder))
             if handler is not None:
                 server = CniServer(agent.cni_socket, handler)
                 await server.start()
@@ -209,36 +202,45 @@ class Agent:
 
 
 async def _enforce_plugged(
-    policy: PolicyEnforcer | None, checkpoint: Checkpoint, binder: Binder
+    policy: PolicyEnforcer | None, plugged: list[tuple[DesiredPort, str]]
 ) -> None:
     """Running pods keep their rules: the first application is one atomic replace."""
     if policy is not None:
-        policy.adopt(_plugged_ports(checkpoint, binder))
+        policy.adopt(plugged)
         await policy.synced.wait()
 
 
-def _plugged_ports(checkpoint: Checkpoint, binder: Binder) -> list[tuple[DesiredPort, str]]:
-    """The pods plugged before this start, with their ports' desired values (or, if the
-    binding is gone meanwhile, what the VIF said: still enforced, never left open)."""
-    found = []
-    for entry in checkpoint.entries.values():
-        if is_nested(entry.attached):
-            continue
-        vif = entry.vif
-        port = binder.wired.get(vif.port_id) or DesiredPort(
-            vif.port_id,
-            vif.network_id,
-            vif.mac_address,
-            vif.mtu,
-            vif.network_type,
-            None,
-            vif.segmentation_id,
-            vif.vif_type,
-            tuple(vif.fixed_ips),
-            tuple(vif.security_groups),
-        )
-        found.append((port, entry.attached.host_ifname))
+def _plugged_ports(
+    checkpoint: Checkpoint, memif: MemifService | None, binder: Binder
+) -> list[tuple[DesiredPort, str]]:
+    """The ports plugged before this start with their host interfaces: pod veths from the
+    checkpoint, memif taps from the memif checkpoint (restored just before, so a memif whose
+    grant went meanwhile is no longer among them)."""
+    found = [
+        (_desired(binder, entry.vif), entry.attached.host_ifname)
+        for entry in checkpoint.entries.values()
+        if not is_nested(entry.attached)
+    ]
+    if memif is not None:
+        found += [(_desired(binder, e.vif), e.tap) for e in memif.checkpoint.entries.values()]
     return found
+
+
+def _desired(binder: Binder, vif: Vif) -> DesiredPort:
+    """The port's desired value (or, if the binding is gone meanwhile, what the VIF said:
+    still enforced, never left open)."""
+    return binder.wired.get(vif.port_id) or DesiredPort(
+        vif.port_id,
+        vif.network_id,
+        vif.mac_address,
+        vif.mtu,
+        vif.network_type,
+        None,
+        vif.segmentation_id,
+        vif.vif_type,
+        tuple(vif.fixed_ips),
+        tuple(vif.security_groups),
+    )
 
 
 def _memif_service(
@@ -247,7 +249,7 @@ def _memif_service(
     binary: Path | None,
     parts: tuple[VifSource, Binder, HostNetlink],
     metrics: AgentMetrics,
-    ports: HostPorts,
+    port_filter: PortFilter | None,
 ) -> MemifService | None:
     if plugin is None or binary is None:
         return None
@@ -261,7 +263,7 @@ def _memif_service(
         host_nl,
         settings.agent.state_dir,
         metrics,
-        ports,
+        port_filter,
     )
 
 
