@@ -8,7 +8,6 @@ etcd here with the schema's encoders, exactly as the forwarder will write them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
 import sys
 import uuid
@@ -21,19 +20,15 @@ import aiohttp
 import pytest
 
 from podwire import keys
-from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.config import EtcdSettings
 from podwire.controller.app import Controller
-from podwire.controller.leader import ELECTION
 from podwire.controller.pools import PoolKey
 from podwire.etcd import EtcdClient
-from podwire.neutron.client import connect
 from podwire.schema import nodes
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, pings
-from tests.agent.test_with_controller import _serving
-from tests.controller.conftest import Node, admin, pooled_ports, settings_for
-from tests.scripted_agent import eventually
+from tests.agent.test_with_controller import controller_and_agent
+from tests.controller.conftest import Node, admin, pooled_ports
 
 pytestmark = pytest.mark.stack
 
@@ -227,29 +222,9 @@ async def pooled_sg(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[Controller, HostAgent, Node]]:
     """A controller in this loop and one enforcing agent that gets its VIFs from it."""
-    node = Node(hostnames[0], uuid.uuid4().hex)
-    settings = settings_for(stack, [node], min=0)
-    controller = Controller(settings, etcd, connect(settings.neutron))
-    task = asyncio.create_task(controller.run())
-    ns, vtep = netenv.host(1)
-    agent = HostAgent(node.name, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
-    agent.security_groups = "enforce"
-    try:
-        await eventually(lambda: _serving(controller, task), "controller serving", timeout=60)
-        agent.vifs = ControllerVifSource(
-            f"http://127.0.0.1:{controller.port}", node.name, node.token
-        )
-        await agent.start()
-        yield controller, agent, node
-    finally:
-        await agent.stop()
-        if isinstance(agent.vifs, ControllerVifSource):
-            await agent.vifs.close()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        await etcd.delete(ELECTION)
-        await etcd.delete_prefix(keys.vifs_prefix(node.name))
+    args = (stack, etcd, etcd_settings, netenv, hostnames, neutron_endpoint, tmp_path)
+    async with controller_and_agent(*args, security_groups="enforce") as running:
+        yield running
 
 
 async def test_pooled_port_moved_to_other_groups_is_filtered_by_the_new_ones(

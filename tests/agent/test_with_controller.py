@@ -43,12 +43,29 @@ async def pooled(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[Controller, HostAgent, Node]]:
     """A controller in this loop and one agent that gets its VIFs from it."""
+    args = (stack, etcd, etcd_settings, netenv, hostnames, neutron_endpoint, tmp_path)
+    async with controller_and_agent(*args) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def controller_and_agent(
+    stack: dict[str, Any],
+    etcd: EtcdClient,
+    etcd_settings: EtcdSettings,
+    netenv: NetEnv,
+    hostnames: list[str],
+    neutron_endpoint: str,
+    tmp_path: Path,
+    security_groups: str = "off",
+) -> AsyncIterator[tuple[Controller, HostAgent, Node]]:
     node = Node(hostnames[0], uuid.uuid4().hex)
     settings = settings_for(stack, [node], min=0)
     controller = Controller(settings, etcd, connect(settings.neutron))
     task = asyncio.create_task(controller.run())
     ns, vtep = netenv.host(1)
     agent = HostAgent(node.name, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
+    agent.security_groups = security_groups
     try:
         await eventually(lambda: _serving(controller, task), "controller serving", timeout=60)
         agent.vifs = ControllerVifSource(
