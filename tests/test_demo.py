@@ -24,7 +24,7 @@ def test_demo_pods_reach_each_other_groups_decide_cnf_answers_nothing_left() -> 
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "pod-to-pod pings: 12 of 12 answered" in out
-    assert "pool hits: 6 of 6 ADDs; re-created pods got 2 recycled ports back" in out
+    assert "pool hits: 6 of 6 ADDs; 2 of 2 released ports recycled into the pools" in out
     assert re.search(r"CNI ADD: p50 [\d.]+ ms, p99 [\d.]+ ms \(6 ADDs\)", out)
     # Neutron's rules decide: a reset from an open pod, silence from the locked one, then in.
     assert "nothing listening: refused; listening pod, group without that rule: timed out" in out

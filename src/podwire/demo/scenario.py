@@ -42,7 +42,8 @@ class Figures:
     ports: int = 0
     pings: int = 0
     pool_hits: float = 0
-    reused: int = 0
+    released: int = 0
+    recycled: int = 0
     add_ms: list[float] = field(default_factory=list)
     active_ms: list[float] = field(default_factory=list)
     more: list[str] = field(default_factory=list)  # the later steps' lines
@@ -52,7 +53,7 @@ class Figures:
             f"pods attached: {self.pods} on {len(HOSTS)} hosts; Neutron ports: {self.ports}",
             f"pod-to-pod pings: {self.pings} of {self.pods * (self.pods - 1)} answered",
             f"pool hits: {self.pool_hits:.0f} of {len(self.add_ms)} ADDs;"
-            f" re-created pods got {self.reused} recycled ports back",
+            f" {self.recycled} of {self.released} released ports recycled into the pools",
             f"CNI ADD: p50 {statistics.median(self.add_ms):.1f} ms,"
             f" p99 {p99(self.add_ms):.1f} ms ({len(self.add_ms)} ADDs)",
             f"pool port bound -> ACTIVE: p50 {statistics.median(self.active_ms):.0f} ms"
@@ -218,29 +219,31 @@ class Scenario:
     def _recreate_half(self) -> None:
         half = self.pods[::2]
         step(f"deleting {len(half)} pods, then creating them again (ports return to the pool)")
-        pooled = self._pooled()
         released = set()
         for pod in half:
             cni("DEL", pod, self.confs[pod.host])
             released.add(pod.port_id)
             self.topology.remove(pod.netns)
             self.pods.remove(pod)
-        self._wait_pooled(pooled + len(half))
-        again = [new_pod(pod.name, "", pod.host) for pod in half]
-        self._attach(again)
-        self.figures.reused = len(released & {pod.port_id for pod in again})
+        self.figures.released = len(released)
+        self.figures.recycled = len(self._wait_pooled(released))
+        self._attach([new_pod(pod.name, "", pod.host) for pod in half])
 
-    def _pooled(self) -> int:
+    def _pooled_ports(self) -> set[str]:
         pools = self.services.admin("GET", "/v1/pools")["pools"]
-        return sum(int(pool["size"]) for pool in pools)
+        return {port for pool in pools for group in pool["groups"] for port in group["ports"]}
 
-    def _wait_pooled(self, expected: int) -> None:
-        """Released ports are recycled on the pool's interval, then ready for new pods."""
+    def _wait_pooled(self, released: set[str]) -> set[str]:
+        """Released ports are recycled on the pool's interval, then ready for new pods.
+
+        Waits for those very ports: a refill landing meanwhile also grows the pools.
+        """
         deadline = time.monotonic() + 60
-        while self._pooled() < expected:
+        while not released <= (pooled := self._pooled_ports()):
             if time.monotonic() > deadline:
-                raise StackError("released ports did not return to the pools within 60 s")
+                return released & pooled
             time.sleep(0.2)
+        return released
 
     async def _etcd_leftovers(self) -> list[str]:
         async with await EtcdClient.connect(EtcdSettings(endpoints=[self.etcd_url])) as etcd:
