@@ -182,6 +182,7 @@ async def _pods(
             await binder.wait_wired(vif.port_id, 120)
         except PodwireError as exc:  # counted in the table, not fatal to the bench
             errors.append(f"ADD: {exc}")
+            await _release(sources[i], req.attachment, None, errors)  # a runtime DELs it
             return
         adds.append((time.monotonic() - started) * 1000)
         await asyncio.sleep(POD_SECONDS)

@@ -76,6 +76,9 @@ class PoolSettings:
     max: int = 0
     batch: int = 10
     update_interval: float = 20.0
+    # A release starts a recycling pass at once while the forwarder's mirror can answer it;
+    # false: released ports wait for the next update_interval pass.
+    recycle_on_release: bool = True
     bulk_concurrency: int = 20
     populate_timeout: float = 420.0
     node_cleanup_interval: float = 600.0

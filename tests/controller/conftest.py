@@ -101,6 +101,7 @@ def settings_for(
         "min": 2,
         "batch": 3,
         "update_interval": 3600.0,
+        "recycle_on_release": False,  # the tests recycle when they choose
         "node_cleanup_interval": 3600.0,
         "adaptive": False,
     }

@@ -70,6 +70,7 @@ class FakeNeutron:
     trunks: list[Any] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     updates: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    listed: list[set[str]] = field(default_factory=list)  # the ids of each list_ports call
 
     def add(self, *ports: PortSummary) -> None:
         self.ports.update({p.id: p for p in ports})
@@ -90,6 +91,7 @@ class FakeNeutron:
 
     async def list_ports(self, **filters: Any) -> list[Any]:
         wanted = set(filters.get("id", self.ports))
+        self.listed.append(wanted)
         return [p for p in self.ports.values() if p.id in wanted]
 
     async def list_port_summaries(self, **filters: str) -> list[PortSummary]:

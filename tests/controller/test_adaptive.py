@@ -42,7 +42,8 @@ async def test_pool_grows_with_a_burst_and_shrinks_after_the_ttl(
         [node],
         min=1,
         batch=5,
-        update_interval=0.5,  # released ports come back quickly
+        update_interval=0.5,
+        recycle_on_release=True,  # released ports come back at once
         adaptive=True,
         idle_ttl=TTL,
         rate_window=1.0,

@@ -5,6 +5,7 @@ test_vif_api.py, test_lifecycle.py and test_port_debug.py check the same against
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from podwire.config import PoolSettings
@@ -74,3 +75,49 @@ async def test_port_debug_renames_the_returned_port() -> None:
     (port_id,) = await _released(w, 1)
     assert await recycle_once(w.service, w.ops, PoolSettings(port_debug=True)) == (1, 0)
     assert w.neutron.updates == [(port_id, {"name": AVAILABLE_NAME, "device_id": ""})]
+
+
+class MirrorAnswers:
+    """The forwarder's mirror as the recycler sees it: SGs of the ports it shows bound."""
+
+    def __init__(self, sgs: dict[str, list[str]] | None) -> None:
+        self.sgs = sgs
+        self.asked: list[set[str]] = []
+
+    async def bound_sgs(self, ports: Mapping[str, PoolKey]) -> dict[str, list[str]] | None:
+        self.asked.append(set(ports))
+        if self.sgs is None:
+            return None
+        return {p: sgs for p, sgs in self.sgs.items() if p in ports}
+
+
+async def test_the_mirror_answers_and_neutron_is_not_listed() -> None:
+    w = world()
+    (port_id,) = await _released(w, 1)
+    mirror = MirrorAnswers({port_id: ["sg-m"]})
+    assert await recycle_once(w.service, w.ops, PoolSettings(), mirror) == (1, 0)
+    assert mirror.asked == [{port_id}]
+    assert w.neutron.listed == []
+    assert w.service.snapshot(KEY).groups == [(("sg-m",), [port_id])]
+
+
+async def test_neutron_answers_for_what_the_mirror_does_not_show_bound() -> None:
+    w = world()
+    shown, failed, gone = await _released(w, 1, 2, 3)
+    w.neutron.ports[failed] = replace(w.neutron.ports[failed], binding_vif_type="binding_failed")
+    del w.neutron.ports[gone]
+    mirror = MirrorAnswers({shown: ["sg-m"]})
+    assert await recycle_once(w.service, w.ops, PoolSettings(), mirror) == (1, 1)
+    assert w.neutron.listed == [{failed, gone}]
+    assert w.neutron.deleted == [failed]
+    assert not w.service.knows(gone)
+    assert w.service.snapshot(KEY).groups == [(("sg-m",), [shown])]
+
+
+async def test_without_a_vouching_forwarder_neutron_is_listed_for_all() -> None:
+    w = world()
+    ids = await _released(w, 1, 2)
+    w.neutron.ports[ids[0]] = replace(w.neutron.ports[ids[0]], security_group_ids=["sg-n"])
+    assert await recycle_once(w.service, w.ops, PoolSettings(), MirrorAnswers(None)) == (2, 0)
+    assert w.neutron.listed == [set(ids)]
+    assert (("sg-n",), [ids[0]]) in w.service.snapshot(KEY).groups

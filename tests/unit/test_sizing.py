@@ -20,6 +20,21 @@ def test_a_step_up_is_seen_within_one_window() -> None:
     assert window.rate(1.0) == 5.0  # the current window's pace, before it ends
 
 
+def test_returned_ports_offset_requests_so_steady_churn_orders_nothing() -> None:
+    sizer: PoolSizer[str] = PoolSizer(SETTINGS)
+    sizer.bulk_created(2.0)
+    for i in range(50):  # 5 pods/s created, each one's port back 0.5 s later
+        sizer.request("p", i * 0.2)
+        if i >= 3:
+            sizer.returned("p", i * 0.2 + 0.1)
+    assert sizer.target("p", 10.0).size == SETTINGS.min
+    growing: PoolSizer[str] = PoolSizer(SETTINGS)  # the same pods, none deleted yet
+    growing.bulk_created(2.0)
+    for i in range(50):
+        growing.request("p", i * 0.2)
+    assert growing.target("p", 10.0).size == 20
+
+
 def test_the_rate_decays_through_quiet_windows_to_zero() -> None:
     window = RateWindow(window=1.0, smoothing=0.5, started=0.0)
     for i in range(10):
@@ -32,7 +47,7 @@ def test_the_rate_decays_through_quiet_windows_to_zero() -> None:
 def test_target_is_rate_times_refill_time_times_headroom() -> None:
     target = compute_target(rate=5.0, lead=1.5, idle_for=0.5, settings=SETTINGS)
     assert target.size == 15
-    assert target.reason == "rate 5.00/s x refill 1.50 s x headroom 2 = 15"
+    assert target.reason == "drain 5.00/s x refill 1.50 s x headroom 2 = 15"
 
 
 def test_target_is_held_inside_min_and_max() -> None:
@@ -134,7 +149,7 @@ def test_status_shows_each_pools_target_and_why() -> None:
     text = "\n".join(_pool_lines(Report(pools={"state": "ok", "pools": [pool]})))
     assert "free target in-use" in text
     assert "node-1" in text and "    15 " in text
-    assert "target: rate 5.00/s x refill 1.50 s x headroom 2 = 15" in text
+    assert "target: drain 5.00/s x refill 1.50 s x headroom 2 = 15" in text
 
 
 def test_a_refill_grows_the_pool_by_doubling_toward_the_target() -> None:

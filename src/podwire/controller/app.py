@@ -23,6 +23,7 @@ from podwire.controller.inuse import InUseStore
 from podwire.controller.leader import controller_election
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
+from podwire.controller.mirror import MirrorFacts
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.recovery import RecoveryReport, recover, verify
@@ -69,6 +70,7 @@ class Controller:
             Liveness(etcd),
         )
         self.sweeper = NodeSweeper(self.service, self.neutron)
+        self.mirror = MirrorFacts(etcd)
         self.api = ControllerApi(
             self.service, settings.controller, self.ready, self.metrics.registry
         )
@@ -113,7 +115,11 @@ class Controller:
                 group.create_task(self.service.run_background())
                 if report.source == "etcd":
                     group.create_task(self._verify(report))
-                group.create_task(self._every(self.settings.pool.update_interval, self._recycle))
+                group.create_task(
+                    self._every(
+                        self.settings.pool.update_interval, self._recycle, self._recycle_wake
+                    )
+                )
                 group.create_task(
                     self._every(self.settings.pool.node_cleanup_interval, self.sweeper.sweep_once)
                 )
@@ -143,12 +149,29 @@ class Controller:
         return await self.service.shrink_idle()
 
     async def _recycle(self) -> object:
-        return await recycle_once(self.service, self.neutron, self.settings.pool)
+        return await recycle_once(self.service, self.neutron, self.settings.pool, self.mirror)
+
+    def _recycle_wake(self) -> asyncio.Event | None:
+        """A release starts a pass at once while the mirror answers it (etcd reads); a pass
+        that has to list Neutron waits for the interval, so a burst cannot flood Neutron."""
+        prompt = self.settings.pool.recycle_on_release and self.mirror.vouched
+        return self.service.released if prompt else None
 
     @staticmethod
-    async def _every(interval: float, job: Callable[[], Awaitable[object]]) -> None:
+    async def _every(
+        interval: float,
+        job: Callable[[], Awaitable[object]],
+        wake: Callable[[], asyncio.Event | None] = lambda: None,
+    ) -> None:
+        """Run ``job`` every ``interval`` s, or as soon as the event ``wake`` names is set."""
         while True:
-            await asyncio.sleep(interval)
+            event = wake()
+            if event is None:
+                await asyncio.sleep(interval)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), interval)
+                event.clear()
             try:
                 await job()
             except PodwireError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 
 from podwire import keys
 from podwire.controller.pools import PoolKey
@@ -31,15 +32,20 @@ log = get_logger(__name__)
 REPORT_MAX_AGE = 10.0
 
 
-def forwarder_doubt(report: bytes | None, now: float) -> str | None:
-    """Why the mirror cannot be trusted now, or None when the forwarder vouches for it."""
+def forwarder_doubt(report: bytes | None, now: float, backlog_ok: bool = False) -> str | None:
+    """Why the mirror cannot be trusted now, or None when the forwarder vouches for it.
+
+    ``backlog_ok``: a running forwarder with rows still to send is good enough for facts about
+    single ports (the rows go out in order within moments, like a change that lands just after
+    a Neutron listing); recovery, which takes every port at once, wants an empty journal.
+    """
     if report is None:
         return "no ml2 forwarder has reported"
     try:
         value = parse_ml2_report(report)
     except ValidationError as exc:
         return str(exc)
-    if value.journal_depth:
+    if value.journal_depth and not backlog_ok:
         return f"the ml2 journal holds {value.journal_depth} rows not yet in etcd"
     age = now - value.updated_at
     if age > REPORT_MAX_AGE:
@@ -78,6 +84,38 @@ def vif_of(port: DesiredPort, project_id: str) -> Vif:
         vif_type=port.vif_type,
         security_groups=list(port.security_groups),
     )
+
+
+class MirrorFacts:
+    """Current SGs of released ports from the mirror: a recycling pass costs etcd reads, not a
+    Neutron listing (which takes seconds while Neutron is busy creating a burst's ports)."""
+
+    def __init__(self, etcd: EtcdClient) -> None:
+        self._etcd = etcd
+        self.vouched = True  # whether the last answer came from the mirror (hoped at first)
+
+    async def bound_sgs(self, ports: Mapping[str, PoolKey]) -> dict[str, list[str]] | None:
+        """SGs of those ports the mirror shows bound to their pool's node; None when no running
+        forwarder vouches for the mirror. A port left out (unbound, failed, deleted, or a value
+        that does not parse) is for Neutron to answer."""
+        status = await self._etcd.get(keys.status("ml2"))
+        doubt = forwarder_doubt(status.value if status else None, time.time(), backlog_ok=True)
+        self.vouched = doubt is None
+        if doubt is not None:
+            log.info("pool.recycle_from_neutron", reason=doubt)
+            return None
+        found: dict[str, list[str]] = {}
+        for node in sorted({key.node for key in ports.values()}):
+            items, _ = await self._etcd.get_prefix(keys.node_ports_prefix(node))
+            for kv in items:
+                parsed = keys.parse_node_port_key(kv.key)
+                if parsed is None or ports.get(parsed[1]) is None:
+                    continue
+                try:
+                    found[parsed[1]] = list(parse_desired_port(kv.value, parsed[1]).security_groups)
+                except ValidationError as exc:
+                    log.warning("pool.mirror_value_unusable", key=kv.key, error=str(exc))
+        return found
 
 
 async def pools_from_mirror(etcd: EtcdClient, in_use: set[str]) -> dict[PoolKey, list[Vif]] | None:

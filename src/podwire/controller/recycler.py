@@ -1,15 +1,21 @@
-"""Released ports go back to their pools on an interval, with their current SGs from Neutron.
+"""Released ports go back to their pools with their current SGs.
 
-A released port is not reused at once: its SGs may have been changed by someone else while it
-was in use, so they are refreshed from one listing for all recyclable ports. Above the pool's
-``max``, or when its binding has failed meanwhile, a released port is deleted instead.
+A released port is not reused as it was: its SGs may have been changed by someone else while
+it was in use. Their current value comes from the ml2 forwarder's mirror in etcd while a
+forwarder vouches for it, else (and for ports the mirror does not show bound) from Neutron
+listings by id. Above the pool's ``max``, or when its binding has failed meanwhile, a released
+port is deleted instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
 from podwire.controller.neutron_ops import PortOps
+from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.log import get_logger
 from podwire.neutron.vifs import binding_failed
@@ -19,14 +25,23 @@ log = get_logger(__name__)
 LIST_CHUNK = 80  # port ids per listing: keeps the request line under 4 KiB
 
 
+class PortFacts(Protocol):
+    """Where current SGs come from without asking Neutron (the forwarder's mirror)."""
+
+    async def bound_sgs(self, ports: Mapping[str, PoolKey]) -> dict[str, list[str]] | None: ...
+
+
 async def recycle_once(
-    service: PoolService, neutron: PortOps, settings: PoolSettings
+    service: PoolService, neutron: PortOps, settings: PoolSettings, facts: PortFacts | None = None
 ) -> tuple[int, int]:
     """Return recyclable ports to pools or delete them; returns (returned, deleted)."""
     pending = service.recyclable()
     if not pending:
         return 0, 0
-    current, failed = await _current_sgs(neutron, list(pending))
+    mirrored = await facts.bound_sgs(pending) if facts is not None else None
+    asked = [port_id for port_id in pending if mirrored is None or port_id not in mirrored]
+    current, failed = await _current_sgs(neutron, asked) if asked else ({}, set())
+    current.update(mirrored or {})
     returned = deleted = 0
     for port_id, key in pending.items():
         sgs = current.get(port_id)
@@ -41,7 +56,9 @@ async def recycle_once(
             await neutron.update_port(port_id, name=AVAILABLE_NAME, device_id="")
         service.return_recycled(key, port_id, sgs)
         returned += 1
-    log.info("pool.recycled", returned=returned, deleted=deleted)
+    # A pass per release burst: routine ones are debug, the ones that cost Neutron are not.
+    report = log.info if deleted or asked else log.debug
+    report("pool.recycled", returned=returned, deleted=deleted, asked_neutron=len(asked))
     return returned, deleted
 
 

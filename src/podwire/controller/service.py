@@ -86,6 +86,7 @@ class PoolService:
         self._background: set[asyncio.Future[Any]] = set()
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
+        self.released = asyncio.Event()  # set by every release: the recycler's wake-up
 
     def _new_pools(self) -> Pools:
         return Pools(lambda key, size: self._metrics.pool_size.labels(*key).set(size))
@@ -260,6 +261,7 @@ class PoolService:
         driver = await self._drivers.for_node(node)
         if driver.pooled:
             self._pools.release(record.key, record.vif.port_id)
+            self.released.set()
         else:
             self._pools.forget(record.vif.port_id)
             await driver.delete(record.key, [record.vif])
@@ -390,6 +392,7 @@ class PoolService:
         self._pools.finish_recycle(port_id)
         if vif is not None:
             self._pools.add(key, [with_sgs(vif, sgs)])
+            self._refiller.sizer.returned(key, time.monotonic())
 
     async def delete_recycled(self, key: PoolKey, port_id: str) -> None:
         """Delete a released port (pool full or binding failed) through its node's driver."""

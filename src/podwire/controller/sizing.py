@@ -1,13 +1,15 @@
-"""How many ready ports a pool should hold: learned from its request rate and Neutron's speed.
+"""How many ready ports a pool should hold: learned from its drain rate and Neutron's speed.
 
 A fixed ``pool.min`` is either too small for a burst (requests wait for a ~seconds-long bulk
-create) or wasteful on idle nodes. With ``pool.adaptive`` each pool key learns its request
-rate (an exponentially weighted average over fixed windows, so one quiet second does not
-forget a burst and a sudden step is seen within one window) and keeps enough ready ports to
-serve that rate until a refill started now would land (the measured bulk-create latency),
-times a headroom for the burst's variance. A pool that saw no request for ``pool.idle_ttl``
-seconds falls back to ``pool.min`` and its surplus is deleted. The target never leaves
-``[pool.min, pool.max]``.
+create) or wasteful on idle nodes. With ``pool.adaptive`` each pool key learns how fast it
+drains: requests minus ports that came back from a release, because a recycled port serves the
+next request like a new one (an exponentially weighted average over fixed windows, so one quiet
+second does not forget a burst and a sudden step is seen within one window). It keeps enough
+ready ports to serve that drain until a refill started now would land (the measured bulk-create
+latency), times a headroom for the burst's variance. Counting requests alone made steady churn
+(pods created and deleted at the same pace) order ever more ports while the released ones
+already covered it. A pool that saw no request for ``pool.idle_ttl`` seconds falls back to
+``pool.min`` and its surplus is deleted. The target never leaves ``[pool.min, pool.max]``.
 
 Pure bookkeeping with the clock passed in: no I/O, so its rules are unit tested exactly.
 """
@@ -33,7 +35,7 @@ class Target:
 
     size: int
     reason: str
-    rate: float  # requests per second the target is based on
+    rate: float  # drain (requests minus returned ports) per second the target is based on
     lead: float  # seconds a refill takes (measured)
 
     def to_json(self) -> dict[str, object]:
@@ -54,7 +56,7 @@ def clamp(value: int, settings: PoolSettings) -> int:
 def compute_target(
     rate: float, lead: float, idle_for: float | None, settings: PoolSettings
 ) -> Target:
-    """The target for a pool that sees ``rate`` requests/s, ``idle_for`` s after its last one.
+    """The target for a pool drained at ``rate`` ports/s, ``idle_for`` s after its last request.
 
     ``idle_for`` is None for a pool that never had a request.
     """
@@ -71,7 +73,7 @@ def compute_target(
         )
     burst = math.ceil(rate * lead * settings.headroom)
     size = clamp(burst, settings)
-    reason = f"rate {rate:.2f}/s x refill {lead:.2f} s x headroom {settings.headroom:g} = {burst}"
+    reason = f"drain {rate:.2f}/s x refill {lead:.2f} s x headroom {settings.headroom:g} = {burst}"
     if size != burst:
         bound = "pool.min" if size == settings.min else "pool.max"
         reason += f", held at {bound} {size}"
@@ -88,13 +90,14 @@ def step_toward(target: int, size: int, batch: int) -> int:
 
 @dataclass
 class RateWindow:
-    """Requests of one pool counted per window, folded into an average when a window ends."""
+    """A pool's drain (requests minus returns) counted per window, folded into an average when
+    a window ends."""
 
     window: float
     smoothing: float
     started: float = 0.0  # start of the current window
-    count: int = 0  # requests in the current window
-    average: float = 0.0  # requests per second over the finished windows
+    count: int = 0  # requests minus returns in the current window
+    average: float = 0.0  # drain per second over the finished windows (<= 0 counts as 0)
     last_request: float | None = None
 
     def observe(self, now: float) -> None:
@@ -102,12 +105,17 @@ class RateWindow:
         self.count += 1
         self.last_request = now
 
+    def returned(self, now: float) -> None:
+        """A released port is back: it offsets one request (it is not one)."""
+        self._roll(now)
+        self.count -= 1
+
     def rate(self, now: float) -> float:
-        """The learned rate; a step up counts at once (the current window's pace so far,
+        """The learned drain; a step up counts at once (the current window's pace so far,
         over at least half a window, so the first request is not an infinite rate)."""
         self._roll(now)
         elapsed = max(now - self.started, self.window / 2)
-        return max(self.average, self.count / elapsed)
+        return max(self.average, self.count / elapsed, 0.0)
 
     def _roll(self, now: float) -> None:
         ended = int((now - self.started) // self.window)
@@ -134,6 +142,9 @@ class PoolSizer(Generic[K]):
 
     def request(self, key: K, now: float) -> None:
         self._window(key, now).observe(now)
+
+    def returned(self, key: K, now: float) -> None:
+        self._window(key, now).returned(now)
 
     def bulk_created(self, seconds: float) -> None:
         """One bulk create (a batch) took ``seconds``: the time a refill needs to land."""
