@@ -25,14 +25,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from bench.fleet import Fleet
+from bench.fleet import ADMIN, Fleet
 from bench.stats import render, row
 from podwire import keys
 from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.config import PoolSettings
-from podwire.controller.recycler import recycle_once
 from podwire.errors import PodwireError
 from podwire.schema.vif import VifRequest
 from podwire.stack.client import neutron_connection, start_background, stop_background
@@ -43,7 +40,7 @@ POD_SECONDS = 0.5
 WARM = 5  # ports per node before the churn, the same for both modes
 MANY = 50
 BIND_SAMPLES = 10
-HTTP_PORTS = 40
+HTTP_PORTS = 200  # concurrent requests per round
 CLUSTER_ARGS = ("--etcd-members", "3", "--workers", "1")
 
 
@@ -271,29 +268,20 @@ async def _bind_to_active(network: Network, hosts: list[str]) -> list[float]:
 
 
 async def _http_warm(fleet: Fleet, url: str, network: Network) -> list[float]:
-    """Requests/s of concurrent warm requests (pool hits) through the HTTP API of one node."""
+    """Requests/s of concurrent warm requests (pool hits) through the HTTP API of one node,
+    sent by a process of their own (bench/http_load.py), as agents on other machines would."""
     controller = fleet.controller
     assert controller is not None
     host = fleet.hosts[0]
     await controller.service.populate([host], network.id, network.project, (), HTTP_PORTS)
-    headers = {"Authorization": f"Bearer t-{host}"}
-    rates: list[float] = []
-    async with aiohttp.ClientSession(headers=headers) as http:
-        for r in range(10):
-            names = [f"h{r}-{i}:eth0" for i in range(HTTP_PORTS)]
-
-            async def one(name: str) -> None:
-                body = {"attachment": name, "network": network.id, "project_id": network.project}
-                async with http.post(f"{url}/v1/nodes/{host}/vifs", json=body) as resp:
-                    assert resp.status == 200, await resp.text()
-
-            started = time.perf_counter()
-            await asyncio.gather(*(one(n) for n in names))
-            rates.append(HTTP_PORTS / (time.perf_counter() - started))
-            for name in names:
-                await controller.service.release(host, name)
-            await recycle_once(controller.service, controller.neutron, controller.settings.pool)
-    return rates
+    args = [url, host, f"t-{host}", ADMIN, network.id, network.project, str(HTTP_PORTS), "10"]
+    load = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.http_load", *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await load.communicate()
+    if load.returncode != 0:
+        raise RuntimeError(f"bench.http_load exited with {load.returncode}")
+    return list(json.loads(out)["rates"])
 
 
 # --- etcd leader loss during pod ADDs ------------------------------------------------------
