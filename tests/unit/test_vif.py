@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import asdict, replace
 from typing import Any
 
 import pytest
 
 from podwire.errors import ValidationError
+from podwire.schema.doc import SCHEMA_VERSION
 from podwire.schema.vif import Vif
 
 GOOD: dict[str, Any] = {
@@ -31,6 +33,11 @@ def test_round_trip_normalises_mac() -> None:
     vif = Vif.from_json(GOOD)
     assert vif.mac_address == "fa:16:3e:66:f4:e5"
     assert Vif.from_json(vif.to_json()) == vif
+
+
+def test_to_json_writes_every_field() -> None:
+    vif = replace(Vif.from_json(GOOD), vlan_id=7, security_groups=["sg-a"])
+    assert vif.to_json() == {"v": SCHEMA_VERSION, **asdict(vif)}
 
 
 @pytest.mark.parametrize(

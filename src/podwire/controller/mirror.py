@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from podwire import keys
 from podwire.controller.pools import PoolKey
 from podwire.errors import ValidationError
-from podwire.etcd.client import EtcdClient
+from podwire.etcd.client import EtcdClient, KeyValue
 from podwire.log import get_logger
 from podwire.schema.ports import DesiredPort, parse_desired_port
 from podwire.schema.records import parse_ml2_report
@@ -93,6 +93,8 @@ class MirrorFacts:
     def __init__(self, etcd: EtcdClient) -> None:
         self._etcd = etcd
         self.vouched = True  # whether the last answer came from the mirror (hoped at first)
+        # Per node, port -> (mod revision, SGs): a value is parsed once, not at every recycle.
+        self._parsed: dict[str, dict[str, tuple[int, list[str]]]] = {}
 
     async def bound_sgs(self, ports: Mapping[str, PoolKey]) -> dict[str, list[str]] | None:
         """SGs of those ports the mirror shows bound to their pool's node; None when no running
@@ -107,15 +109,32 @@ class MirrorFacts:
         found: dict[str, list[str]] = {}
         for node in sorted({key.node for key in ports.values()}):
             items, _ = await self._etcd.get_prefix(keys.node_ports_prefix(node))
-            for kv in items:
-                parsed = keys.parse_node_port_key(kv.key)
-                if parsed is None or ports.get(parsed[1]) is None:
-                    continue
+            found.update(self._node_sgs(node, items, ports))
+        return found
+
+    def _node_sgs(
+        self, node: str, items: list[KeyValue], wanted: Mapping[str, PoolKey]
+    ) -> dict[str, list[str]]:
+        """The wanted ports' SGs from one node's listing; the cache keeps what it listed."""
+        before = self._parsed.get(node, {})
+        kept: dict[str, tuple[int, list[str]]] = {}
+        for kv in items:
+            parsed = keys.parse_node_port_key(kv.key)
+            if parsed is None:
+                continue
+            port_id = parsed[1]
+            known = before.get(port_id)
+            if known is not None and known[0] == kv.mod_revision:
+                kept[port_id] = known
+            elif port_id in wanted:
                 try:
-                    found[parsed[1]] = list(parse_desired_port(kv.value, parsed[1]).security_groups)
+                    sgs = list(parse_desired_port(kv.value, port_id).security_groups)
                 except ValidationError as exc:
                     log.warning("pool.mirror_value_unusable", key=kv.key, error=str(exc))
-        return found
+                    continue
+                kept[port_id] = (kv.mod_revision, sgs)
+        self._parsed[node] = kept
+        return {port_id: kept[port_id][1] for port_id in wanted if port_id in kept}
 
 
 async def pools_from_mirror(etcd: EtcdClient, in_use: set[str]) -> dict[PoolKey, list[Vif]] | None:

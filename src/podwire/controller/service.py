@@ -79,6 +79,7 @@ class PoolService:
         self._drivers = drivers
         self._store = store
         self._metrics = metrics
+        self._pool_gauges: dict[PoolKey, Any] = {}
         self._pools = self._new_pools()
         self._refiller = Refiller(self._pools, settings, metrics, liveness)
         self._attachments: dict[tuple[str, str], InUse] = {}
@@ -89,7 +90,13 @@ class PoolService:
         self.released = asyncio.Event()  # set by every release: the recycler's wake-up
 
     def _new_pools(self) -> Pools:
-        return Pools(lambda key, size: self._metrics.pool_size.labels(*key).set(size))
+        return Pools(self._pool_size_changed)
+
+    def _pool_size_changed(self, key: PoolKey, size: int) -> None:
+        gauge = self._pool_gauges.get(key)
+        if gauge is None:  # labels() costs more than the rest of a pool hit's bookkeeping
+            gauge = self._pool_gauges[key] = self._metrics.pool_size.labels(*key)
+        gauge.set(size)
 
     def _attachments_changed(self) -> None:
         self._metrics.in_use.set(len(self._attachments))
