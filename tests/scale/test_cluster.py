@@ -26,11 +26,13 @@ from podwire.config import (
     Settings,
 )
 from podwire.controller.app import Controller
+from podwire.controller.inuse import InUse, InUseStore
+from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchEvent
 from podwire.neutron.client import connect
 from podwire.schema.records import parse_leader
-from podwire.schema.vif import VifRequest
+from podwire.schema.vif import Vif, VifRequest
 from tests.scale.cluster import Cluster
 from tests.scripted_agent import ScriptedAgent, eventually
 
@@ -302,3 +304,31 @@ async def test_forwarder_moves_to_the_other_neutron_server_without_losing_a_row(
     await asyncio.sleep(1.0)  # the woken forwarder is fenced: it writes nothing stale
     assert await desired()
     await host.cleanup()
+
+
+# --- in-use records through a leader loss --------------------------------------------------
+
+
+async def test_in_use_writes_ride_out_a_leader_loss_without_an_error(
+    cluster: Cluster, cluster_etcd: EtcdClient
+) -> None:
+    """A write lost with the dead leader is sent again, so no VIF request fails because of it."""
+    node = f"iu-{uuid.uuid4().hex[:6]}"
+    retries: list[int] = []
+    store = InUseStore(cluster_etcd, lambda: [], lambda: retries.append(1))
+    vif = Vif(str(uuid.uuid4()), str(uuid.uuid4()), uuid.uuid4().hex, "fa:16:3e:00:00:01", 1450, [])
+    key = PoolKey(node, vif.project_id, vif.network_id)
+    try:
+        writes = []
+        for n in range(60):
+            if n == 10:
+                cluster.kill(cluster.leader())
+            record = InUse(node, f"c{n}:eth0", key, vif)
+            writes.append(asyncio.create_task(store.put(record)))
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*writes)  # every one succeeded
+        assert retries, "the leader loss cost no write a retry: the test did not test it"
+        items, _ = await cluster_etcd.get_prefix(keys.vifs_prefix(node))
+        assert len(items) == 60
+    finally:
+        await cluster_etcd.delete_prefix(keys.vifs_prefix(node))

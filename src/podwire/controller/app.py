@@ -65,7 +65,7 @@ class Controller:
             settings.pool,
             self.neutron,
             NodeDrivers(etcd, drivers, settings.pool.default_driver),
-            InUseStore(etcd, self.leadership.fence),
+            InUseStore(etcd, self.leadership.fence, self.metrics.inuse_retries.inc),
             self.metrics,
             Liveness(etcd),
         )

@@ -5,17 +5,24 @@ pod and must not go back to a pool. Writes are coalesced: every write waiting wh
 transaction is in flight goes into the next one, so a burst of requests costs a few round
 trips instead of one each. Each transaction is fenced by the leader key, so a deposed leader
 cannot record anything.
+
+A transaction etcd fails to answer is sent again for a few seconds: its puts and deletes are
+idempotent, so one that etcd may have applied before the error is safe to repeat, and an etcd
+leader election (1-2 s) then delays the waiting requests instead of failing each of them back
+to its agent, which would retry only after its own delay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from podwire import keys
+from podwire.backoff import Backoff
 from podwire.controller.pools import PoolKey
-from podwire.errors import NotLeader, ValidationError
+from podwire.errors import EtcdUnavailable, NotLeader, ValidationError
 from podwire.etcd.client import Compare, EtcdClient, Op, delete_op, put_op
 from podwire.log import get_logger
 from podwire.schema import fields
@@ -25,6 +32,10 @@ from podwire.schema.vif import Vif
 log = get_logger(__name__)
 
 MAX_TXN_OPS = 100  # etcd's default limit is 128 operations per transaction
+RETRY_SECONDS = 5.0  # an election takes 1-2 s; longer is an outage the agents' retries ride out
+# A group of small writes answers in milliseconds; one lost to a leader that died is re-sent
+# after this long instead of etcd.timeout.
+ATTEMPT_SECONDS = 0.3
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,17 @@ def parse_record(etcd_key: str, raw: bytes) -> InUse:
 
 
 class InUseStore:
-    def __init__(self, etcd: EtcdClient, fence: Callable[[], Sequence[Compare]]) -> None:
+    def __init__(
+        self,
+        etcd: EtcdClient,
+        fence: Callable[[], Sequence[Compare]],
+        on_retry: Callable[[], None] = lambda: None,
+        retry_seconds: float = RETRY_SECONDS,
+    ) -> None:
         self._etcd = etcd
         self._fence = fence
+        self._on_retry = on_retry
+        self._retry_seconds = retry_seconds
         self._queue: list[tuple[Op, asyncio.Future[None]]] = []
         self._flushing = False
 
@@ -110,9 +129,26 @@ class InUseStore:
         finally:
             self._flushing = False
 
+    async def _txn(self, ops: list[Op]) -> bool:
+        """The fenced transaction, repeated while etcd does not answer (see the module's
+        docstring); whether the fence held."""
+        backoff = Backoff(initial=0.05, maximum=0.5)
+        give_up = time.monotonic() + self._retry_seconds
+        while True:
+            try:
+                held, _ = await self._etcd.txn(self._fence(), ops, within=ATTEMPT_SECONDS)
+                return held
+            except EtcdUnavailable as exc:
+                delay = backoff.next()
+                if time.monotonic() + delay > give_up:
+                    raise
+                log.info("controller.inuse.retry", ops=len(ops), error=str(exc))
+                self._on_retry()
+                await asyncio.sleep(delay)
+
     async def _commit(self, chunk: list[tuple[Op, asyncio.Future[None]]]) -> None:
         try:
-            held, _ = await self._etcd.txn(self._fence(), [op for op, _ in chunk])
+            held = await self._txn([op for op, _ in chunk])
             error: BaseException | None = None if held else NotLeader("leadership lost")
         except Exception as exc:  # handed to every waiting caller, who re-raises it
             error = exc

@@ -32,6 +32,11 @@ class ControllerMetrics:
         self.neutron_errors = prom.Counter(
             "podwire_neutron_errors", "Failed Neutron API calls", ["op"], registry=r
         )
+        self.inuse_retries = prom.Counter(
+            "podwire_inuse_write_retries",
+            "In-use record transactions sent again after etcd did not answer",
+            registry=r,
+        )
         self.in_use = prom.Gauge("podwire_vifs_in_use", "Attachments holding a port", registry=r)
 
     def neutron_call_count(self) -> float:

@@ -313,14 +313,21 @@ class EtcdClient:
         await self.close()
 
     async def _call(
-        self, method: Callable[[Endpoint], Any], request: Any, what: What, read: bool = False
+        self,
+        method: Callable[[Endpoint], Any],
+        request: Any,
+        what: What,
+        read: bool = False,
+        within: float | None = None,
     ) -> Any:
         """One unary call on the active member, moving to the next one when it fails to
-        answer: a read at once, a write only if etcd cannot have applied it."""
+        answer: a read at once, a write only if etcd cannot have applied it. ``within``
+        shortens ``etcd.timeout`` for this call."""
         for attempt in range(len(self._endpoints)):
             endpoint = self.endpoint
             try:
-                return await self._authed(what, self._unary(method(endpoint), request))
+                stub = method(endpoint)
+                return await self._authed(what, self._unary(stub, request, within))
             except EtcdUnavailable as exc:
                 cause = exc.__cause__
                 self.failed(endpoint, str(exc))
@@ -329,9 +336,13 @@ class EtcdClient:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _unary(self, stub: Any, request: Any) -> Callable[[Metadata], Awaitable[Any]]:
+    def _unary(
+        self, stub: Any, request: Any, within: float | None = None
+    ) -> Callable[[Metadata], Awaitable[Any]]:
+        deadline = self._timeout if within is None else min(within, self._timeout)
+
         def attempt(metadata: Metadata) -> Awaitable[Any]:
-            return cast(Awaitable[Any], stub(request, timeout=self._timeout, metadata=metadata))
+            return cast(Awaitable[Any], stub(request, timeout=deadline, metadata=metadata))
 
         return attempt
 
@@ -397,15 +408,25 @@ class EtcdClient:
         return int(response.deleted)
 
     async def txn(
-        self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Op],
+        failure: Sequence[Op] = (),
+        within: float | None = None,
     ) -> tuple[bool, int]:
-        """Run a transaction; returns (whether the guards held, revision after it)."""
+        """Run a transaction; returns (whether the guards held, revision after it).
+
+        ``within`` seconds (at most ``etcd.timeout``) suits a caller that repeats an idempotent
+        write: a proposal a member forwarded to a leader that just died is never answered, and
+        only the deadline ends the wait."""
         request = rpc.TxnRequest(
             compare=[c.message for c in compare],
             success=[o.message for o in success],
             failure=[o.message for o in failure],
         )
-        response = await self._call(lambda e: e.kv.Txn, request, lambda: _txn_what(request))
+        response = await self._call(
+            lambda e: e.kv.Txn, request, lambda: _txn_what(request), within=within
+        )
         return bool(response.succeeded), int(response.header.revision)
 
     async def create_if_absent(self, key: str, value: bytes, lease: int = 0) -> bool:
