@@ -124,7 +124,8 @@ class Pools:
     # --- taking ----------------------------------------------------------------------------
 
     def take(self, key: PoolKey, wanted: SgKey) -> Taken | None:
-        """A port for ``wanted``: exact group first, else another group's oldest-refreshed one.
+        """A port for ``wanted``: the exact group's longest-pooled one first, else another
+        group's oldest-refreshed one.
 
         Returns None when the pool is empty or earlier requests are still waiting (they go
         first, so a newcomer never overtakes them).
@@ -145,7 +146,9 @@ class Pools:
     def _pop(self, key: PoolKey, pool: _Pool, wanted: SgKey) -> Taken | None:
         ports = pool.groups.get(wanted)
         if ports:
-            return self._taken(ports.pop(), key, wanted, sg_update=False)
+            # The longest-pooled port first: the node has had the most time to wire it, while
+            # a port of a refill that just landed may still be on its way to the agent.
+            return self._taken(ports.pop(0), key, wanted, sg_update=False)
         for sgs, others in pool.groups.items():
             if others and sgs != wanted:
                 return self._taken(others.pop(0), key, wanted, sg_update=True)

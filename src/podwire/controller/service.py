@@ -461,21 +461,27 @@ class PoolService:
         """Delete free ports above the target of pools idle for ``pool.idle_ttl``; returns
         how many were deleted."""
         now = time.monotonic()
-        deleted = 0
+        shrinking = []
         for key in self._pools.pool_keys():
             surplus = self._refiller.sizer.surplus(key, self._pools.size(key), now)
-            if surplus <= 0 or self._refiller.busy(key):
-                continue
-            vifs = self._pools.take_surplus(key, surplus)
-            driver = await self._drivers.for_node(key.node)
-            try:
-                await driver.delete(key, vifs)
-            except BaseException:
-                self._pools.add(key, vifs, oldest=True)  # still in Neutron: keep them pooled
-                raise
-            deleted += len(vifs)
-            log.info("pool.shrunk", key=key, deleted=len(vifs), size=self._pools.size(key))
-        return deleted
+            if surplus > 0 and not self._refiller.busy(key):
+                shrinking.append(self._shrink(key, self._pools.take_surplus(key, surplus)))
+        # All pools at once: a churn that ends on many nodes leaves each its surplus together.
+        results = await asyncio.gather(*shrinking, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return sum(r for r in results if isinstance(r, int))
+
+    async def _shrink(self, key: PoolKey, vifs: list[Vif]) -> int:
+        driver = await self._drivers.for_node(key.node)
+        try:
+            await driver.delete(key, vifs)
+        except BaseException:
+            self._pools.add(key, vifs, oldest=True)  # still in Neutron: keep them pooled
+            raise
+        log.info("pool.shrunk", key=key, deleted=len(vifs), size=self._pools.size(key))
+        return len(vifs)
 
     async def free_nodes(self, nodes: Iterable[str]) -> int:
         wanted = set(nodes)

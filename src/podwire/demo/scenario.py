@@ -234,7 +234,7 @@ class Scenario:
         return {port for pool in pools for group in pool["groups"] for port in group["ports"]}
 
     def _wait_pooled(self, released: set[str]) -> set[str]:
-        """Released ports are recycled on the pool's interval, then ready for new pods.
+        """Released ports come back to their pools (at once while the mirror answers).
 
         Waits for those very ports: a refill landing meanwhile also grows the pools.
         """
