@@ -39,7 +39,7 @@ RATE = 20.0  # pod ADDs per second across all nodes
 POD_SECONDS = 0.5
 WARM = 5  # ports per node before the churn, the same for both modes
 MANY = 50
-BIND_SAMPLES = 10
+BIND_SAMPLES = 30
 HTTP_PORTS = 200  # concurrent requests per round
 CLUSTER_ARGS = ("--etcd-members", "3", "--workers", "1")
 
