@@ -239,9 +239,11 @@ class CniHandler:
         if self._memif is not None:
             await self._memif.detach(attachment)
         await self._plugger.unplug(attachment, entry.attached if entry else None)
-        await self._vifs.release(attachment, entry.vif if entry else None)
         if entry is not None and self._policy is not None:
+            # Before the release: the controller may hand the port to this node's next ADD
+            # at once, and a forget after that ADD enforced it would drop the new pod's rules.
             self._policy.forget(entry.vif.port_id)
+        await self._vifs.release(attachment, entry.vif if entry else None)
         await self._checkpoint.remove(attachment)
         self._metrics.attachments.set(len(self._checkpoint.entries))
         pod = entry.pod if entry else None
