@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Iterator
 
 import pytest
 
+from podwire.agent import naming
 from podwire.agent.attach import Plugger, PlugSpec
+from podwire.agent.policy.enforcer import PolicyNotApplied
 from podwire.cni.result import Address
 from podwire.netlink import HostNetlink, NetlinkFailure, PodNetlink
 from podwire.netlink.nsexec import RtnlContext
 from podwire.netlink.rtnl import RtnlError
 from tests.agent.netenv import NetEnv, in_ns, links_in
+from tests.scripted_agent import eventually
 
 
 @pytest.fixture
@@ -89,5 +93,38 @@ async def test_failed_plug_leaves_nothing_behind(plugger: tuple[Plugger, str, st
     # The gateway is not on the pod's subnet: the route fails after the veth exists.
     with pytest.raises(NetlinkFailure, match=r"default via 192\.0\.2\.1"):
         await plug.plug(_spec(pod, "br-t", gateway="192.0.2.1"))
+    assert links_in(pod) == ["lo"]
+    assert links_in(host) == ["lo", "br-t"]
+
+
+async def test_a_gated_plug_holds_the_host_end_down_until_the_gate_is_done(
+    plugger: tuple[Plugger, str, str],
+) -> None:
+    plug, host, pod = plugger
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    plugging = asyncio.create_task(plug.plug(_spec(pod, "br-t"), gate))
+    name = naming.host_veth("c1.eth0")
+
+    async def born() -> bool:
+        await asyncio.sleep(0.01)
+        return "default via 10.7.0.1" in in_ns(pod, "ip", "route").stdout
+
+    await eventually(born, "the pod end configured")
+    held = in_ns(host, "ip", "link", "show", name).stdout
+    assert "master br-t" in held and "state DOWN" in held and ",UP" not in held
+    assert not plugging.done()  # the plug answers only after the gate
+    gate.set_result(None)
+    attached = await plugging
+    assert ",UP" in in_ns(host, "ip", "link", "show", attached.host_ifname).stdout
+
+
+async def test_a_failed_gate_removes_the_veth_and_is_raised(
+    plugger: tuple[Plugger, str, str],
+) -> None:
+    plug, host, pod = plugger
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    gate.set_exception(PolicyNotApplied("rules not in force"))
+    with pytest.raises(PolicyNotApplied, match="rules not in force"):
+        await plug.plug(_spec(pod, "br-t"), gate)
     assert links_in(pod) == ["lo"]
     assert links_in(host) == ["lo", "br-t"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,9 @@ class PlugSpec:
     addresses: tuple[Address, ...]
 
 
-def _plug_veth(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str) -> None:
+def _plug_veth(
+    ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str, host_up: bool
+) -> None:
     """The whole veth ADD in one worker job: create, then configure the pod end; a failure
     after the veth exists removes it (deleting the host end takes the pod end with it)."""
     fd = open_netns(spec.netns)
@@ -48,6 +51,7 @@ def _plug_veth(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str) 
             fd,
             spec.mtu,
             ctx.host.require_index(spec.bridge),
+            host_up,
         )
         try:
             ctx.host.add_veth(veth)
@@ -66,6 +70,10 @@ def _plug_veth(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str) 
             raise
     finally:
         os.close(fd)
+
+
+def _host_end_up(ctx: RtnlContext, host_name: str) -> None:
+    ctx.host.set_up(ctx.host.require_index(host_name))
 
 
 def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
@@ -138,10 +146,20 @@ class Plugger:
         self._host = host_nl
         self._pod = pod_nl
 
-    async def plug(self, spec: PlugSpec) -> Attached:
+    async def plug(self, spec: PlugSpec, gate: Awaitable[object] | None = None) -> Attached:
+        """With ``gate`` (the port's rules being put in force), the host end is born down, so
+        no frame crosses it, and comes up once ``gate`` is done: the two overlap instead of
+        running one after the other. A failure of either removes the veth and is raised."""
         host_name = naming.host_veth(spec.attachment)
         mac = host_mac(spec.attachment)
-        await self._host.run_rtnl(_plug_veth, spec, host_name, mac)
+        await self._host.run_rtnl(_plug_veth, spec, host_name, mac, gate is None)
+        if gate is not None:
+            try:
+                await gate
+                await self._host.run_rtnl(_host_end_up, host_name)
+            except BaseException:
+                await self._host.run_teardown(_delete_own_veth, host_name, mac)
+                raise
         return Attached(
             host_ifname=host_name,
             host_mac=mac,

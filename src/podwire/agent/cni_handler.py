@@ -39,6 +39,7 @@ from podwire.errors import PermanentError, PodwireError, RetryableError, Validat
 from podwire.log import get_logger
 from podwire.netlink import NotANamespace, is_netns
 from podwire.schema import doc, fields
+from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
@@ -163,6 +164,19 @@ class CniHandler:
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
         return self._result(req, entry, memif)
 
+    def _enforce(
+        self, port: DesiredPort, attachment: str, deadline: float
+    ) -> asyncio.Future[None] | None:
+        if self._policy is None:
+            return None
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        enforced = asyncio.ensure_future(
+            self._policy.enforce(port, naming.host_veth(attachment), remaining)
+        )
+        # A failure after the plug already failed is not the ADD's error: retrieved here.
+        enforced.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return enforced
+
     def _memif_of(self, attachment: str) -> MemifEntry | None:
         return self._memif.get(attachment) if self._memif else None
 
@@ -208,16 +222,20 @@ class CniHandler:
             remaining = max(0.0, deadline - asyncio.get_running_loop().time())
             groups = vif.security_groups if self._policy is not None else None
             port = await self._binder.wait_wired(vif.port_id, remaining, groups)
-            if self._policy is not None:  # filtered from its first packet on
-                remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-                await self._policy.enforce(port, naming.host_veth(req.attachment), remaining)
             plan = self._binder.plan_for(port.network_id)
             bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
             mtu = min(port.mtu, vif.mtu)
             plug = PlugSpec(
                 req.attachment, req.netns, req.ifname, vif.mac_address, mtu, bridge, addresses
             )
-            attached = await self._plugger.plug(plug)
+            # Filtered from its first packet on: the rules go in force while the veth is made,
+            # and its host end comes up only after them.
+            enforced = self._enforce(port, req.attachment, deadline)
+            try:
+                attached = await self._plugger.plug(plug, enforced)
+            finally:
+                if enforced is not None:
+                    enforced.cancel()  # a no-op once done; a plug that failed first stops it
         entry = Attachment(
             attachment=req.attachment,
             container_id=req.container_id,

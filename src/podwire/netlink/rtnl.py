@@ -78,11 +78,12 @@ class VethSpec:
     peer_netns_fd: int
     mtu: int
     master_index: int
+    host_up: bool = True  # false: born down, brought up later (its filter is still coming)
 
 
 def veth_message(spec: VethSpec) -> bytes:
-    """The host end up and in its bridge at birth, the peer born in the pod namespace: one
-    request instead of three."""
+    """The host end up (or held down) and in its bridge at birth, the peer born in the pod
+    namespace: one request instead of three."""
     peer = _ifinfo() + b"".join(
         (
             attr(IFLA_IFNAME, _name(spec.peer_name)),
@@ -92,7 +93,7 @@ def veth_message(spec: VethSpec) -> bytes:
         )
     )
     linkinfo = attr(IFLA_INFO_KIND, b"veth") + attr(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer))
-    return _ifinfo(up=True) + b"".join(
+    return _ifinfo(up=spec.host_up) + b"".join(
         (
             attr(IFLA_IFNAME, _name(spec.host_name)),
             attr(IFLA_ADDRESS, _mac(spec.host_mac)),
