@@ -138,3 +138,32 @@ async def test_200_ports_3_groups_20_rules_reconciled_after_restart(
     finally:
         nft.close()
         await etcd.delete_prefix(keys.state_node_prefix(host_name))
+
+
+async def test_a_group_sets_chains_outlive_its_last_port_for_keep_seconds(
+    etcd: EtcdClient, netenv: NetEnv, published: list[SecurityGroup]
+) -> None:
+    """The next pod of the set adds elements only; after ``keep_seconds`` the chains go."""
+    host = netenv.namespace("sgk")
+    nft = Nftables(host)
+    host_name = f"{netenv.tag}-sgk"
+    port, ifname = _ports(published)[0]
+    enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name, keep_seconds=1.0), None)
+    task = await _run_until_synced(enforcer, [])
+    try:
+        await enforcer.enforce(port, ifname, 10)
+        enforcer.forget(port.port_id)
+        await enforcer.wait_applied(0)
+        await asyncio.sleep(0.2)  # the forget's apply is done well within this
+        listing = await nft.query("list ruleset")
+        assert "pol_" in listing and ifname not in listing  # the port is gone, its set is not
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if "pol_" not in await nft.query("list ruleset"):
+                break
+        else:
+            raise AssertionError("the kept chains were not removed after keep_seconds")
+    finally:
+        await _stop(task)
+        nft.close()
+        await etcd.delete_prefix(keys.state_node_prefix(host_name))

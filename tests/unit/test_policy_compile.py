@@ -241,3 +241,23 @@ def test_status_shows_enforcement_per_node() -> None:
         node, "policy", None, KeyValue("/podwire/state/nodes/n1/policy", b"{}", 1, 1, 1, 0)
     )
     assert node.bad_values == 1
+
+
+def test_a_kept_group_set_keeps_its_chains_and_no_port_maps_to_it() -> None:
+    group = SecurityGroup(SG, (Rule("r1", "ingress", "IPv4", 6, 80, 80, "10.0.0.0/8"),))
+    without = compile_ruleset(PolicyInputs({SG: group}, {}, {}, []))
+    kept = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [], kept=[(SG,)]))
+    name = policy_name((SG,))
+    assert ("inet", f"{name}_in") not in without.ruleset.chains
+    assert ("inet", f"{name}_in") in kept.ruleset.chains
+    assert ("inet", f"{name}_in4") in kept.ruleset.sets
+    # No port jumps to it: the verdict maps are those of no port at all.
+    for table_set in ("egress", "ingress"):
+        assert not kept.ruleset.sets[("inet", table_set)].elements
+    assert kept.enforced == 0
+    # With a port of that set, kept or not is the same ruleset.
+    port = [_port()]
+    assert (
+        compile_ruleset(PolicyInputs({SG: group}, {}, {}, port, kept=[(SG,)])).ruleset
+        == compile_ruleset(PolicyInputs({SG: group}, {}, {}, port)).ruleset
+    )

@@ -62,6 +62,9 @@ class PolicyInputs:
     members: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     address_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     ports: list[PortPolicy] = field(default_factory=list)
+    # Sets of groups whose chains stay although no port uses them now (the agent keeps a
+    # set's chains a while after its last port left: the next pod of it adds elements only).
+    kept: list[tuple[str, ...]] = field(default_factory=list)
 
 
 @dataclass
@@ -91,6 +94,8 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
             for sg in sg_ids
             if sg not in inputs.groups
         ]
+    for sg_ids in inputs.kept:
+        policies.setdefault(policy_name(sg_ids), sg_ids)
     referenced: dict[str, set[str]] = {"g": set(), "a": set()}
     for name, sg_ids in sorted(policies.items()):
         groups = tuple(inputs.groups[sg] for sg in sg_ids if sg in inputs.groups)

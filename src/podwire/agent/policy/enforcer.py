@@ -46,6 +46,9 @@ class EnforcerSettings:
     # with what is known (missing groups allow nothing).
     group_wait: float = 5.0
     publish_interval: float = 1.0
+    # Seconds a set of groups keeps its chains after its last port on the node left: a deleted
+    # pod's replacement (the same deployment) then costs a few set elements, not new chains.
+    keep_seconds: float = 60.0
 
 
 @dataclass
@@ -70,6 +73,7 @@ class PolicyEnforcer:
         self.store = PolicyStore()
         self.watcher = PrefixWatcher(etcd, keys.global_prefix())
         self._ports: dict[str, _Entry] = {}
+        self._kept: dict[tuple[str, ...], float] = {}  # group set -> when its last port left
         self._applied: ruleset.Ruleset | None = None
         self._wanted = 0  # generation asked for
         self._done = 0  # generation in the kernel
@@ -168,8 +172,23 @@ class PolicyEnforcer:
             self._request()
 
     def forget(self, port_id: str) -> None:
-        if self._ports.pop(port_id, None) is not None:
+        entry = self._ports.pop(port_id, None)
+        if entry is not None:
+            self._kept[tuple(sorted(set(entry.port.security_groups)))] = time.monotonic()
             self._request()
+
+    def _kept_sets(self, now: float) -> list[tuple[str, ...]]:
+        """The group sets whose chains stay; expired ones are dropped (the next apply
+        removes their chains)."""
+        keep = self._settings.keep_seconds
+        for sgs in [s for s, left in self._kept.items() if now - left >= keep]:
+            del self._kept[sgs]
+        return sorted(self._kept)
+
+    def _next_expiry(self) -> float | None:
+        if not self._kept:
+            return None
+        return min(self._kept.values()) + self._settings.keep_seconds
 
     def _put(self, port: DesiredPort, ifname: str) -> None:
         entry = self._ports.get(port.port_id)
@@ -193,7 +212,7 @@ class PolicyEnforcer:
         await self._listed.wait()
         await self._adopted.wait()
         while True:
-            await self._dirty.wait()
+            await self._dirty_or_expiry()
             self._dirty.clear()
             generation, revision = self._wanted, self._seen_revision
             try:
@@ -214,11 +233,22 @@ class PolicyEnforcer:
                 self._changed.notify_all()
             self.synced.set()
 
+    async def _dirty_or_expiry(self) -> None:
+        """Until a change is asked for, or a kept group set expires."""
+        expiry = self._next_expiry()
+        if expiry is None:
+            await self._dirty.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._dirty.wait(), max(0.0, expiry - time.monotonic()))
+
     def _compile(self) -> Compiled:
         inputs = self.store.inputs()
         inputs.ports = [
             PortPolicy(e.port, e.ifname, e.port_id) for _, e in sorted(self._ports.items())
         ]
+        in_use = {tuple(sorted(set(e.port.security_groups))) for e in self._ports.values()}
+        inputs.kept = [s for s in self._kept_sets(time.monotonic()) if s not in in_use]
         return compile_ruleset(inputs)
 
     async def _apply_once(self) -> None:
