@@ -8,8 +8,9 @@ application after a start replaces podwire's tables in one transaction, so a res
 never leaves a window: the old tables enforce until the new ones do, and conntrack keeps the
 flows it had. Nothing is removed on exit: the tables keep enforcing while the agent is down.
 
-A CNI ADD calls ``enforce`` before it plugs the pod and answers only once the port's rules are
-in the kernel.
+A CNI ADD calls ``enforce`` while it plugs the pod (the veth's host end comes up only after)
+and answers only once the port's rules are in the kernel. A set of groups keeps its chains for
+``keep_seconds`` after its last port left, so the next pod of it adds elements only.
 """
 
 from __future__ import annotations
