@@ -32,11 +32,10 @@ from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
-from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
 from podwire.stack.client import neutron_connection
 from tests.agent.netenv import NetEnv, in_ns
-from tests.agent.sgnet import SgHost, SgPod
+from tests.agent.sgnet import SgHost, SgPod, numbered_ports
 
 PORTS = 500
 
@@ -71,23 +70,6 @@ def _rules(g: int, count: int, remote: str | None = None) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def _ports(sgs: tuple[str, ...]) -> list[tuple[DesiredPort, str]]:
-    out = []
-    for i in range(1, PORTS + 1):
-        pod = SgPod(
-            "",
-            f"pwp7e57{i:08d}",
-            f"fa:16:3e:00:{i // 256:02x}:{i % 256:02x}",
-            f"10.9.{i // 256}.{i % 256}",
-            f"fd00:9::{i:x}",
-            i,
-            security_groups=sgs,
-        )
-        policy = pod.policy()
-        out.append((policy.port, policy.ifname))
-    return out
-
-
 async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     env = NetEnv()
     etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
@@ -99,7 +81,7 @@ async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, An
     try:
         for group in groups:
             await etcd.put(keys.secgroup(group.sg_id), group.encode().encode())
-        ports = _ports(tuple(g.sg_id for g in groups))
+        ports = numbered_ports(PORTS, tuple(g.sg_id for g in groups))
         change: list[float] = []
         member: list[float] = []
         reconcile: list[float] = []

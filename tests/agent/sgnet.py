@@ -8,6 +8,7 @@ packets without an agent or a stack.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -103,6 +104,41 @@ class SgHost:
         for proc in self.procs:
             proc.kill()
             proc.wait()
+
+
+def numbered_ports(count: int, sgs: tuple[str, ...]) -> list[tuple[DesiredPort, str]]:
+    """``count`` ports in ``sgs`` with distinct MACs, addresses and veth names (no pods made):
+    the load of the restart and rule-change measurements."""
+    out = []
+    for i in range(1, count + 1):
+        pod = SgPod(
+            "",
+            f"pwp7e57{i:08d}",
+            f"fa:16:3e:00:{i // 256:02x}:{i % 256:02x}",
+            f"10.9.{i // 256}.{i % 256}",
+            f"fd00:9::{i:x}",
+            i,
+            security_groups=sgs,
+        )
+        policy = pod.policy()
+        out.append((policy.port, policy.ifname))
+    return out
+
+
+def nft_shape(listing: str) -> str:
+    """A JSON ruleset listing without handles and counters, its lists sorted: two listings of
+    the same rules compare equal however they were applied."""
+
+    def strip(value: object) -> object:
+        if isinstance(value, dict):
+            return {
+                k: strip(v) for k, v in value.items() if k not in ("handle", "packets", "bytes")
+            }
+        if isinstance(value, list):
+            return sorted((strip(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+        return value
+
+    return json.dumps(strip(json.loads(listing)), sort_keys=True)
 
 
 def reaches(pod: SgPod, proto: str, address: str, port: int, source: str = "") -> bool:

@@ -19,7 +19,7 @@ from podwire.netfilter import Nftables
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
 from tests.agent.netenv import NetEnv
-from tests.agent.sgnet import SgPod
+from tests.agent.sgnet import nft_shape, numbered_ports
 
 PORTS = 200
 
@@ -44,24 +44,6 @@ def _groups() -> list[SecurityGroup]:
         rules.append(Rule(str(uuid.uuid4()), "egress", "IPv4"))
         groups.append(SecurityGroup(sg, tuple(rules)))
     return groups
-
-
-def _ports(groups: list[SecurityGroup]) -> list[tuple[DesiredPort, str]]:
-    sgs = tuple(g.sg_id for g in groups)
-    out = []
-    for i in range(1, PORTS + 1):
-        pod = SgPod(
-            "",
-            f"pwp7e57{i:08d}",
-            f"fa:16:3e:00:{i // 256:02x}:{i % 256:02x}",
-            f"10.9.{i // 256}.{i % 256}",
-            f"fd00:9::{i:x}",
-            i,
-            security_groups=sgs,
-        )
-        policy = pod.policy()
-        out.append((policy.port, policy.ifname))
-    return out
 
 
 @pytest.fixture
@@ -94,26 +76,13 @@ async def _stop(task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def _shape(listing: str) -> str:
-    def strip(value: object) -> object:
-        if isinstance(value, dict):
-            return {
-                k: strip(v) for k, v in value.items() if k not in ("handle", "packets", "bytes")
-            }
-        if isinstance(value, list):
-            return sorted((strip(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
-        return value
-
-    return json.dumps(strip(json.loads(listing)), sort_keys=True)
-
-
 async def test_200_ports_3_groups_20_rules_reconciled_after_restart(
     etcd: EtcdClient, netenv: NetEnv, published: list[SecurityGroup]
 ) -> None:
     host = netenv.namespace("sgr")
     nft = Nftables(host)
     host_name = f"{netenv.tag}-sgr"
-    ports = _ports(published)
+    ports = numbered_ports(PORTS, tuple(g.sg_id for g in published))
     try:
         metrics = AgentMetrics()
         first = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), metrics)
@@ -133,7 +102,7 @@ async def test_200_ports_3_groups_20_rules_reconciled_after_restart(
         assert again.enforced == PORTS and again.revision >= first.revision
         await _stop(task)
         after = await nft.query("list ruleset")
-        assert len(_shape(after)) == len(_shape(kept))
+        assert len(nft_shape(after)) == len(nft_shape(kept))
         assert "pol_" in after and f"rg4_{published[0].sg_id}" in after
     finally:
         nft.close()
@@ -147,7 +116,7 @@ async def test_a_group_sets_chains_outlive_its_last_port_for_keep_seconds(
     host = netenv.namespace("sgk")
     nft = Nftables(host)
     host_name = f"{netenv.tag}-sgk"
-    port, ifname = _ports(published)[0]
+    port, ifname = numbered_ports(1, tuple(g.sg_id for g in published))[0]
     enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name, keep_seconds=1.0), None)
     task = await _run_until_synced(enforcer, [])
     try:
