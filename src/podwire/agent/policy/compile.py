@@ -83,7 +83,7 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     policies: dict[str, tuple[str, ...]] = {}
     egress, ingress = set(), set()
     for item in secured:
-        sg_ids = tuple(sorted(set(item.port.security_groups)))
+        sg_ids = group_set(item.port)
         name = policy_name(sg_ids)
         policies[name] = sg_ids
         egress.add(f"{item.port_id} : jump {name}_out")
@@ -114,6 +114,11 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     ruleset.add_set(NftSet("inet", "ingress", "type mark : verdict;", frozenset(ingress)))
     problems += _address_sets(ruleset, inputs, referenced)
     return Compiled(ruleset, problems, len(secured))
+
+
+def group_set(port: DesiredPort) -> tuple[str, ...]:
+    """The set of groups a port's policy chains are shared by (order and repeats ignored)."""
+    return tuple(sorted(set(port.security_groups)))
 
 
 def policy_name(sg_ids: tuple[str, ...]) -> str:

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from podwire import keys
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.policy import ruleset
-from podwire.agent.policy.compile import MAX_PORT_ID, Compiled, PortPolicy, compile_ruleset
+from podwire.agent.policy.compile import (
+    MAX_PORT_ID,
+    Compiled,
+    PortPolicy,
+    compile_ruleset,
+    group_set,
+)
 from podwire.agent.policy.store import PolicyStore
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PodwireError, RetryableError
@@ -175,7 +181,7 @@ class PolicyEnforcer:
     def forget(self, port_id: str) -> None:
         entry = self._ports.pop(port_id, None)
         if entry is not None:
-            self._kept[tuple(sorted(set(entry.port.security_groups)))] = time.monotonic()
+            self._kept[group_set(entry.port)] = time.monotonic()
             self._request()
 
     def _kept_sets(self, now: float) -> list[tuple[str, ...]]:
@@ -248,7 +254,7 @@ class PolicyEnforcer:
         inputs.ports = [
             PortPolicy(e.port, e.ifname, e.port_id) for _, e in sorted(self._ports.items())
         ]
-        in_use = {tuple(sorted(set(e.port.security_groups))) for e in self._ports.values()}
+        in_use = {group_set(e.port) for e in self._ports.values()}
         inputs.kept = [s for s in self._kept_sets(time.monotonic()) if s not in in_use]
         return compile_ruleset(inputs)
 
