@@ -63,17 +63,7 @@ def _in_netns(netns: str, program: str, *args: str) -> list[str]:
 
 def start_listener(netns: str, port: int) -> Popen:
     """A TCP server in ``netns`` that accepts and closes; returns once it listens."""
-    proc = subprocess.Popen(
-        _in_netns(netns, _LISTENER, str(port)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "listening":
-        stop(proc)
-        raise StackError(f"TCP listener in {netns} did not start")
-    return proc
+    return _started(netns, _LISTENER, [str(port)], "listening", "TCP listener", subprocess.DEVNULL)
 
 
 def connect(
@@ -89,16 +79,20 @@ def start_connect(
 ) -> Popen:
     """``connect`` in the background: returns once it probes, before the change to notice."""
     args = [address, str(port), str(each), str(total), *([source] if source else [])]
+    return _started(netns, _CONNECT, args, "probing", "TCP probe", subprocess.PIPE)
+
+
+def _started(
+    netns: str, program: str, args: list[str], ready: str, what: str, stderr: int
+) -> Popen:
+    """``program`` running in ``netns``, once it has printed its ``ready`` line."""
     proc = subprocess.Popen(
-        _in_netns(netns, _CONNECT, *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        _in_netns(netns, program, *args), stdout=subprocess.PIPE, stderr=stderr, text=True
     )
     assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "probing":
+    if proc.stdout.readline().strip() != ready:
         stop(proc)
-        raise StackError(f"TCP probe in {netns} did not start")
+        raise StackError(f"{what} in {netns} did not start")
     return proc
 
 
