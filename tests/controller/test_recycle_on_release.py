@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import aiohttp
 
+from podwire import keys
+from podwire.controller.mirror import MirrorFacts
 from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
 from tests.controller.conftest import (
@@ -77,3 +80,25 @@ async def _pooled(running: Any, key: PoolKey, port_id: str) -> bool:
 async def _mirrored_sgs(running: Any, key: PoolKey, port_id: str, wanted: list[str]) -> bool:
     found = await running.controller.mirror.bound_sgs({port_id: key})
     return bool(found) and found.get(port_id) == wanted
+
+
+async def test_a_mirror_value_that_does_not_parse_is_left_to_neutron(
+    etcd: EtcdClient, nodes: ScriptedNodes
+) -> None:
+    """Another writer's garbage under a node's ports is logged and skipped, never raised."""
+    node = await nodes.add()
+    incomplete, garbage = str(uuid.uuid4()), str(uuid.uuid4())
+    key = PoolKey(node.name, uuid.uuid4().hex, str(uuid.uuid4()))
+    mirror = MirrorFacts(etcd)
+    await eventually(lambda: _vouching(mirror, key), "the forwarder vouches for the mirror")
+    await etcd.put(keys.node_port(node.name, incomplete), b'{"v": 1, "port_id": 7}')
+    await etcd.put(keys.node_port(node.name, garbage), b"\xff not json")
+    try:
+        assert await mirror.bound_sgs({incomplete: key, garbage: key}) == {}
+        assert mirror.vouched
+    finally:
+        await etcd.delete_prefix(keys.node_ports_prefix(node.name))
+
+
+async def _vouching(mirror: MirrorFacts, key: PoolKey) -> bool:
+    return await mirror.bound_sgs({"none": key}) is not None
