@@ -56,7 +56,7 @@ class SgPod:
             port_security_enabled=self.port_security,
             allowed_address_pairs=self.pairs,
         )
-        return PortPolicy(port, self.ifname, self.index)
+        return PortPolicy(port, self.ifname)
 
 
 @dataclass

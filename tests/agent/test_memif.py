@@ -344,9 +344,9 @@ def _unused_address(neutron: Any, network: Any) -> str:
 
 def _secured(agent: HostAgent) -> set[str]:
     """The host interfaces podwire's tables in the host's kernel filter."""
-    out = in_ns(agent.netns, "nft", "-j", "list", "set", "bridge", "podwire", "secured").stdout
-    [found] = [item["set"] for item in json.loads(out)["nftables"] if "set" in item]
-    return set(found.get("elem", []))
+    out = in_ns(agent.netns, "nft", "-j", "list", "map", "bridge", "podwire", "ports").stdout
+    [found] = [item["map"] for item in json.loads(out)["nftables"] if "map" in item]
+    return {name for name, _ in found.get("elem", [])}
 
 
 async def _eventually_denied(ns: str, address: str, within: float = 5.0) -> bool:

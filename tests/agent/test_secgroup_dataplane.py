@@ -13,6 +13,7 @@ import pytest
 
 from podwire.agent.policy import ruleset
 from podwire.agent.policy.compile import PolicyInputs, compile_ruleset
+from podwire.agent.policy.enforcer import apply_change
 from podwire.netfilter import Nftables
 from podwire.schema.ports import AddressPair
 from podwire.schema.secgroups import Rule, SecurityGroup
@@ -104,9 +105,9 @@ async def test_rules_groups_prefixes_and_port_security(host: SgHost) -> None:
         # one change: a rule added, a member removed; applied as a difference
         web2 = SecurityGroup(WEB, _web_rules((5002,)))
         second = compile_ruleset(_inputs(host, web2, [b.ip6]))
-        text = ruleset.change(first.ruleset, second.ruleset)
-        assert text and "delete table" not in text
-        await nft.apply(text)
+        change = ruleset.change(first.ruleset, second.ruleset)
+        assert change is not None and change.text()
+        await apply_change(nft, change)
         assert reaches(a, "tcp", b.ip4, 5002)
         assert not ping(a, b.ip6)  # a new echo id: a new flow, no longer admitted
 
@@ -130,9 +131,9 @@ async def test_change_reaches_what_replace_builds(host: SgHost) -> None:
         new = compile_ruleset(
             _inputs(host, SecurityGroup(WEB, _web_rules((22, 80))), [pods[0].ip4])
         )
-        text = ruleset.change(old.ruleset, new.ruleset)
-        assert text
-        await nft.apply(text)
+        change = ruleset.change(old.ruleset, new.ruleset)
+        assert change is not None and change.text()
+        await apply_change(nft, change)
         after_change = await nft.query("list ruleset")
         await nft.apply(ruleset.replace(new.ruleset))
         after_replace = await nft.query("list ruleset")

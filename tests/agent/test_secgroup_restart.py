@@ -93,8 +93,8 @@ async def test_200_ports_3_groups_20_rules_reconciled_after_restart(
         assert sample("podwire_agent_policy_enforced_ports") == PORTS
         await _stop(task)
         kept = await nft.query("list ruleset")
-        secured = json.loads(await nft.query("list set bridge podwire secured"))
-        [elements] = [i["set"]["elem"] for i in secured["nftables"] if "set" in i]
+        secured = json.loads(await nft.query("list map bridge podwire ports"))
+        [elements] = [i["map"]["elem"] for i in secured["nftables"] if "map" in i]
         assert len(elements) == PORTS  # still enforcing while no agent runs
 
         again = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), None)

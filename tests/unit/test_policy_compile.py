@@ -38,7 +38,7 @@ def _port(sgs: tuple[str, ...] = (SG,), index: int = 1) -> PortPolicy:
         (FixedIp(f"10.0.0.{index}", "s", "10.0.0.0/24", None),),
         sgs,
     )
-    return PortPolicy(port, f"pwp{index:012d}", index)
+    return PortPolicy(port, f"pwp{index:012d}")
 
 
 def _rule_id(n: int) -> str:
@@ -145,7 +145,8 @@ def test_missing_group_and_remote_group_deny_and_are_reported() -> None:
 def test_change_of_a_ruleset_to_itself_is_empty_and_replace_is_whole() -> None:
     group = SecurityGroup(SG, (Rule(_rule_id(1), "ingress", "IPv4", 6, 22, 22, None),))
     compiled = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [_port()]))
-    assert ruleset.change(compiled.ruleset, compiled.ruleset) == ""
+    same = ruleset.change(compiled.ruleset, compiled.ruleset)
+    assert same is not None and same.text() == "" and same.elements_only
     text = ruleset.replace(compiled.ruleset)
     assert text.startswith("add table bridge podwire\ndelete table bridge podwire\n")
     assert "flush ruleset" not in text  # only podwire's own tables are touched
@@ -154,11 +155,11 @@ def test_change_of_a_ruleset_to_itself_is_empty_and_replace_is_whole() -> None:
 def test_port_security_off_is_not_enforced() -> None:
     off = _port()
     off = PortPolicy(
-        DesiredPort(**{**off.port.__dict__, "port_security_enabled": False}), off.ifname, 1
+        DesiredPort(**{**off.port.__dict__, "port_security_enabled": False}), off.ifname
     )
     compiled = compile_ruleset(PolicyInputs({}, {}, {}, [off]))
     assert compiled.enforced == 0
-    assert compiled.ruleset.sets[("bridge", "secured")].elements == frozenset()
+    assert compiled.ruleset.sets[("bridge", "ports")].elements == frozenset()
 
 
 junk = st.recursive(
@@ -251,9 +252,9 @@ def test_a_kept_group_set_keeps_its_chains_and_no_port_maps_to_it() -> None:
     assert ("inet", f"{name}_in") not in without.ruleset.chains
     assert ("inet", f"{name}_in") in kept.ruleset.chains
     assert ("inet", f"{name}_in4") in kept.ruleset.sets
-    # No port jumps to it: the verdict maps are those of no port at all.
-    for table_set in ("egress", "ingress"):
-        assert not kept.ruleset.sets[("inet", table_set)].elements
+    # No port maps to it: nothing in the bridge table names it, so nothing reaches its chains.
+    for bridge_set in ("ports", "src_mac"):
+        assert not kept.ruleset.sets[("bridge", bridge_set)].elements
     assert kept.enforced == 0
     # With a port of that set, kept or not is the same ruleset.
     port = [_port()]

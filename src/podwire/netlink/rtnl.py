@@ -18,6 +18,7 @@ import ipaddress
 import os
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 NLMSG_ERROR = 2
@@ -140,6 +141,44 @@ def _ack_message(payload: bytes, flags: int) -> str:
     return text.rstrip(b"\0").decode(errors="replace")
 
 
+def open_socket(protocol: int) -> socket.socket:
+    """A netlink socket of ``protocol`` in the calling thread's namespace, with capped and
+    extended acks (errors come back with the kernel's explanation)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
+    try:
+        sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+        sock.bind((0, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def message(kind: int, flags: int, seq: int, body: bytes) -> bytes:
+    return _HEADER.pack(_HEADER.size + len(body), kind, flags, seq, 0) + body
+
+
+def messages(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
+    """(type, flags, seq, payload) of each message in one datagram."""
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, kind, flags, seq, _ = _HEADER.unpack_from(data, offset)
+        if length < _HEADER.size:
+            return
+        yield kind, flags, seq, data[offset + _HEADER.size : offset + length]
+        offset += (length + 3) & ~3
+
+
+def error_of(payload: bytes, flags: int, what: str) -> RtnlError | None:
+    """The error an NLMSG_ERROR message carries; None for an acknowledgement."""
+    (code,) = _ERRNO.unpack_from(payload)
+    if not code:
+        return None
+    detail = _ack_message(payload, flags)
+    return RtnlError(-code, f"{what}: {os.strerror(-code)}" + (f": {detail}" if detail else ""))
+
+
 @dataclass(frozen=True)
 class LinkMark:
     """What tells whose a link is: its alias and its MAC."""
@@ -156,17 +195,7 @@ class Rtnl:
     """
 
     def __init__(self) -> None:
-        sock = socket.socket(
-            socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
-        )
-        try:
-            sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
-            sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
-            sock.bind((0, 0))
-        except OSError:
-            sock.close()
-            raise
-        self._sock = sock
+        self._sock = open_socket(socket.NETLINK_ROUTE)
         self._seq = 0
 
     def close(self) -> None:
@@ -174,29 +203,19 @@ class Rtnl:
 
     def _send(self, kind: int, flags: int, body: bytes) -> int:
         self._seq += 1
-        header = _HEADER.pack(_HEADER.size + len(body), kind, NLM_F_REQUEST | flags, self._seq, 0)
-        self._sock.send(header + body)
+        self._sock.send(message(kind, NLM_F_REQUEST | flags, self._seq, body))
         return self._seq
 
     def _reply(self, seq: int, what: str) -> tuple[int, bytes]:
         """The answer to ``seq`` (type, payload); an error answer raises RtnlError."""
         while True:
-            data = self._sock.recv(65536)
-            offset = 0
-            while offset + _HEADER.size <= len(data):
-                length, kind, flags, got_seq, _ = _HEADER.unpack_from(data, offset)
-                if length < _HEADER.size:
-                    break
-                payload = data[offset + _HEADER.size : offset + length]
-                offset += (length + 3) & ~3
+            for kind, flags, got_seq, payload in messages(self._sock.recv(65536)):
                 if got_seq != seq:
                     continue  # an answer to an earlier, abandoned request
                 if kind == NLMSG_ERROR:
-                    (code,) = _ERRNO.unpack_from(payload)
-                    if code:
-                        detail = _ack_message(payload, flags)
-                        text = os.strerror(-code) + (f": {detail}" if detail else "")
-                        raise RtnlError(-code, f"{what}: {text}")
+                    error = error_of(payload, flags, what)
+                    if error is not None:
+                        raise error
                 return kind, payload
 
     def request(self, kind: int, body: bytes, what: str, create: bool = False) -> None:

@@ -6,17 +6,22 @@ Layout (docs/security-groups.md has the picture):
   prerouting hook, where ``iifname`` is the port itself: its MAC, its (MAC, IP) pairs from
   fixed IPs and allowed address pairs (IPv4, IPv6 with the MACs' link-local addresses, ARP),
   no DHCP server replies or router advertisements. At the bridge's forward hook, where both
-  ports are known, the frame gets a mark: the sending port's id in the low 16 bits, the
-  receiving port's in the high 16 bits. The kernel has no bridge conntrack (DESIGN §11).
+  ports are known, the frame gets a mark: the id of the sending port's policy in the low 16
+  bits, the receiving port's in the high 16 bits. The kernel has no bridge conntrack
+  (DESIGN §11).
 - ``inet podwire``: br_netfilter passes bridged IPv4/IPv6 through the inet forward hook with
-  conntrack, but names the bridge there, not the port; the mark says which ports. Two verdict
-  map lookups jump to the policy chain of the sender (egress) and of the receiver (ingress).
+  conntrack, but names the bridge there, not the port; the mark says which policies. Two
+  verdict map lookups jump to the policy chain of the sender (egress) and of the receiver
+  (ingress).
 
 A policy is one set of security groups (ports with the same groups share it, as pools group
-ports by SG set). Its chain does a fixed number of set lookups whatever the number of rules
-or members: rules become elements of concatenated interval sets (address . protocol . port),
-remote groups and address groups named sets of addresses. Only allows are compiled, so a rule
-or group that is missing or bad leaves something denied, never allowed.
+ports by SG set); its id and chains exist as long as a port has it, or while it is kept. So a
+port plugged or removed changes nothing but elements of the bridge table's hash sets, the
+cheapest change nf_tables has (addresses that are prefixes, from allowed address pairs, go to
+interval sets of their own). Its chain does a fixed number of set lookups whatever the number
+of rules or members: rules become elements of concatenated interval sets (address . protocol
+. port), remote groups and address groups named sets of addresses. Only allows are compiled,
+so a rule or group that is missing or bad leaves something denied, never allowed.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from functools import lru_cache
 
 from podwire.agent.policy import intervals
 from podwire.agent.policy.ruleset import NftChain, NftSet, Ruleset
+from podwire.errors import PermanentError
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import EGRESS, INGRESS, Rule, SecurityGroup
 
-MAX_PORT_ID = 0xFFFF
+MAX_POLICY_ID = 0xFFFF
 BRIDGE_PREFIX = "pwbr"
 FULL = {4: (0, 2**32 - 1), 6: (0, 2**128 - 1)}
 ANY_PROTO = (0, 255)
@@ -49,11 +55,17 @@ INTERVAL = "flags interval;"
 
 @dataclass(frozen=True)
 class PortPolicy:
-    """A port this node enforces: its desired value, the host end of its veth, its id."""
+    """A port this node enforces: its desired value and the host end of its veth (or tap)."""
 
     port: DesiredPort
     ifname: str
-    port_id: int  # 1..65535, unique on the node
+
+
+GroupSet = tuple[str, ...]
+
+
+class TooManyPolicies(PermanentError):
+    """More distinct sets of security groups on one node than a mark has room for."""
 
 
 @dataclass
@@ -65,6 +77,9 @@ class PolicyInputs:
     # Sets of groups whose chains stay although no port uses them now (the agent keeps a
     # set's chains a while after its last port left: the next pod of it adds elements only).
     kept: list[tuple[str, ...]] = field(default_factory=list)
+    # The ids the last compilation gave its policies: kept for those that stay, so a port
+    # coming or going never renumbers the others.
+    policy_ids: dict[GroupSet, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,22 +87,18 @@ class Compiled:
     ruleset: Ruleset
     problems: list[str]
     enforced: int  # ports with port security on
+    policy_ids: dict[GroupSet, int]  # to pass in again with the next inputs
 
 
 def compile_ruleset(inputs: PolicyInputs) -> Compiled:
+    """Raises ``TooManyPolicies`` past 65,535 sets of groups on the node."""
     ruleset = Ruleset()
     problems: list[str] = []
     secured = [p for p in inputs.ports if p.port.port_security_enabled]
-    _bridge_table(ruleset, secured)
-    _inet_base(ruleset)
-    policies: dict[str, tuple[str, ...]] = {}
-    egress, ingress = set(), set()
+    policies: dict[str, GroupSet] = {}
     for item in secured:
         sg_ids = group_set(item.port)
-        name = policy_name(sg_ids)
-        policies[name] = sg_ids
-        egress.add(f"{item.port_id} : jump {name}_out")
-        ingress.add(f"{item.port_id << 16:#x} : jump {name}_in")
+        policies[policy_name(sg_ids)] = sg_ids
         problems += [
             f"port {item.port.port_id}: security group {sg} is not published yet; its rules"
             " are not enforced (traffic they would allow is dropped)"
@@ -96,8 +107,14 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
         ]
     for sg_ids in inputs.kept:
         policies.setdefault(policy_name(sg_ids), sg_ids)
+    ids = policy_ids(inputs.policy_ids, set(policies.values()))
+    _bridge_table(ruleset, secured, ids)
+    _inet_base(ruleset)
+    egress, ingress = set(), set()
     referenced: dict[str, set[str]] = {"g": set(), "a": set()}
     for name, sg_ids in sorted(policies.items()):
+        egress.add(f"{ids[sg_ids]} : jump {name}_out")
+        ingress.add(f"{ids[sg_ids] << 16:#x} : jump {name}_in")
         groups = tuple(inputs.groups[sg] for sg in sg_ids if sg in inputs.groups)
         for part in _policy(name, groups):
             if isinstance(part, NftSet):
@@ -113,7 +130,20 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     ruleset.add_set(NftSet("inet", "egress", "type mark : verdict;", frozenset(egress)))
     ruleset.add_set(NftSet("inet", "ingress", "type mark : verdict;", frozenset(ingress)))
     problems += _address_sets(ruleset, inputs, referenced)
-    return Compiled(ruleset, problems, len(secured))
+    return Compiled(ruleset, problems, len(secured), ids)
+
+
+def policy_ids(previous: dict[GroupSet, int], needed: set[GroupSet]) -> dict[GroupSet, int]:
+    """An id in 1..65535 for each needed set of groups: the one it had, else the lowest free."""
+    ids = {sgs: previous[sgs] for sgs in needed if sgs in previous}
+    taken = set(ids.values())
+    free = (i for i in range(1, MAX_POLICY_ID + 1) if i not in taken)
+    for sgs in sorted(needed - ids.keys()):
+        found = next(free, None)
+        if found is None:
+            raise TooManyPolicies(f"more than {MAX_POLICY_ID} sets of security groups on a node")
+        ids[sgs] = found
+    return ids
 
 
 def group_set(port: DesiredPort) -> tuple[str, ...]:
@@ -128,10 +158,10 @@ def policy_name(sg_ids: tuple[str, ...]) -> str:
 # -- the bridge table: port security and port marks ------------------------------------
 
 
-def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy]) -> None:
+def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy], ids: dict[GroupSet, int]) -> None:
     hook_pre = "type filter hook prerouting priority -200; policy accept;"
     ruleset.add_chain(
-        NftChain("bridge", "prerouting", ("iifname @secured goto port_security",), hook_pre)
+        NftChain("bridge", "prerouting", ("iifname @ports goto port_security",), hook_pre)
     )
     ruleset.add_chain(NftChain("bridge", "port_security", _port_security_rules()))
     hook_fwd = "type filter hook forward priority -200; policy accept;"
@@ -141,38 +171,33 @@ def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy]) -> None:
             "forward",
             # Only frames from or to a port podwire enforces get its mark (there is no bridge
             # name match in this kernel's bridge family).
-            ("iifname @secured goto mark_ports", "oifname @secured goto mark_ports"),
+            ("iifname @ports goto mark_ports", "oifname @ports goto mark_ports"),
             hook_fwd,
         )
     )
-    ruleset.add_chain(
-        NftChain(
-            "bridge",
-            "mark_ports",
-            ("meta mark set 0", "meta mark set iifname map @port_in", "oifname vmap @port_out"),
-        )
+    # One map gives both ends their policy id: the receiver's first, shifted to the high
+    # bits, then the sender's (a port that is not podwire's adds nothing).
+    marking = (
+        "meta mark set 0",
+        "oifname vmap @ports",
+        "meta mark set meta mark << 16",
+        "iifname vmap @ports",
     )
-    marks, outs = set(), set()
-    for item in secured:
-        marks.add(f'"{item.ifname}" : {item.port_id}')
-        outs.add(f'"{item.ifname}" : jump out_{item.port_id}')
-        ruleset.add_chain(
-            NftChain(
-                "bridge",
-                f"out_{item.port_id}",
-                (f"meta mark set meta mark or {item.port_id << 16:#x}",),
-            )
-        )
-    ruleset.add_set(NftSet("bridge", "port_in", "type ifname : mark;", frozenset(marks)))
-    ruleset.add_set(NftSet("bridge", "port_out", "type ifname : verdict;", frozenset(outs)))
-    ruleset.add_set(
-        NftSet("bridge", "secured", "type ifname;", frozenset(f'"{p.ifname}"' for p in secured))
+    ruleset.add_chain(NftChain("bridge", "mark_ports", marking))
+    for policy in ids.values():
+        rule = f"meta mark set meta mark | {policy:#x}"
+        ruleset.add_chain(NftChain("bridge", f"mark_{policy}", (rule,)))
+    ports = frozenset(
+        f'"{item.ifname}" : jump mark_{ids[group_set(item.port)]}' for item in secured
     )
-    macs, src4, src6 = _sources(secured)
-    ruleset.add_set(NftSet("bridge", "src_mac", "type ifname . ether_addr;", frozenset(macs)))
-    spec = "type ifname . ether_addr . {}; flags interval;"
-    ruleset.add_set(NftSet("bridge", "src4", spec.format("ipv4_addr"), frozenset(src4)))
-    ruleset.add_set(NftSet("bridge", "src6", spec.format("ipv6_addr"), frozenset(src6)))
+    ruleset.add_set(NftSet("bridge", "ports", "type ifname : verdict;", ports))
+    sources = _sources(secured)
+    ruleset.add_set(NftSet("bridge", "src_mac", "type ifname . ether_addr;", sources["mac"]))
+    for version in (4, 6):
+        spec = f"type ifname . ether_addr . {ADDR_TYPE[version]};"
+        ruleset.add_set(NftSet("bridge", f"src{version}", spec, sources[f"{version}"]))
+        spec += f" {INTERVAL}"
+        ruleset.add_set(NftSet("bridge", f"src{version}net", spec, sources[f"{version}net"]))
 
 
 def _port_security_rules() -> tuple[str, ...]:
@@ -184,28 +209,30 @@ def _port_security_rules() -> tuple[str, ...]:
         "udp sport 547 udp dport 546 counter drop",
         "icmpv6 type nd-router-advert counter drop",  # router advertisements from a pod
         "ether type ip iifname . ether saddr . ip saddr @src4 return",
+        "ether type ip iifname . ether saddr . ip saddr @src4net return",
         "ether type ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 return",
         "ether type ip6 iifname . ether saddr . ip6 saddr @src6 return",
+        "ether type ip6 iifname . ether saddr . ip6 saddr @src6net return",
         f"ether type ip6 ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type {{ {dad} }} return",
         "ether type arp iifname . arp saddr ether . arp saddr ip @src4 return",
+        "ether type arp iifname . arp saddr ether . arp saddr ip @src4net return",
         "ether type arp arp saddr ip 0.0.0.0 return",  # ARP probes (address conflict detection)
         "counter drop",
     )
 
 
-def _sources(secured: list[PortPolicy]) -> tuple[set[str], set[str], set[str]]:
-    macs: set[str] = set()
-    src4: set[str] = set()
-    src6: set[str] = set()
+SOURCE_SETS = ("mac", "4", "4net", "6", "6net")
+PortSources = dict[str, frozenset[str]]  # SOURCE_SETS -> the port's elements of each
+
+
+def _sources(secured: list[PortPolicy]) -> dict[str, frozenset[str]]:
+    found: dict[str, set[str]] = {name: set() for name in SOURCE_SETS}
     for item in secured:
-        found = _port_sources(item)
-        macs.update(found[0])
-        src4.update(found[1])
-        src6.update(found[2])
-    return macs, src4, src6
+        for name, elements in _port_sources(item).items():
+            found[name].update(elements)
+    return {name: frozenset(elements) for name, elements in found.items()}
 
 
-PortSources = tuple[frozenset[str], frozenset[str], frozenset[str]]
 # (ifname, port id) -> (the DesiredPort it was made from, its elements): a change elsewhere
 # re-uses every port's elements, so a rule change costs the same on 5 or 500 ports.
 _SOURCES: dict[tuple[str, str], tuple[DesiredPort, PortSources]] = {}
@@ -224,6 +251,8 @@ def _port_sources(item: PortPolicy) -> PortSources:
 
 
 def _compute_sources(item: PortPolicy) -> PortSources:
+    """Single addresses go to the exact sets, prefixes (address pairs, a port without IPs)
+    to the interval sets."""
     port = item.port
     pairs = [(port.mac_address, ip.ip_address) for ip in port.fixed_ips]
     pairs += [(p.mac_address or port.mac_address, p.ip_address) for p in port.allowed_address_pairs]
@@ -235,15 +264,17 @@ def _compute_sources(item: PortPolicy) -> PortSources:
     for mac, address in pairs:
         net = ipaddress.ip_network(address, strict=False)
         spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
-    out: dict[int, set[str]] = {4: set(), 6: set()}
+    out: dict[str, set[str]] = {name: set() for name in SOURCE_SETS}
+    out["mac"] = {f'"{item.ifname}" . {mac}' for mac in macs}
+    cls = {4: ipaddress.IPv4Address, 6: ipaddress.IPv6Address}
     for (mac, version), found in spans.items():
         for span in intervals.merge(found):
-            out[version].add(f'"{item.ifname}" . {mac} . {intervals.address_text(span, version)}')
-    return (
-        frozenset(f'"{item.ifname}" . {mac}' for mac in macs),
-        frozenset(out[4]),
-        frozenset(out[6]),
-    )
+            head = f'"{item.ifname}" . {mac} . '
+            if span[0] == span[1]:
+                out[f"{version}"].add(head + str(cls[version](span[0])))
+            else:
+                out[f"{version}net"].add(head + intervals.address_text(span, version))
+    return {name: frozenset(elements) for name, elements in out.items()}
 
 
 def _link_local(mac: str) -> str:

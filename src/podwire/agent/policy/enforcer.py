@@ -24,8 +24,9 @@ from podwire import keys
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.policy import ruleset
 from podwire.agent.policy.compile import (
-    MAX_PORT_ID,
+    MAX_POLICY_ID,
     Compiled,
+    GroupSet,
     PortPolicy,
     compile_ruleset,
     group_set,
@@ -58,11 +59,19 @@ class EnforcerSettings:
     keep_seconds: float = 60.0
 
 
+async def apply_change(nft: Nftables, change: ruleset.Change) -> None:
+    """A pod's ADD or DEL, and most rule changes, change set elements only: those are packed
+    and sent without nft text (``Nftables.apply_elements``)."""
+    if change.elements_only:
+        await nft.apply_elements(change.elements)
+    elif text := change.text():
+        await nft.apply(text)
+
+
 @dataclass
 class _Entry:
     port: DesiredPort
     ifname: str
-    port_id: int
 
 
 class PolicyEnforcer:
@@ -81,6 +90,7 @@ class PolicyEnforcer:
         self.watcher = PrefixWatcher(etcd, keys.global_prefix())
         self._ports: dict[str, _Entry] = {}
         self._kept: dict[tuple[str, ...], float] = {}  # group set -> when its last port left
+        self._policy_ids: dict[GroupSet, int] = {}  # as the last compilation gave them
         self._applied: ruleset.Ruleset | None = None
         self._wanted = 0  # generation asked for
         self._done = 0  # generation in the kernel
@@ -202,11 +212,9 @@ class PolicyEnforcer:
         if entry is not None:
             entry.port, entry.ifname = port, ifname
             return
-        used = {e.port_id for e in self._ports.values()}
-        free = next((i for i in range(1, MAX_PORT_ID + 1) if i not in used), None)
-        if free is None:
-            raise PolicyNotApplied(f"more than {MAX_PORT_ID} enforced ports on this node")
-        self._ports[port.port_id] = _Entry(port, ifname, free)
+        if group_set(port) not in self._policy_ids and len(self._policy_ids) >= MAX_POLICY_ID:
+            raise PolicyNotApplied(f"more than {MAX_POLICY_ID} sets of security groups here")
+        self._ports[port.port_id] = _Entry(port, ifname)
 
     def _request(self) -> int:
         self._wanted += 1
@@ -251,30 +259,25 @@ class PolicyEnforcer:
 
     def _compile(self) -> Compiled:
         inputs = self.store.inputs()
-        inputs.ports = [
-            PortPolicy(e.port, e.ifname, e.port_id) for _, e in sorted(self._ports.items())
-        ]
+        inputs.ports = [PortPolicy(e.port, e.ifname) for _, e in sorted(self._ports.items())]
         in_use = {group_set(e.port) for e in self._ports.values()}
         inputs.kept = [s for s in self._kept_sets(time.monotonic()) if s not in in_use]
+        inputs.policy_ids = self._policy_ids
         return compile_ruleset(inputs)
 
     async def _apply_once(self) -> None:
         started = time.perf_counter()
         compiled = self._compile()
         self._report(compiled.problems)
-        kind = "replace"
-        text: str | None = None
-        if self._applied is not None:
-            text = ruleset.change(self._applied, compiled.ruleset)
+        change = None if self._applied is None else ruleset.change(self._applied, compiled.ruleset)
+        if change is None:
+            await self._nft.apply(ruleset.replace(compiled.ruleset))
+            kind = "replace"
+        else:
             kind = "change"
-        if text is None:
-            text, kind = ruleset.replace(compiled.ruleset), "replace"
-        if text:
             try:
-                await self._nft.apply(text)
+                await apply_change(self._nft, change)
             except NftError as exc:
-                if kind == "replace":
-                    raise
                 # The kernel is not what we think (someone edited our tables): start over.
                 log.warning("agent.policy.change_refused", error=str(exc)[:500])
                 await self._nft.apply(ruleset.replace(compiled.ruleset))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from podwire.netfilter.elements import ElementChange
+
 TABLE = "podwire"
 FAMILIES = ("bridge", "inet")
 
@@ -65,11 +67,10 @@ def _declare_chain(item: NftChain) -> str:
     return f"add chain {_where(item.family, item.name)}{body}"
 
 
-def _elements(verb: str, item: NftSet, elements: frozenset[str]) -> list[str]:
+def _elements(verb: str, item: NftSet, elements: frozenset[str]) -> list[ElementChange]:
     if not elements:
         return []
-    # Sorted, so equal rulesets give equal buffers (tests and logs compare them).
-    return [f"{verb} element {_where(item.family, item.name)} {{ {', '.join(sorted(elements))} }}"]
+    return [ElementChange(item.family, TABLE, item.name, item.spec, verb, elements)]
 
 
 def _rules(item: NftChain) -> list[str]:
@@ -97,29 +98,41 @@ def _build(
     lines = [_declare_set(new.sets[key]) for key in sorted(set_keys)]
     lines += [_declare_chain(new.chains[key]) for key in sorted(chain_keys)]
     for key in sorted(set_keys):
-        lines += _elements("add", new.sets[key], new.sets[key].elements)
+        lines += [e.text() for e in _elements("add", new.sets[key], new.sets[key].elements)]
     for key in sorted(refill):
         lines += _rules(new.chains[key])
     return lines
 
 
-def change(old: Ruleset, new: Ruleset) -> str | None:
-    """The commands that turn ``old`` into ``new``; "" when nothing differs, None when a set
-    changed its declaration (then ``replace`` is the way)."""
+@dataclass
+class Change:
+    """The commands from one ruleset to the next: when only set elements change (a pod's ADD
+    or DEL, a member), ``elements`` is all of it and can go to the kernel without nft text."""
+
+    before: list[str]  # declarations and flushes
+    elements: list[ElementChange]  # deletes, then adds
+    after: list[str]  # rules, then removals
+
+    @property
+    def elements_only(self) -> bool:
+        return not self.before and not self.after
+
+    def text(self) -> str:
+        lines = [*self.before, *(e.text() for e in self.elements), *self.after]
+        return "\n".join(lines) + "\n" if lines else ""
+
+
+def change(old: Ruleset, new: Ruleset) -> Change | None:
+    """What turns ``old`` into ``new`` (empty when nothing differs); None when a set changed
+    its declaration (then ``replace`` is the way)."""
     for key, item in new.sets.items():
-        before = old.sets.get(key)
-        if before is not None and before.spec != item.spec:
+        had = old.sets.get(key)
+        if had is not None and had.spec != item.spec:
             return None
     for key, chain in new.chains.items():
         was = old.chains.get(key)
         if was is not None and was.hook != chain.hook:
             return None
-    lines = _additions(old, new)
-    lines += _removals(old, new)
-    return "\n".join(lines) + "\n" if lines else ""
-
-
-def _additions(old: Ruleset, new: Ruleset) -> list[str]:
     added_sets = [key for key in new.sets if key not in old.sets]
     added_chains = [key for key in new.chains if key not in old.chains]
     changed = {
@@ -127,20 +140,24 @@ def _additions(old: Ruleset, new: Ruleset) -> list[str]:
         for key, chain in new.chains.items()
         if key in old.chains and old.chains[key].rules != chain.rules
     }
-    lines = [_declare_set(new.sets[key]) for key in sorted(added_sets)]
-    lines += [_declare_chain(new.chains[key]) for key in sorted(added_chains)]
-    for key in sorted(changed):
-        lines.append(f"flush chain {_where(*key)}")
+    before = [_declare_set(new.sets[key]) for key in sorted(added_sets)]
+    before += [_declare_chain(new.chains[key]) for key in sorted(added_chains)]
+    before += [f"flush chain {_where(*key)}" for key in sorted(changed)]
+    after = [
+        line for key in sorted(changed | set(added_chains)) for line in _rules(new.chains[key])
+    ]
+    return Change(before, _element_changes(old, new), after + _removals(old, new))
+
+
+def _element_changes(old: Ruleset, new: Ruleset) -> list[ElementChange]:
+    deletes: list[ElementChange] = []
+    adds: list[ElementChange] = []
     for key, item in sorted(new.sets.items()):
         before = old.sets.get(key)
-        gone = before.elements - item.elements if before is not None else frozenset()
-        lines += _elements("delete", item, gone)
-    for key, item in sorted(new.sets.items()):
-        before = old.sets.get(key)
-        lines += _elements("add", item, item.elements - (before.elements if before else set()))
-    for key in sorted(changed | set(added_chains)):
-        lines += _rules(new.chains[key])
-    return lines
+        had = before.elements if before is not None else frozenset()
+        deletes += _elements("delete", item, had - item.elements)
+        adds += _elements("add", item, item.elements - had)
+    return deletes + adds
 
 
 def _removals(old: Ruleset, new: Ruleset) -> list[str]:

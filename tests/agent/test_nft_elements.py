@@ -1,0 +1,118 @@
+"""Set element changes packed by podwire and sent as one batch, against the real kernel: the
+tables end exactly where libnftables' text would have put them, a refused batch changes
+nothing, and sets the packer does not know still change (through libnftables)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from podwire.agent.policy import ruleset
+from podwire.agent.policy.compile import PolicyInputs, PortPolicy, compile_ruleset
+from podwire.netfilter import Nftables, NftError
+from podwire.netfilter.elements import ElementChange
+from podwire.netfilter.nfnl import bodies
+from podwire.schema.secgroups import Rule, SecurityGroup
+from tests.agent.netenv import NetEnv
+from tests.agent.sgnet import nft_shape, numbered_ports
+
+SG = "0e1e0e1e-0000-4000-8000-000000000001"
+REMOTE = "0e1e0e1e-0000-4000-8000-000000000002"
+
+
+def _rid(n: int) -> str:
+    return f"0e1e0e1e-0000-4000-9000-{n:012d}"
+
+
+def _group(first_port: int, remote: bool = False) -> SecurityGroup:
+    rules = [
+        Rule(_rid(1), "ingress", "IPv4", 6, first_port, first_port + 5, "10.1.0.0/16"),
+        Rule(_rid(2), "ingress", "IPv6", 17, 53, 53, "fd00:1::/48"),
+        Rule(_rid(3), "ingress", "IPv4", 1, 8, 0, None),  # ICMP echo request
+        Rule(_rid(4), "egress", "IPv4"),
+    ]
+    if remote:
+        rules.append(Rule(_rid(5), "ingress", "IPv4", 6, 22, 22, None, REMOTE))
+    return SecurityGroup(SG, tuple(rules))
+
+
+def _inputs(ids: list[int], first_port: int, members: tuple[str, ...] = ()) -> PolicyInputs:
+    remote = bool(members)
+    groups = {SG: _group(first_port, remote)}
+    ports = numbered_ports(max(ids), (SG,))
+    return PolicyInputs(
+        groups=groups,
+        members={REMOTE: {"m": members}} if remote else {},
+        ports=[PortPolicy(*ports[i - 1]) for i in ids],
+    )
+
+
+@pytest.fixture
+def two() -> Iterator[tuple[Nftables, Nftables]]:
+    env = NetEnv()
+    packed, text = Nftables(env.namespace("nfa")), Nftables(env.namespace("nfb"))
+    yield packed, text
+    packed.close()
+    text.close()
+    env.cleanup()
+
+
+async def _both(two: tuple[Nftables, Nftables], old: PolicyInputs) -> ruleset.Ruleset:
+    base = compile_ruleset(old).ruleset
+    for nft in two:
+        await nft.apply(ruleset.replace(base))
+    return base
+
+
+async def test_pods_and_rules_changed_by_packed_elements_end_where_text_does(
+    two: tuple[Nftables, Nftables],
+) -> None:
+    packed, text = two
+    base = await _both(two, _inputs(list(range(1, 21)), 1000))
+    # two pods gone, two new, a rule's port range moved: set elements only
+    new = compile_ruleset(_inputs([*range(1, 21), 21, 22][2:], 2000)).ruleset
+    change = ruleset.change(base, new)
+    assert change is not None and change.elements_only
+    assert {c.set_name for c in change.elements} >= {"ports", "src4", "src6", "src_mac"}
+    assert any(c.verb == "delete" for c in change.elements)
+    for item in change.elements:
+        assert bodies(item)  # packed, not handed to libnftables
+    await packed.apply_elements(change.elements)
+    await text.apply(change.text())
+    listed = [nft_shape(await nft.query("list ruleset")) for nft in two]
+    assert listed[0] == listed[1]
+    assert '"range": [2000, 2005]' in listed[0] and '"pwp7e5700000021"' in listed[0]
+
+
+async def test_a_refused_batch_changes_nothing_and_names_the_set(
+    two: tuple[Nftables, Nftables],
+) -> None:
+    packed, _ = two
+    base = await _both(two, _inputs([1, 2], 1000))
+    before = nft_shape(await packed.query("list ruleset"))
+    spec = base.sets[("bridge", "src_mac")].spec
+    good = ElementChange(
+        "bridge", "podwire", "src_mac", spec, "add", frozenset({'"pwpnew" . fa:16:3e:00:00:01'})
+    )
+    gone = ElementChange(
+        "bridge", "podwire", "src_mac", spec, "delete", frozenset({'"pwpnone" . fa:16:3e:00:00:02'})
+    )
+    with pytest.raises(NftError, match="delete element bridge podwire src_mac"):
+        await packed.apply_elements([good, gone])
+    assert nft_shape(await packed.query("list ruleset")) == before
+
+
+async def test_sets_the_packer_does_not_know_change_through_libnftables(
+    two: tuple[Nftables, Nftables],
+) -> None:
+    packed, text = two
+    base = await _both(two, _inputs([1, 2], 1000, ("10.1.0.7",)))
+    new = compile_ruleset(_inputs([1, 2], 1000, ("10.1.0.7", "10.1.0.9"))).ruleset
+    change = ruleset.change(base, new)
+    assert change is not None and change.elements_only
+    assert [c.set_name for c in change.elements] == [f"rg4_{REMOTE}"]  # one-field intervals
+    await packed.apply_elements(change.elements)
+    await text.apply(change.text())
+    listed = [nft_shape(await nft.query("list ruleset")) for nft in two]
+    assert listed[0] == listed[1] and "10.1.0.9" in listed[0]

@@ -1,0 +1,80 @@
+"""Packing set elements for nf_tables: the bytes libnftables sends (checked against
+``nft --debug=netlink`` on this kernel), and a refusal for whatever is not podwire's."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from podwire.netfilter.elements import ElementChange, Packed, Unencodable, layout, pack
+from podwire.netfilter.nfnl import MAX_NEST, bodies
+
+IFNAME = b"pwp7e5700000101" + b"\0"
+MAC = bytes.fromhex("fa163e000065") + b"\0\0"
+
+
+def test_concatenated_interval_has_a_closing_key_per_field() -> None:
+    shape = layout("type ifname . ether_addr . ipv4_addr; flags interval;")
+    got = pack(shape, '"pwp7e5700000101" . fa:16:3e:00:00:65 . 10.9.0.0/24')
+    assert got.key == IFNAME + MAC + socket.inet_aton("10.9.0.0")
+    assert got.key_end == IFNAME + MAC + socket.inet_aton("10.9.0.255")
+    six = layout("type ifname . ether_addr . ipv6_addr; flags interval;")
+    host = pack(six, '"pwp7e5700000101" . fa:16:3e:00:00:65 . fd00:9::65/128')
+    assert (
+        host.key == host.key_end == IFNAME + MAC + socket.inet_pton(socket.AF_INET6, "fd00:9::65")
+    )
+
+
+def test_maps_carry_marks_in_host_order_and_verdicts_by_chain() -> None:
+    assert pack(layout("type ifname : mark;"), '"pwp1" : 101') == Packed(
+        b"pwp1" + b"\0" * 12, value=(101).to_bytes(4, sys.byteorder)
+    )
+    verdict = pack(layout("type mark : verdict;"), "0x650000 : jump pol_15923c2dedbe_in")
+    assert verdict.verdict == (-3, "pol_15923c2dedbe_in")
+    assert verdict.key == (0x650000).to_bytes(4, sys.byteorder)
+
+
+def test_ports_and_protocols_are_big_endian_ranges_in_whole_registers() -> None:
+    shape = layout("type ipv4_addr . inet_proto . inet_service; flags interval;")
+    got = pack(shape, "10.0.0.0-10.0.0.255 . 6 . 1000-1005")
+    assert got.key == socket.inet_aton("10.0.0.0") + b"\x06\0\0\0" + b"\x03\xe8\0\0"
+    assert got.key_end == socket.inet_aton("10.0.0.255") + b"\x06\0\0\0" + b"\x03\xed\0\0"
+    icmp = pack(layout("type icmp_type . icmp_code; flags interval;"), "8 . 0-255")
+    assert (icmp.key, icmp.key_end) == (b"\x08\0\0\0\0\0\0\0", b"\x08\0\0\0\xff\0\0\0")
+
+
+@pytest.mark.parametrize(
+    ("spec", "element"),
+    [
+        ("type ipv4_addr; flags interval;", "10.0.0.0/8"),  # one field: start/end pairs
+        ("type ipv4_addr; flags timeout;", "10.0.0.1"),
+        ("type ct_state;", "established"),
+        ("type ifname;", '"pwp*"'),  # a wildcard is not a name
+        ("type ifname;", '"a-name-longer-than-15"'),
+        ("type ifname;", "unquoted"),
+        ("type ether_addr;", "fa:16:3e:00:00"),
+        ("type ipv4_addr;", "fd00::1"),  # the wrong family
+        ("type ipv4_addr;", "10.0.0.0/8"),  # a prefix in a set without intervals
+        ("type inet_service;", "70000"),
+        ("type inet_proto . inet_service;", "6"),  # a field missing
+        ("type mark : verdict;", "1 : accept"),
+        ("type mark : verdict;", "1"),
+    ],
+)
+def test_what_is_not_podwires_is_refused_before_anything_is_sent(spec: str, element: str) -> None:
+    with pytest.raises(Unencodable):
+        bodies(ElementChange("bridge", "podwire", "s", spec, "add", frozenset({element})))
+
+
+def test_a_large_change_is_split_where_an_attribute_would_overflow() -> None:
+    elements = frozenset(
+        f'"pwp{i:011d}" . fa:16:3e:00:{i // 256:02x}:{i % 256:02x}' for i in range(3000)
+    )
+    change = ElementChange(
+        "bridge", "podwire", "src_mac", "type ifname . ether_addr;", "add", elements
+    )
+    parts = bodies(change)
+    assert len(parts) > 1
+    assert all(len(body) < MAX_NEST + 200 for _, _, body in parts)
