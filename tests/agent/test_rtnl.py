@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -128,3 +129,22 @@ async def test_a_failed_gate_removes_the_veth_and_is_raised(
         await plug.plug(_spec(pod, "br-t"), gate)
     assert links_in(pod) == ["lo"]
     assert links_in(host) == ["lo", "br-t"]
+
+
+async def test_a_gate_open_before_the_veth_is_made_brings_it_up_in_the_same_job(
+    plugger: tuple[Plugger, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plug, host, pod = plugger
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    gate.set_result(None)
+    jobs = []
+    run_rtnl = plug._host.run_rtnl
+
+    async def counted(fn: Any, *args: Any) -> Any:
+        jobs.append(fn.__name__)
+        return await run_rtnl(fn, *args)
+
+    monkeypatch.setattr(plug._host, "run_rtnl", counted)
+    attached = await plug.plug(_spec(pod, "br-t"), gate)
+    assert ",UP" in in_ns(host, "ip", "link", "show", attached.host_ifname).stdout
+    assert jobs == ["_plug_veth"]

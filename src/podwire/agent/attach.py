@@ -7,10 +7,11 @@ through a socket opened inside the pod's namespace); CHECK and nested clean-up u
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hashlib
 import os
-from collections.abc import Awaitable
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +38,16 @@ class PlugSpec:
 
 
 def _plug_veth(
-    ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str, host_up: bool
-) -> None:
+    ctx: RtnlContext,
+    spec: PlugSpec,
+    host_name: str,
+    host_mac: str,
+    gate: threading.Event | None,
+) -> bool:
     """The whole veth ADD in one worker job: create, then configure the pod end; a failure
-    after the veth exists removes it (deleting the host end takes the pod end with it)."""
+    after the veth exists removes it (deleting the host end takes the pod end with it).
+    With ``gate``, the host end is born down and comes up here only if the gate is open by
+    now; returns whether the host end is up."""
     fd = open_netns(spec.netns)
     try:
         veth = VethSpec(
@@ -51,7 +58,7 @@ def _plug_veth(
             fd,
             spec.mtu,
             ctx.host.require_index(spec.bridge),
-            host_up,
+            gate is None,
         )
         try:
             ctx.host.add_veth(veth)
@@ -65,15 +72,25 @@ def _plug_veth(
         try:
             ctx.host.set_alias(host_name, naming.MARK)
             _configure_in(ctx, fd, spec)
+            if gate is not None and gate.is_set():
+                _host_end_up(ctx, host_name)
+                return True
         except BaseException:
             ctx.host.delete_link(host_name)
             raise
     finally:
         os.close(fd)
+    return gate is None
 
 
 def _host_end_up(ctx: RtnlContext, host_name: str) -> None:
     ctx.host.set_up(ctx.host.require_index(host_name))
+
+
+def _open_if_done(gate: asyncio.Future[None], opened: threading.Event) -> None:
+    """Opened only by a gate that succeeded."""
+    if not gate.cancelled() and gate.exception() is None:
+        opened.set()
 
 
 def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
@@ -146,17 +163,27 @@ class Plugger:
         self._host = host_nl
         self._pod = pod_nl
 
-    async def plug(self, spec: PlugSpec, gate: Awaitable[object] | None = None) -> Attached:
+    async def plug(self, spec: PlugSpec, gate: asyncio.Future[None] | None = None) -> Attached:
         """With ``gate`` (the port's rules being put in force), the host end is born down, so
         no frame crosses it, and comes up once ``gate`` is done: the two overlap instead of
-        running one after the other. A failure of either removes the veth and is raised."""
+        running one after the other, and when the rules were first (the usual case) the same
+        netlink job brings the host end up. A failure of either removes the veth and is
+        raised."""
         host_name = naming.host_veth(spec.attachment)
         mac = host_mac(spec.attachment)
-        await self._host.run_rtnl(_plug_veth, spec, host_name, mac, gate is None)
+        opened = None
+        if gate is not None:
+            opened = threading.Event()
+            if gate.done():
+                _open_if_done(gate, opened)
+            else:
+                gate.add_done_callback(lambda done: _open_if_done(done, opened))
+        up = await self._host.run_rtnl(_plug_veth, spec, host_name, mac, opened)
         if gate is not None:
             try:
                 await gate
-                await self._host.run_rtnl(_host_end_up, host_name)
+                if not up:
+                    await self._host.run_rtnl(_host_end_up, host_name)
             except BaseException:
                 await self._host.run_teardown(_delete_own_veth, host_name, mac)
                 raise
