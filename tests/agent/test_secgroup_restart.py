@@ -13,6 +13,8 @@ import pytest
 
 from podwire import keys
 from podwire.agent.metrics import AgentMetrics
+from podwire.agent.policy import ruleset
+from podwire.agent.policy.compile import compile_ruleset
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
@@ -135,4 +137,46 @@ async def test_a_group_sets_chains_outlive_its_last_port_for_keep_seconds(
     finally:
         await _stop(task)
         nft.close()
+        await etcd.delete_prefix(keys.state_node_prefix(host_name))
+
+
+async def test_pods_coming_and_going_leave_the_tables_a_full_compilation_builds(
+    etcd: EtcdClient, netenv: NetEnv, published: list[SecurityGroup]
+) -> None:
+    """ADDs and DELs change only the ports' elements (no recompilation); the kernel ends
+    exactly where a replace of the whole compiled ruleset puts a fresh namespace."""
+    host, fresh = netenv.namespace("sgf"), netenv.namespace("sgg")
+    nft, other = Nftables(host), Nftables(fresh)
+    host_name = f"{netenv.tag}-sgf"
+    all_groups = tuple(g.sg_id for g in published)
+    ports = numbered_ports(30, all_groups)
+    ports += [
+        (DesiredPort(**{**port.__dict__, "security_groups": all_groups[:1]}), ifname)
+        for port, ifname in numbered_ports(34, all_groups)[30:]
+    ]
+    metrics = AgentMetrics()
+    enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), metrics)
+    task = await _run_until_synced(enforcer, [])
+    try:
+        for port, ifname in ports:
+            await enforcer.enforce(port, ifname, 10)
+        for port, _ in ports[3:9] + ports[31:]:
+            enforcer.forget(port.port_id)
+        for port, ifname in ports[3:6]:
+            await enforcer.enforce(port, ifname, 10)
+        sample = metrics.registry.get_sample_value
+        assert sample("podwire_agent_policy_applies_total", {"kind": "replace"}) == 1
+        inputs = enforcer.store.inputs()
+        inputs.ports = enforcer._port_policies()
+        inputs.kept = enforcer._kept_now(inputs.ports)
+        inputs.policy_ids = enforcer._policy_ids
+        await other.apply(ruleset.replace(compile_ruleset(inputs).ruleset))
+        assert nft_shape(await nft.query("list ruleset")) == nft_shape(
+            await other.query("list ruleset")
+        )
+        assert enforcer.enforced == 30 - 6 + 3 + 1
+    finally:
+        await _stop(task)
+        nft.close()
+        other.close()
         await etcd.delete_prefix(keys.state_node_prefix(host_name))

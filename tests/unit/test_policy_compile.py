@@ -16,10 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podwire.agent.policy import intervals, ruleset
-from podwire.agent.policy.compile import PolicyInputs, PortPolicy, compile_ruleset, policy_name
+from podwire.agent.policy.compile import (
+    PolicyInputs,
+    PortPolicy,
+    compile_ruleset,
+    group_set,
+    policy_name,
+    policy_sets,
+    with_ports,
+)
 from podwire.agent.policy.store import PolicyStore
 from podwire.etcd import KeyValue, WatchEvent
-from podwire.schema.ports import DesiredPort, FixedIp
+from podwire.schema.ports import AddressPair, DesiredPort, FixedIp
 from podwire.schema.secgroups import Rule, SecurityGroup
 
 SG = "5e5e5e5e-0000-4000-8000-000000000001"
@@ -262,3 +270,52 @@ def test_a_kept_group_set_keeps_its_chains_and_no_port_maps_to_it() -> None:
         compile_ruleset(PolicyInputs({SG: group}, {}, {}, port, kept=[(SG,)])).ruleset
         == compile_ruleset(PolicyInputs({SG: group}, {}, {}, port)).ruleset
     )
+
+
+GROUPS = [f"5e5e5e5e-0000-4000-8000-{n:012d}" for n in (11, 12, 13)]
+numbered = st.integers(1, 40)
+port_specs = st.builds(
+    lambda index, sgs, secured, pair: (index, tuple(sorted(sgs)), secured, pair),
+    numbered,
+    st.sets(st.sampled_from(GROUPS), min_size=1, max_size=2),
+    st.booleans(),
+    st.sampled_from([None, "10.8.0.0/24", "10.8.1.9"]),
+)
+
+
+def _spec_port(index: int, sgs: tuple[str, ...], secured: bool, pair: str | None) -> PortPolicy:
+    item = _port(sgs, index)
+    pairs = (AddressPair(pair, None),) if pair else ()
+    port = DesiredPort(
+        **{**item.port.__dict__, "port_security_enabled": secured, "allowed_address_pairs": pairs}
+    )
+    return PortPolicy(port, item.ifname)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(port_specs, max_size=8), st.lists(port_specs, max_size=8))
+def test_ports_changed_on_their_own_give_what_a_full_compilation_gives(
+    before_specs: list[tuple[int, tuple[str, ...], bool, str | None]],
+    after_specs: list[tuple[int, tuple[str, ...], bool, str | None]],
+) -> None:
+    groups = {
+        sg: SecurityGroup(sg, (Rule(_rule_id(1), "ingress", "IPv4", 6, 22, 22, None),))
+        for sg in GROUPS
+    }
+    before = list({i: _spec_port(i, *rest) for i, *rest in before_specs}.values())
+    after = list({i: _spec_port(i, *rest) for i, *rest in after_specs}.values())
+    kept = sorted(policy_sets(before, []) | policy_sets(after, []))  # the same policies
+    old = compile_ruleset(PolicyInputs(groups, {}, {}, before, kept=kept))
+    full = compile_ruleset(
+        PolicyInputs(groups, {}, {}, after, kept=kept, policy_ids=old.policy_ids)
+    )
+    assert full.policy_ids == old.policy_ids
+    ids = old.policy_ids
+    gone = [p for p in before if p not in after and p.port.port_security_enabled]
+    added = [p for p in after if p not in before and p.port.port_security_enabled]
+    got = with_ports(
+        old.ruleset,
+        [(p, ids[group_set(p.port)]) for p in gone],
+        [(p, ids[group_set(p.port)]) for p in added],
+    )
+    assert got == full.ruleset

@@ -95,18 +95,14 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     ruleset = Ruleset()
     problems: list[str] = []
     secured = [p for p in inputs.ports if p.port.port_security_enabled]
-    policies: dict[str, GroupSet] = {}
     for item in secured:
-        sg_ids = group_set(item.port)
-        policies[policy_name(sg_ids)] = sg_ids
         problems += [
             f"port {item.port.port_id}: security group {sg} is not published yet; its rules"
             " are not enforced (traffic they would allow is dropped)"
-            for sg in sg_ids
+            for sg in group_set(item.port)
             if sg not in inputs.groups
         ]
-    for sg_ids in inputs.kept:
-        policies.setdefault(policy_name(sg_ids), sg_ids)
+    policies = {policy_name(sgs): sgs for sgs in policy_sets(inputs.ports, inputs.kept)}
     ids = policy_ids(inputs.policy_ids, set(policies.values()))
     _bridge_table(ruleset, secured, ids)
     _inet_base(ruleset)
@@ -131,6 +127,12 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     ruleset.add_set(NftSet("inet", "ingress", "type mark : verdict;", frozenset(ingress)))
     problems += _address_sets(ruleset, inputs, referenced)
     return Compiled(ruleset, problems, len(secured), ids)
+
+
+def policy_sets(ports: list[PortPolicy], kept: list[GroupSet]) -> set[GroupSet]:
+    """The sets of groups that get a policy: those of secured ports, and the kept ones."""
+    secured = {group_set(p.port) for p in ports if p.port.port_security_enabled}
+    return secured | set(kept)
 
 
 def policy_ids(previous: dict[GroupSet, int], needed: set[GroupSet]) -> dict[GroupSet, int]:
@@ -187,17 +189,53 @@ def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy], ids: dict[GroupSe
     for policy in ids.values():
         rule = f"meta mark set meta mark | {policy:#x}"
         ruleset.add_chain(NftChain("bridge", f"mark_{policy}", (rule,)))
-    ports = frozenset(
-        f'"{item.ifname}" : jump mark_{ids[group_set(item.port)]}' for item in secured
-    )
-    ruleset.add_set(NftSet("bridge", "ports", "type ifname : verdict;", ports))
-    sources = _sources(secured)
-    ruleset.add_set(NftSet("bridge", "src_mac", "type ifname . ether_addr;", sources["mac"]))
-    for version in (4, 6):
-        spec = f"type ifname . ether_addr . {ADDR_TYPE[version]};"
-        ruleset.add_set(NftSet("bridge", f"src{version}", spec, sources[f"{version}"]))
-        spec += f" {INTERVAL}"
-        ruleset.add_set(NftSet("bridge", f"src{version}net", spec, sources[f"{version}net"]))
+    found: dict[str, set[str]] = {name: set() for name in PORT_SETS}
+    for item in secured:
+        for name, elements in port_elements(item, ids[group_set(item.port)]).items():
+            found[name].update(elements)
+    for name, spec in PORT_SETS.items():
+        ruleset.add_set(NftSet("bridge", name, spec, frozenset(found[name])))
+
+
+# The bridge sets that hold a port's own elements, with their declarations.
+PORT_SETS = {
+    "ports": "type ifname : verdict;",
+    "src_mac": "type ifname . ether_addr;",
+    "src4": "type ifname . ether_addr . ipv4_addr;",
+    "src4net": f"type ifname . ether_addr . ipv4_addr; {INTERVAL}",
+    "src6": "type ifname . ether_addr . ipv6_addr;",
+    "src6net": f"type ifname . ether_addr . ipv6_addr; {INTERVAL}",
+}
+
+
+def port_elements(item: PortPolicy, policy_id: int) -> dict[str, frozenset[str]]:
+    """A secured port's elements of each of ``PORT_SETS``."""
+    sources = _port_sources(item)
+    return {
+        "ports": frozenset({f'"{item.ifname}" : jump mark_{policy_id}'}),
+        "src_mac": sources["mac"],
+        **{f"src{name}": sources[name] for name in ("4", "4net", "6", "6net")},
+    }
+
+
+def with_ports(
+    base: Ruleset, gone: list[tuple[PortPolicy, int]], added: list[tuple[PortPolicy, int]]
+) -> Ruleset:
+    """``base`` with secured ports gone and added (each with its policy id), when nothing
+    else differs: what ``compile_ruleset`` would give, without compiling the rest again."""
+    removed: dict[str, set[str]] = {name: set() for name in PORT_SETS}
+    extra: dict[str, set[str]] = {name: set() for name in PORT_SETS}
+    for items, into in ((gone, removed), (added, extra)):
+        for item, policy_id in items:
+            for name, elements in port_elements(item, policy_id).items():
+                into[name].update(elements)
+    out = Ruleset(dict(base.sets), dict(base.chains))
+    for name in PORT_SETS:
+        if removed[name] or extra[name]:
+            old = base.sets[("bridge", name)]
+            elements = (old.elements - removed[name]) | extra[name]
+            out.add_set(NftSet("bridge", name, old.spec, elements))
+    return out
 
 
 def _port_security_rules() -> tuple[str, ...]:
@@ -223,14 +261,6 @@ def _port_security_rules() -> tuple[str, ...]:
 
 SOURCE_SETS = ("mac", "4", "4net", "6", "6net")
 PortSources = dict[str, frozenset[str]]  # SOURCE_SETS -> the port's elements of each
-
-
-def _sources(secured: list[PortPolicy]) -> dict[str, frozenset[str]]:
-    found: dict[str, set[str]] = {name: set() for name in SOURCE_SETS}
-    for item in secured:
-        for name, elements in _port_sources(item).items():
-            found[name].update(elements)
-    return {name: frozenset(elements) for name, elements in found.items()}
 
 
 # (ifname, port id) -> (the DesiredPort it was made from, its elements): a change elsewhere

@@ -30,7 +30,9 @@ from podwire.agent.policy.compile import (
     PortPolicy,
     compile_ruleset,
     group_set,
+    policy_sets,
 )
+from podwire.agent.policy.compile import with_ports as ruleset_with_ports
 from podwire.agent.policy.store import PolicyStore
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PodwireError, RetryableError
@@ -92,6 +94,11 @@ class PolicyEnforcer:
         self._kept: dict[tuple[str, ...], float] = {}  # group set -> when its last port left
         self._policy_ids: dict[GroupSet, int] = {}  # as the last compilation gave them
         self._applied: ruleset.Ruleset | None = None
+        self._applied_ports: dict[str, PortPolicy] = {}  # the ports ``_applied`` was made for
+        self._applied_problems: list[str] = []
+        self._policy_epoch = 0  # counts changes of groups, members, address groups
+        self._applied_epoch = -1
+        self._compiled_ports: dict[str, PortPolicy] = {}
         self._wanted = 0  # generation asked for
         self._done = 0  # generation in the kernel
         self._failure: str | None = None
@@ -121,6 +128,8 @@ class PolicyEnforcer:
             async for batch in batches:
                 changed = [self.store.apply(event) for event in batch.events]
                 self._seen_revision = batch.revision
+                if any(changed):
+                    self._policy_epoch += 1
                 if any(changed) or not self._listed.is_set():
                     self._request()
                 self._listed.set()
@@ -257,16 +266,51 @@ class PolicyEnforcer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._dirty.wait(), max(0.0, expiry - time.monotonic()))
 
+    def _port_policies(self) -> list[PortPolicy]:
+        return [PortPolicy(e.port, e.ifname) for _, e in sorted(self._ports.items())]
+
+    def _kept_now(self, ports: list[PortPolicy]) -> list[GroupSet]:
+        in_use = {group_set(p.port) for p in ports}
+        return [s for s in self._kept_sets(time.monotonic()) if s not in in_use]
+
     def _compile(self) -> Compiled:
-        inputs = self.store.inputs()
-        inputs.ports = [PortPolicy(e.port, e.ifname) for _, e in sorted(self._ports.items())]
-        in_use = {group_set(e.port) for e in self._ports.values()}
-        inputs.kept = [s for s in self._kept_sets(time.monotonic()) if s not in in_use]
-        inputs.policy_ids = self._policy_ids
-        return compile_ruleset(inputs)
+        """Ports plugged, changed or removed and nothing else (a pod's ADD or DEL): the last
+        ruleset with their elements; otherwise everything compiled again."""
+        ports = self._port_policies()
+        kept = self._kept_now(ports)
+        compiled = self._ports_only(ports, kept)
+        if compiled is None:
+            inputs = self.store.inputs()
+            inputs.ports, inputs.kept, inputs.policy_ids = ports, kept, self._policy_ids
+            compiled = compile_ruleset(inputs)
+        self._compiled_ports = {p.port.port_id: p for p in ports}
+        return compiled
+
+    def _ports_only(self, ports: list[PortPolicy], kept: list[GroupSet]) -> Compiled | None:
+        """None unless the policies stay as they are and every port that comes or goes has
+        all its groups published (so the problems stay as they are, too)."""
+        if self._applied is None or self._policy_epoch != self._applied_epoch:
+            return None
+        if policy_sets(ports, kept) != self._policy_ids.keys():
+            return None
+        now = {p.port.port_id: p for p in ports}
+        gone = [p for key, p in self._applied_ports.items() if now.get(key) != p]
+        added = [p for key, p in now.items() if self._applied_ports.get(key) != p]
+        secured = [p for p in gone + added if p.port.port_security_enabled]
+        if any(sg not in self.store.groups for p in secured for sg in p.port.security_groups):
+            return None
+        ids = self._policy_ids
+        changed = ruleset_with_ports(
+            self._applied,
+            [(p, ids[group_set(p.port)]) for p in gone if p.port.port_security_enabled],
+            [(p, ids[group_set(p.port)]) for p in added if p.port.port_security_enabled],
+        )
+        enforced = sum(p.port.port_security_enabled for p in ports)
+        return Compiled(changed, self._applied_problems, enforced, ids)
 
     async def _apply_once(self) -> None:
         started = time.perf_counter()
+        epoch = self._policy_epoch
         compiled = self._compile()
         self._report(compiled.problems)
         change = None if self._applied is None else ruleset.change(self._applied, compiled.ruleset)
@@ -283,6 +327,9 @@ class PolicyEnforcer:
                 await self._nft.apply(ruleset.replace(compiled.ruleset))
                 kind = "replace"
         self._applied = compiled.ruleset
+        self._applied_ports, self._applied_problems = self._compiled_ports, compiled.problems
+        self._applied_epoch = epoch
+        self._policy_ids = compiled.policy_ids
         self.enforced = compiled.enforced
         seconds = time.perf_counter() - started
         self.last_apply_seconds = seconds

@@ -154,6 +154,8 @@ def _element_changes(old: Ruleset, new: Ruleset) -> list[ElementChange]:
     adds: list[ElementChange] = []
     for key, item in sorted(new.sets.items()):
         before = old.sets.get(key)
+        if before is item:
+            continue
         had = before.elements if before is not None else frozenset()
         deletes += _elements("delete", item, had - item.elements)
         adds += _elements("add", item, item.elements - had)
