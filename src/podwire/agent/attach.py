@@ -154,6 +154,20 @@ def _add_vlan(ipr: Any, spec: PlugSpec, uplink: str, vlan_id: int) -> None:
         os.close(fd)
 
 
+def planned(spec: PlugSpec, uplink: str = "") -> Attached:
+    """What ``plug`` (or, with the ``uplink``, ``plug_nested``) makes of ``spec``: known
+    before it runs, so the checkpoint can record it meanwhile."""
+    return Attached(
+        host_ifname=uplink or naming.host_veth(spec.attachment),
+        host_mac="" if uplink else host_mac(spec.attachment),
+        ifname=spec.ifname,
+        mac=spec.mac,
+        mtu=spec.mtu,
+        sandbox=spec.netns,
+        addresses=spec.addresses,
+    )
+
+
 def is_nested(attached: Attached) -> bool:
     return not attached.host_mac
 
@@ -187,15 +201,7 @@ class Plugger:
             except BaseException:
                 await self._host.run_teardown(_delete_own_veth, host_name, mac)
                 raise
-        return Attached(
-            host_ifname=host_name,
-            host_mac=mac,
-            ifname=spec.ifname,
-            mac=spec.mac,
-            mtu=spec.mtu,
-            sandbox=spec.netns,
-            addresses=spec.addresses,
-        )
+        return planned(spec)
 
     async def plug_nested(self, spec: PlugSpec, uplink: str, vlan_id: int) -> Attached:
         """Nested mode (the node is a VM on a trunk): the pod interface is a VLAN
@@ -206,15 +212,7 @@ class Plugger:
         except PodwireError:
             await self._pod.run(spec.netns, links.remove_link, spec.ifname)
             raise
-        return Attached(
-            host_ifname=uplink,
-            host_mac="",
-            ifname=spec.ifname,
-            mac=spec.mac,
-            mtu=spec.mtu,
-            sandbox=spec.netns,
-            addresses=spec.addresses,
-        )
+        return planned(spec, uplink)
 
     async def unplug(self, attachment: str, attached: Attached | None = None) -> bool:
         """Remove the veth by its host end (works when the pod namespace is gone already);

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from podwire.agent import naming
-from podwire.agent.attach import Plugger, PlugSpec
+from podwire.agent.attach import Plugger, PlugSpec, planned
 from podwire.agent.binder import Binder
 from podwire.agent.checkpoint import Attachment, Checkpoint
 from podwire.agent.memif import MemifPlan, MemifService
@@ -33,7 +33,7 @@ from podwire.cni.request import (
     parse_request,
     valid_attachments,
 )
-from podwire.cni.result import Address, add_memif, render
+from podwire.cni.result import Address, Attached, add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
@@ -217,26 +217,33 @@ class CniHandler:
             plug = PlugSpec(
                 req.attachment, req.netns, req.ifname, vif.mac_address, vif.mtu, "", addresses
             )
-            attached = await self._plugger.plug_nested(plug, uplink, vif.vlan_id)
-        else:
-            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-            groups = vif.security_groups if self._policy is not None else None
-            port = await self._binder.wait_wired(vif.port_id, remaining, groups)
-            plan = self._binder.plan_for(port.network_id)
-            bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
-            mtu = min(port.mtu, vif.mtu)
-            plug = PlugSpec(
-                req.attachment, req.netns, req.ifname, vif.mac_address, mtu, bridge, addresses
+            entry = self._entry(req, vif, planned(plug, uplink))
+            await self._plugged_and_recorded(
+                entry, self._plugger.plug_nested(plug, uplink, vif.vlan_id)
             )
-            # Filtered from its first packet on: the rules go in force while the veth is made,
-            # and its host end comes up only after them.
-            enforced = self._enforce(port, req.attachment, deadline)
-            try:
-                attached = await self._plugger.plug(plug, enforced)
-            finally:
-                if enforced is not None:
-                    enforced.cancel()  # a no-op once done; a plug that failed first stops it
-        entry = Attachment(
+            return entry
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        groups = vif.security_groups if self._policy is not None else None
+        port = await self._binder.wait_wired(vif.port_id, remaining, groups)
+        plan = self._binder.plan_for(port.network_id)
+        bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
+        mtu = min(port.mtu, vif.mtu)
+        plug = PlugSpec(
+            req.attachment, req.netns, req.ifname, vif.mac_address, mtu, bridge, addresses
+        )
+        entry = self._entry(req, vif, planned(plug))
+        # Filtered from its first packet on: the rules go in force while the veth is made,
+        # and its host end comes up only after them.
+        enforced = self._enforce(port, req.attachment, deadline)
+        try:
+            await self._plugged_and_recorded(entry, self._plugger.plug(plug, enforced))
+        finally:
+            if enforced is not None:
+                enforced.cancel()  # a no-op once done; a plug that failed first stops it
+        return entry
+
+    def _entry(self, req: CniRequest, vif: Vif, attached: Attached) -> Attachment:
+        return Attachment(
             attachment=req.attachment,
             container_id=req.container_id,
             ifname=req.ifname,
@@ -246,9 +253,23 @@ class CniHandler:
             vif=vif,
             attached=attached,
         )
-        await self._checkpoint.put(entry)
+
+    async def _plugged_and_recorded(
+        self, entry: Attachment, plugging: Coroutine[object, object, Attached]
+    ) -> None:
+        """The checkpoint write (two fsyncs, about as long as the plug) runs while the pod is
+        plugged; the ADD answers only after both. An entry ahead of its interfaces is the safe
+        side: a crash in between leaves a record the runtime's retried ADD or its DEL
+        completes, never interfaces nobody knows of. A failed plug's entry goes with the
+        rollback."""
+        recording = asyncio.ensure_future(self._checkpoint.put(entry))
+        try:
+            await plugging
+        except BaseException:
+            await asyncio.gather(recording, return_exceptions=True)
+            raise
+        await recording
         self._metrics.attachments.set(len(self._checkpoint.entries))
-        return entry
 
     # -- DEL, CHECK, GC, STATUS ----------------------------------------------------------
 
