@@ -98,9 +98,10 @@ async def test_a_refused_batch_changes_nothing_and_names_the_set(
     gone = ElementChange(
         "bridge", "podwire", "src_mac", spec, "delete", frozenset({'"pwpnone" . fa:16:3e:00:00:02'})
     )
-    with pytest.raises(NftError, match="delete element bridge podwire src_mac"):
-        await packed.apply_elements([good, gone])
-    assert nft_shape(await packed.query("list ruleset")) == before
+    for batch in ([good, gone], [gone, good]):  # the refused one last, then first
+        with pytest.raises(NftError, match="delete element bridge podwire src_mac"):
+            await packed.apply_elements(batch)
+        assert nft_shape(await packed.query("list ruleset")) == before
 
 
 async def test_sets_the_packer_does_not_know_change_through_libnftables(

@@ -141,10 +141,16 @@ class NfnlSocket:
         self._acks(begin, waiting)
 
     def _acks(self, begin: int, waiting: dict[int, str]) -> None:
-        """Every message's answer; the first error is raised once all have come."""
+        """Every message's answer; the first error is raised once the others have come (the
+        kernel answers the whole batch at once, so after an error, waiting for an answer
+        that is not already there would only hide it)."""
         failure: RtnlError | None = None
         while waiting:
-            for kind, flags, seq, payload in messages(self._sock.recv(1 << 16)):
+            try:
+                data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT if failure else 0)
+            except BlockingIOError:
+                break
+            for kind, flags, seq, payload in messages(data):
                 if kind != NLMSG_ERROR:
                     continue
                 if seq == begin:  # the whole batch was refused before any message

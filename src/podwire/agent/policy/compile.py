@@ -150,7 +150,12 @@ def policy_ids(previous: dict[GroupSet, int], needed: set[GroupSet]) -> dict[Gro
 
 def group_set(port: DesiredPort) -> tuple[str, ...]:
     """The set of groups a port's policy chains are shared by (order and repeats ignored)."""
-    return tuple(sorted(set(port.security_groups)))
+    return _group_set(port.security_groups)
+
+
+@lru_cache(maxsize=4096)
+def _group_set(security_groups: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(set(security_groups)))
 
 
 def policy_name(sg_ids: tuple[str, ...]) -> str:
@@ -189,12 +194,10 @@ def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy], ids: dict[GroupSe
     for policy in ids.values():
         rule = f"meta mark set meta mark | {policy:#x}"
         ruleset.add_chain(NftChain("bridge", f"mark_{policy}", (rule,)))
-    found: dict[str, set[str]] = {name: set() for name in PORT_SETS}
-    for item in secured:
-        for name, elements in port_elements(item, ids[group_set(item.port)]).items():
-            found[name].update(elements)
+    per_port = [port_elements(item, ids[group_set(item.port)]) for item in secured]
     for name, spec in PORT_SETS.items():
-        ruleset.add_set(NftSet("bridge", name, spec, frozenset(found[name])))
+        elements = frozenset().union(*(found[name] for found in per_port))
+        ruleset.add_set(NftSet("bridge", name, spec, elements))
 
 
 # The bridge sets that hold a port's own elements, with their declarations.
@@ -208,14 +211,25 @@ PORT_SETS = {
 }
 
 
-def port_elements(item: PortPolicy, policy_id: int) -> dict[str, frozenset[str]]:
+PortElements = dict[str, frozenset[str]]  # PORT_SETS -> a port's elements of each
+# (ifname, port id) -> (the DesiredPort and policy id they were made from, its elements): a
+# change elsewhere re-uses every port's elements, so a rule change costs the same on 5 or 500
+# ports.
+_ELEMENTS: dict[tuple[str, str], tuple[DesiredPort, int, PortElements]] = {}
+
+
+def port_elements(item: PortPolicy, policy_id: int) -> PortElements:
     """A secured port's elements of each of ``PORT_SETS``."""
-    sources = _port_sources(item)
-    return {
-        "ports": frozenset({f'"{item.ifname}" : jump mark_{policy_id}'}),
-        "src_mac": sources["mac"],
-        **{f"src{name}": sources[name] for name in ("4", "4net", "6", "6net")},
-    }
+    key = (item.ifname, item.port.port_id)
+    cached = _ELEMENTS.get(key)
+    if cached is not None and cached[0] is item.port and cached[1] == policy_id:
+        return cached[2]
+    if len(_ELEMENTS) > 16384:
+        _ELEMENTS.clear()
+    found = _sources(item)
+    found["ports"] = frozenset({f'"{item.ifname}" : jump mark_{policy_id}'})
+    _ELEMENTS[key] = (item.port, policy_id, found)
+    return found
 
 
 def with_ports(
@@ -259,30 +273,9 @@ def _port_security_rules() -> tuple[str, ...]:
     )
 
 
-SOURCE_SETS = ("mac", "4", "4net", "6", "6net")
-PortSources = dict[str, frozenset[str]]  # SOURCE_SETS -> the port's elements of each
-
-
-# (ifname, port id) -> (the DesiredPort it was made from, its elements): a change elsewhere
-# re-uses every port's elements, so a rule change costs the same on 5 or 500 ports.
-_SOURCES: dict[tuple[str, str], tuple[DesiredPort, PortSources]] = {}
-
-
-def _port_sources(item: PortPolicy) -> PortSources:
-    key = (item.ifname, item.port.port_id)
-    cached = _SOURCES.get(key)
-    if cached is not None and cached[0] is item.port:
-        return cached[1]
-    if len(_SOURCES) > 16384:
-        _SOURCES.clear()
-    found = _compute_sources(item)
-    _SOURCES[key] = (item.port, found)
-    return found
-
-
-def _compute_sources(item: PortPolicy) -> PortSources:
-    """Single addresses go to the exact sets, prefixes (address pairs, a port without IPs)
-    to the interval sets."""
+def _sources(item: PortPolicy) -> PortElements:
+    """What the port may send from: single addresses go to the exact sets, prefixes (address
+    pairs, a port without IPs) to the interval sets."""
     port = item.port
     pairs = [(port.mac_address, ip.ip_address) for ip in port.fixed_ips]
     pairs += [(p.mac_address or port.mac_address, p.ip_address) for p in port.allowed_address_pairs]
@@ -294,16 +287,16 @@ def _compute_sources(item: PortPolicy) -> PortSources:
     for mac, address in pairs:
         net = ipaddress.ip_network(address, strict=False)
         spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
-    out: dict[str, set[str]] = {name: set() for name in SOURCE_SETS}
-    out["mac"] = {f'"{item.ifname}" . {mac}' for mac in macs}
+    out: dict[str, set[str]] = {name: set() for name in ("src4", "src4net", "src6", "src6net")}
+    out["src_mac"] = {f'"{item.ifname}" . {mac}' for mac in macs}
     cls = {4: ipaddress.IPv4Address, 6: ipaddress.IPv6Address}
     for (mac, version), found in spans.items():
         for span in intervals.merge(found):
             head = f'"{item.ifname}" . {mac} . '
             if span[0] == span[1]:
-                out[f"{version}"].add(head + str(cls[version](span[0])))
+                out[f"src{version}"].add(head + str(cls[version](span[0])))
             else:
-                out[f"{version}net"].add(head + intervals.address_text(span, version))
+                out[f"src{version}net"].add(head + intervals.address_text(span, version))
     return {name: frozenset(elements) for name, elements in out.items()}
 
 
