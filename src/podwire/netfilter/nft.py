@@ -121,10 +121,10 @@ class Nftables:
 
     async def apply_elements(self, changes: Sequence[ElementChange]) -> None:
         """One atomic transaction of set element changes, packed here and sent on the
-        caller's thread: a pod's few elements take microseconds to send, where a worker hop
-        and libnftables' parse and cache dump took about a millisecond. The kernel answers
-        within the send (waiting at most for another writer's commit). Sets the packer does
-        not know go through libnftables, as text."""
+        caller's thread: packing a pod's few elements takes microseconds, where the worker
+        hop and libnftables' parse and cache dump cost about a millisecond on a cold CPU
+        here. The kernel answers within the send (waiting at most for another writer's
+        commit). Sets the packer does not know go through libnftables, as text."""
         try:
             sock = self._nfnl or await self._open_nfnl()
             sock.apply(changes)

@@ -1,8 +1,9 @@
 """The agent's security-group enforcement: policy from etcd + this node's ports -> nftables.
 
 One task follows ``/podwire/global/`` (list, then watch from the revision; the watcher re-lists
-after a compaction); another compiles and applies. Every change is compiled whole (pure, fast,
-cached per policy) and applied as the difference to what is in the kernel, in one nft
+after a compaction); another compiles and applies. A change is compiled whole (pure, fast,
+cached per policy and per port), or, when only ports came or went, the last ruleset gets just
+their elements; either is applied as the difference to what is in the kernel, in one
 transaction; changes that arrive while one is applied are folded into the next. The first
 application after a start replaces podwire's tables in one transaction, so a restarted agent
 never leaves a window: the old tables enforce until the new ones do, and conntrack keeps the
@@ -31,8 +32,8 @@ from podwire.agent.policy.compile import (
     compile_ruleset,
     group_set,
     policy_sets,
+    with_ports,
 )
-from podwire.agent.policy.compile import with_ports as ruleset_with_ports
 from podwire.agent.policy.store import PolicyStore
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PodwireError, RetryableError
@@ -98,7 +99,6 @@ class PolicyEnforcer:
         self._applied_problems: list[str] = []
         self._policy_epoch = 0  # counts changes of groups, members, address groups
         self._applied_epoch = -1
-        self._compiled_ports: dict[str, PortPolicy] = {}
         self._wanted = 0  # generation asked for
         self._done = 0  # generation in the kernel
         self._failure: str | None = None
@@ -273,9 +273,10 @@ class PolicyEnforcer:
         in_use = {group_set(p.port) for p in ports}
         return [s for s in self._kept_sets(time.monotonic()) if s not in in_use]
 
-    def _compile(self) -> Compiled:
+    def _compile(self) -> tuple[Compiled, dict[str, PortPolicy]]:
         """Ports plugged, changed or removed and nothing else (a pod's ADD or DEL): the last
-        ruleset with their elements; otherwise everything compiled again."""
+        ruleset with their elements; otherwise everything compiled again. With the ports it
+        was made for."""
         ports = self._port_policies()
         kept = self._kept_now(ports)
         compiled = self._ports_only(ports, kept)
@@ -283,8 +284,7 @@ class PolicyEnforcer:
             inputs = self.store.inputs()
             inputs.ports, inputs.kept, inputs.policy_ids = ports, kept, self._policy_ids
             compiled = compile_ruleset(inputs)
-        self._compiled_ports = {p.port.port_id: p for p in ports}
-        return compiled
+        return compiled, {p.port.port_id: p for p in ports}
 
     def _ports_only(self, ports: list[PortPolicy], kept: list[GroupSet]) -> Compiled | None:
         """None unless the policies stay as they are and every port that comes or goes has
@@ -300,7 +300,7 @@ class PolicyEnforcer:
         if any(sg not in self.store.groups for p in secured for sg in p.port.security_groups):
             return None
         ids = self._policy_ids
-        changed = ruleset_with_ports(
+        changed = with_ports(
             self._applied,
             [(p, ids[group_set(p.port)]) for p in gone if p.port.port_security_enabled],
             [(p, ids[group_set(p.port)]) for p in added if p.port.port_security_enabled],
@@ -311,7 +311,7 @@ class PolicyEnforcer:
     async def _apply_once(self) -> None:
         started = time.perf_counter()
         epoch = self._policy_epoch
-        compiled = self._compile()
+        compiled, ports = self._compile()
         self._report(compiled.problems)
         change = None if self._applied is None else ruleset.change(self._applied, compiled.ruleset)
         if change is None:
@@ -327,7 +327,7 @@ class PolicyEnforcer:
                 await self._nft.apply(ruleset.replace(compiled.ruleset))
                 kind = "replace"
         self._applied = compiled.ruleset
-        self._applied_ports, self._applied_problems = self._compiled_ports, compiled.problems
+        self._applied_ports, self._applied_problems = ports, compiled.problems
         self._applied_epoch = epoch
         self._policy_ids = compiled.policy_ids
         self.enforced = compiled.enforced
