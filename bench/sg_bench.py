@@ -95,7 +95,7 @@ async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, An
             reconcile.append((time.perf_counter() - started) * 1000)
             if i == 0:
                 change, member = await _changes(etcd, enforcer, groups[0], samples)
-                reference_text = ruleset.replace(enforcer._compile().ruleset)
+                reference_text = ruleset.replace(enforcer._compile()[0].ruleset)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         reference = _nft_cli(host_ns, reference_text, max(3, samples // 20))
