@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import errno
 import socket
+import struct
 import sys
+import time
 
 import pytest
 
 from podwire.netfilter.elements import ElementChange, Packed, Unencodable, layout, pack
-from podwire.netfilter.nfnl import MAX_NEST, bodies
+from podwire.netfilter.nfnl import MAX_NEST, TIMEOUT, NfnlSocket, bodies
+from podwire.netlink.rtnl import NLMSG_ERROR, RtnlError, message
 
 IFNAME = b"pwp7e5700000101" + b"\0"
 MAC = bytes.fromhex("fa163e000065") + b"\0\0"
@@ -78,3 +82,20 @@ def test_a_large_change_is_split_where_an_attribute_would_overflow() -> None:
     parts = bodies(change)
     assert len(parts) > 1
     assert all(len(body) < MAX_NEST + 200 for _, _, body in parts)
+
+
+def test_an_error_is_raised_at_once_even_if_other_answers_never_come() -> None:
+    """The kernel answers a whole batch at once; after an error, nothing is waited for."""
+    ours, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    nfnl = NfnlSocket.__new__(NfnlSocket)
+    nfnl._sock, nfnl._seq = ours, 0
+    ours.settimeout(TIMEOUT)
+    refused = struct.pack("=i", -errno.ENOENT) + message(0, 0, 2, b"")
+    kernel.send(message(NLMSG_ERROR, 0, 2, refused))
+    started = time.monotonic()
+    with pytest.raises(RtnlError, match="delete element bridge podwire src_mac"):
+        nfnl._acks(1, {2: "delete element bridge podwire src_mac", 3: "add element ..."})
+    assert time.monotonic() - started < 1.0
+    assert ours.gettimeout() == TIMEOUT
+    ours.close()
+    kernel.close()

@@ -145,19 +145,24 @@ class NfnlSocket:
         kernel answers the whole batch at once, so after an error, waiting for an answer
         that is not already there would only hide it)."""
         failure: RtnlError | None = None
-        while waiting:
-            try:
-                data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT if failure else 0)
-            except BlockingIOError:
-                break
-            for kind, flags, seq, payload in messages(data):
-                if kind != NLMSG_ERROR:
-                    continue
-                if seq == begin:  # the whole batch was refused before any message
-                    raise error_of(payload, flags, "nftables batch") or RtnlError(0, "batch")
-                what = waiting.pop(seq, None)
-                if what is not None:
-                    failure = failure or error_of(payload, flags, what)
+        try:
+            while waiting:
+                try:
+                    data = self._sock.recv(1 << 16)
+                except BlockingIOError:
+                    break  # after an error: nothing more is there
+                for kind, flags, seq, payload in messages(data):
+                    if kind != NLMSG_ERROR:
+                        continue
+                    if seq == begin:  # the whole batch was refused before any message
+                        raise error_of(payload, flags, "nftables batch") or RtnlError(0, "batch")
+                    what = waiting.pop(seq, None)
+                    if what is not None and failure is None:
+                        failure = error_of(payload, flags, what)
+                        if failure is not None:
+                            self._sock.settimeout(0.0)
+        finally:
+            self._sock.settimeout(TIMEOUT)
         if failure is not None:
             raise failure
 
