@@ -97,8 +97,14 @@ def _started(
 
 
 def finish_connect(proc: Popen, netns: str) -> Probe:
+    """Read through the pipe's file object, not ``communicate``: reading the ready line may
+    have buffered the result line too (a refusal comes back at once), and ``communicate``
+    reads the descriptor past that buffer. The two lines are far below a pipe's capacity, so
+    waiting for the exit first cannot block the probe."""
+    assert proc.stdout is not None and proc.stderr is not None
     try:
-        out, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        out, err = proc.stdout.read(), proc.stderr.read()
     finally:
         stop(proc)
     if proc.returncode != 0:
