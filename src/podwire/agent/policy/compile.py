@@ -94,7 +94,7 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     """Raises ``TooManyPolicies`` past 65,535 sets of groups on the node."""
     ruleset = Ruleset()
     problems: list[str] = []
-    secured = [p for p in inputs.ports if p.port.port_security_enabled]
+    secured = secured_ports(inputs.ports)
     for item in secured:
         problems += [
             f"port {item.port.port_id}: security group {sg} is not published yet; its rules"
@@ -129,10 +129,14 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     return Compiled(ruleset, problems, len(secured), ids)
 
 
+def secured_ports(ports: list[PortPolicy]) -> list[PortPolicy]:
+    """The ports with port security on: the only ones with rules."""
+    return [p for p in ports if p.port.port_security_enabled]
+
+
 def policy_sets(ports: list[PortPolicy], kept: list[GroupSet]) -> set[GroupSet]:
     """The sets of groups that get a policy: those of secured ports, and the kept ones."""
-    secured = {group_set(p.port) for p in ports if p.port.port_security_enabled}
-    return secured | set(kept)
+    return {group_set(p.port) for p in secured_ports(ports)} | set(kept)
 
 
 def policy_ids(previous: dict[GroupSet, int], needed: set[GroupSet]) -> dict[GroupSet, int]:

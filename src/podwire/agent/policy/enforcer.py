@@ -32,6 +32,7 @@ from podwire.agent.policy.compile import (
     compile_ruleset,
     group_set,
     policy_sets,
+    secured_ports,
     with_ports,
 )
 from podwire.agent.policy.store import PolicyStore
@@ -278,35 +279,37 @@ class PolicyEnforcer:
         ruleset with their elements; otherwise everything compiled again. With the ports it
         was made for."""
         ports = self._port_policies()
+        by_id = {p.port.port_id: p for p in ports}
         kept = self._kept_now(ports)
-        compiled = self._ports_only(ports, kept)
+        compiled = self._ports_only(ports, by_id, kept)
         if compiled is None:
             inputs = self.store.inputs()
             inputs.ports, inputs.kept, inputs.policy_ids = ports, kept, self._policy_ids
             compiled = compile_ruleset(inputs)
-        return compiled, {p.port.port_id: p for p in ports}
+        return compiled, by_id
 
-    def _ports_only(self, ports: list[PortPolicy], kept: list[GroupSet]) -> Compiled | None:
+    def _ports_only(
+        self, ports: list[PortPolicy], by_id: dict[str, PortPolicy], kept: list[GroupSet]
+    ) -> Compiled | None:
         """None unless the policies stay as they are and every port that comes or goes has
         all its groups published (so the problems stay as they are, too)."""
         if self._applied is None or self._policy_epoch != self._applied_epoch:
             return None
         if policy_sets(ports, kept) != self._policy_ids.keys():
             return None
-        now = {p.port.port_id: p for p in ports}
-        gone = [p for key, p in self._applied_ports.items() if now.get(key) != p]
-        added = [p for key, p in now.items() if self._applied_ports.get(key) != p]
-        secured = [p for p in gone + added if p.port.port_security_enabled]
-        if any(sg not in self.store.groups for p in secured for sg in p.port.security_groups):
+        before = self._applied_ports
+        gone = [p for key, p in before.items() if by_id.get(key) != p]
+        added = [p for key, p in by_id.items() if before.get(key) != p]
+        gone, added = secured_ports(gone), secured_ports(added)
+        if any(sg not in self.store.groups for p in gone + added for sg in p.port.security_groups):
             return None
         ids = self._policy_ids
         changed = with_ports(
             self._applied,
-            [(p, ids[group_set(p.port)]) for p in gone if p.port.port_security_enabled],
-            [(p, ids[group_set(p.port)]) for p in added if p.port.port_security_enabled],
+            [(p, ids[group_set(p.port)]) for p in gone],
+            [(p, ids[group_set(p.port)]) for p in added],
         )
-        enforced = sum(p.port.port_security_enabled for p in ports)
-        return Compiled(changed, self._applied_problems, enforced, ids)
+        return Compiled(changed, self._applied_problems, len(secured_ports(ports)), ids)
 
     async def _apply_once(self) -> None:
         started = time.perf_counter()
