@@ -8,6 +8,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -64,6 +65,23 @@ async def published(etcd: EtcdClient) -> AsyncIterator[list[SecurityGroup]]:
         await etcd.delete_prefix(keys.remote_groups_prefix(group.sg_id))
 
 
+@dataclass
+class Node:
+    """A simulated host's namespace with podwire's nftables in it, as one enforcer sees it."""
+
+    nft: Nftables
+    host_name: str
+
+
+@pytest.fixture
+async def node(etcd: EtcdClient, netenv: NetEnv) -> AsyncIterator[Node]:
+    host = netenv.namespace("sgn")
+    found = Node(Nftables(host), f"{netenv.tag}-sgn")
+    yield found
+    found.nft.close()
+    await etcd.delete_prefix(keys.state_node_prefix(found.host_name))
+
+
 async def _run_until_synced(
     enforcer: PolicyEnforcer, ports: list[tuple[DesiredPort, str]]
 ) -> asyncio.Task[None]:
@@ -79,47 +97,40 @@ async def _stop(task: asyncio.Task[None]) -> None:
 
 
 async def test_200_ports_3_groups_20_rules_reconciled_after_restart(
-    etcd: EtcdClient, netenv: NetEnv, published: list[SecurityGroup]
+    etcd: EtcdClient, node: Node, published: list[SecurityGroup]
 ) -> None:
-    host = netenv.namespace("sgr")
-    nft = Nftables(host)
-    host_name = f"{netenv.tag}-sgr"
+    nft, host_name = node.nft, node.host_name
     ports = numbered_ports(PORTS, tuple(g.sg_id for g in published))
-    try:
-        metrics = AgentMetrics()
-        first = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), metrics)
-        task = await _run_until_synced(first, ports)
-        assert first.enforced == PORTS and not first._problems
-        sample = metrics.registry.get_sample_value
-        assert sample("podwire_agent_policy_applies_total", {"kind": "replace"}) == 1
-        assert sample("podwire_agent_policy_enforced_ports") == PORTS
-        await _stop(task)
-        kept = await nft.query("list ruleset")
-        secured = json.loads(await nft.query("list map bridge podwire ports"))
-        [elements] = [i["map"]["elem"] for i in secured["nftables"] if "map" in i]
-        assert len(elements) == PORTS  # still enforcing while no agent runs
+    metrics = AgentMetrics()
+    first = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), metrics)
+    task = await _run_until_synced(first, ports)
+    assert first.enforced == PORTS and not first._problems
+    sample = metrics.registry.get_sample_value
+    assert sample("podwire_agent_policy_applies_total", {"kind": "replace"}) == 1
+    assert sample("podwire_agent_policy_enforced_ports") == PORTS
+    await _stop(task)
+    kept = await nft.query("list ruleset")
+    secured = json.loads(await nft.query("list map bridge podwire ports"))
+    [elements] = [i["map"]["elem"] for i in secured["nftables"] if "map" in i]
+    assert len(elements) == PORTS  # still enforcing while no agent runs
 
-        again = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), None)
-        task = await _run_until_synced(again, list(reversed(ports)))  # ids may differ
-        assert again.enforced == PORTS and again.revision >= first.revision
-        await _stop(task)
-        after = await nft.query("list ruleset")
-        assert len(nft_shape(after)) == len(nft_shape(kept))
-        assert "pol_" in after and f"rg4_{published[0].sg_id}" in after
-    finally:
-        nft.close()
-        await etcd.delete_prefix(keys.state_node_prefix(host_name))
+    again = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), None)
+    task = await _run_until_synced(again, list(reversed(ports)))  # ids may differ
+    assert again.enforced == PORTS and again.revision >= first.revision
+    await _stop(task)
+    after = await nft.query("list ruleset")
+    assert len(nft_shape(after)) == len(nft_shape(kept))
+    assert "pol_" in after and f"rg4_{published[0].sg_id}" in after
 
 
 async def test_a_group_sets_chains_outlive_its_last_port_for_keep_seconds(
-    etcd: EtcdClient, netenv: NetEnv, published: list[SecurityGroup]
+    etcd: EtcdClient, node: Node, published: list[SecurityGroup]
 ) -> None:
     """The next pod of the set adds elements only; after ``keep_seconds`` the chains go."""
-    host = netenv.namespace("sgk")
-    nft = Nftables(host)
-    host_name = f"{netenv.tag}-sgk"
+    nft = node.nft
     port, ifname = numbered_ports(1, tuple(g.sg_id for g in published))[0]
-    enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name, keep_seconds=1.0), None)
+    settings = EnforcerSettings(node.host_name, keep_seconds=1.0)
+    enforcer = PolicyEnforcer(etcd, nft, settings, None)
     task = await _run_until_synced(enforcer, [])
     try:
         await enforcer.enforce(port, ifname, 10)
@@ -136,18 +147,14 @@ async def test_a_group_sets_chains_outlive_its_last_port_for_keep_seconds(
             raise AssertionError("the kept chains were not removed after keep_seconds")
     finally:
         await _stop(task)
-        nft.close()
-        await etcd.delete_prefix(keys.state_node_prefix(host_name))
 
 
 async def test_pods_coming_and_going_leave_the_tables_a_full_compilation_builds(
-    etcd: EtcdClient, netenv: NetEnv, published: list[SecurityGroup]
+    etcd: EtcdClient, node: Node, netenv: NetEnv, published: list[SecurityGroup]
 ) -> None:
     """ADDs and DELs change only the ports' elements (no recompilation); the kernel ends
     exactly where a replace of the whole compiled ruleset puts a fresh namespace."""
-    host, fresh = netenv.namespace("sgf"), netenv.namespace("sgg")
-    nft, other = Nftables(host), Nftables(fresh)
-    host_name = f"{netenv.tag}-sgf"
+    nft, other = node.nft, Nftables(netenv.namespace("sgg"))
     all_groups = tuple(g.sg_id for g in published)
     ports = numbered_ports(30, all_groups)
     ports += [
@@ -155,7 +162,7 @@ async def test_pods_coming_and_going_leave_the_tables_a_full_compilation_builds(
         for port, ifname in numbered_ports(34, all_groups)[30:]
     ]
     metrics = AgentMetrics()
-    enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host_name), metrics)
+    enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(node.host_name), metrics)
     task = await _run_until_synced(enforcer, [])
     try:
         for port, ifname in ports:
@@ -177,6 +184,4 @@ async def test_pods_coming_and_going_leave_the_tables_a_full_compilation_builds(
         assert enforcer.enforced == 30 - 6 + 3 + 1
     finally:
         await _stop(task)
-        nft.close()
         other.close()
-        await etcd.delete_prefix(keys.state_node_prefix(host_name))
