@@ -9,6 +9,8 @@ it is not latency critical and needs dumps and attribute parsing this module doe
 
 Errors are ``RtnlError`` (an ``OSError`` with the kernel's errno and, when the kernel supplies
 one, its extended-ack message), which ``netlink.errors.translate`` turns into podwire errors.
+The socket, message and ack helpers (``open_socket``, ``message``, ``messages``, ``error_of``)
+are netlink's, not rtnetlink's: ``netfilter/nfnl.py`` sends its nf_tables batches with them.
 """
 
 from __future__ import annotations
