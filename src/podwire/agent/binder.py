@@ -198,12 +198,7 @@ class Binder:
 
     async def _reconcile_leftovers(self) -> None:
         """After a (re-)list: drop state keys and plumbing of ports that went away meanwhile."""
-        prefix = keys.state_node_prefix(self._settings.host) + "ports/"
-        items, _ = await self._etcd.get_prefix(prefix)
-        for kv in items:
-            port_id = kv.key[len(prefix) :]
-            if port_id not in self._desired:
-                await self._etcd.delete(kv.key)
+        await self._drop_state_except(set(self._desired))
         if self._nl is None:
             return
         keep = {plan.bridge for plan in self._plans.values()}
@@ -213,6 +208,23 @@ class Binder:
             log.info("agent.network.swept", bridges=sweep.removed)
         if sweep.foreign:
             log.info("agent.network.foreign_left_alone", bridges=sweep.foreign, mark=naming.MARK)
+
+    async def _drop_state_except(self, desired: set[str]) -> int:
+        """Delete this host's wired-state keys of ports not in ``desired``."""
+        prefix = keys.state_ports_prefix(self._settings.host)
+        items, _ = await self._etcd.get_prefix(prefix)
+        stale = [kv.key for kv in items if kv.key[len(prefix) :] not in desired]
+        for key in stale:
+            await self._etcd.delete(key)
+        return len(stale)
+
+    async def drop_stale_state(self) -> int:
+        """On the way out: ports whose desired key went while the agent was stopping (its
+        watch has ended) lose their wired state too, read from etcd now, so nothing reports
+        a port wired that no agent serves."""
+        listed, _ = await self._etcd.get_prefix(keys.node_ports_prefix(self._settings.host))
+        desired = {parsed[1] for kv in listed if (parsed := keys.parse_node_port_key(kv.key))}
+        return await self._drop_state_except(desired)
 
     async def _set(self, port_id: str, port: DesiredPort | None, error: str | None) -> None:
         async with self._changed:

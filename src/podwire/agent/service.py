@@ -44,6 +44,8 @@ from podwire.service.ops_http import OpsServer
 
 log = get_logger(__name__)
 
+LAST_SWEEP_SECONDS = 2.0
+
 
 def vlan_capable() -> bool:
     """Whether this kernel can make VLAN sub-interfaces (the 8021q module is loaded)."""
@@ -128,6 +130,7 @@ class Agent:
             BinderSettings(agent.host, agent.vtep_ip, agent.physnet_mappings, vlan_capable()),
             self.metrics,
         )
+        stack.push_async_callback(_last_sweep, binder)  # runs before the heartbeat's revoke
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
@@ -137,8 +140,7 @@ class Agent:
             memif = _memif_service(
                 self.settings, plugin, memif_binary, (vifs, binder, kernel[0]), self.metrics, policy
             )
-            taps = TapPorts(etcd, agent.host, kernel[0], policy, self.metrics)
-            binder.devices = taps
+            taps = self._taps(etcd, binder, kernel[0], policy)
         releaser = self._releaser(stack, plugin)
 
         watched = [heartbeat.health, binder.watcher.health, peers.watcher.health]
@@ -208,6 +210,13 @@ class Agent:
         self._collect_stats(stack, plugin)
         return releaser
 
+    def _taps(
+        self, etcd: EtcdClient, binder: Binder, host_nl: HostNetlink, policy: PortFilter | None
+    ) -> TapPorts:
+        taps = TapPorts(etcd, self.settings.agent.host, host_nl, policy, self.metrics)
+        binder.devices = taps
+        return taps
+
     def _policy(
         self, stack: contextlib.AsyncExitStack, etcd: EtcdClient, binder: Binder
     ) -> PolicyEnforcer | None:
@@ -220,6 +229,17 @@ class Agent:
         policy = PolicyEnforcer(etcd, nft, settings, self.metrics)
         binder.on_port = policy.port_changed
         return policy
+
+
+async def _last_sweep(binder: Binder) -> None:
+    try:
+        async with asyncio.timeout(LAST_SWEEP_SECONDS):
+            dropped = await binder.drop_stale_state()
+    except (PodwireError, TimeoutError) as exc:
+        log.warning("agent.stop.state_sweep_failed", error=str(exc) or "timed out")
+        return
+    if dropped:
+        log.info("agent.stop.state_swept", ports=dropped)
 
 
 async def _enforce_plugged(
