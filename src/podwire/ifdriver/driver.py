@@ -101,7 +101,7 @@ class PodwireInterfaceDriver(interface.LinuxInterfaceDriver):  # type: ignore[mi
             log.info("ifdriver.plugged", port=port_id, tap=tap, device=device_name, mtu=mtu)
             self._wait_adopted(port_id, tap)
         except Exception:
-            if agent_end.exists:
+            if agent_end.exists():
                 agent_end.link.delete()  # the tap goes with it
             log.warning("ifdriver.plug_undone", port=port_id, tap=tap, device=device_name)
             raise
@@ -115,7 +115,7 @@ class PodwireInterfaceDriver(interface.LinuxInterfaceDriver):  # type: ignore[mi
     ) -> None:
         """Remove the pair through its marked agent end; anything else is left alone."""
         device = ip_lib.IPDevice(device_name, namespace=namespace)
-        if not device.exists:
+        if not device.exists():
             log.debug("ifdriver.unplug_absent", device=device_name, namespace=namespace)
             return
         port_id = naming.marked_port(device.link.alias, self.host)
@@ -141,7 +141,7 @@ class PodwireInterfaceDriver(interface.LinuxInterfaceDriver):  # type: ignore[mi
             return
         device.link.set_mtu(mtu)
         tap = ip_lib.IPDevice(naming.tap_name(port_id), namespace=self.host_netns)
-        if tap.exists:
+        if tap.exists():
             tap.link.set_mtu(mtu)
 
     def _require_ours(self, device: Any, port_id: str) -> None:

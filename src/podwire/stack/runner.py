@@ -72,7 +72,7 @@ class Stack:
         _prepare_data_dir(self.data_dir)
         with _exclusive_lock(self.data_dir):
             _clean_stale(self.data_dir)
-            previous_signals = _install_signal_handlers()
+            previous_signals = install_stop_handlers()
             try:
                 info = self._start()
                 on_ready(info)
@@ -82,7 +82,7 @@ class Stack:
             finally:
                 self._stop_all()
                 (self.data_dir / STACK_JSON).unlink(missing_ok=True)
-                _restore_signal_handlers(previous_signals)
+                restore_signal_handlers(previous_signals)
 
     def _start(self) -> dict[str, Any]:
         started = time.monotonic()
@@ -386,13 +386,14 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise StopRequested(signal.Signals(signum).name)
 
 
-def _install_signal_handlers() -> dict[int, Any]:
+def install_stop_handlers() -> dict[int, Any]:
+    """SIGTERM and SIGINT raise ``StopRequested`` in the main thread."""
     previous: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, _raise_stop)
     return previous
 
 
-def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+def restore_signal_handlers(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
