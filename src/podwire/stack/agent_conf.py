@@ -33,8 +33,10 @@ state_path = {state_path}
 debug = False
 use_stderr = False
 log_file = {log_file}
-# Nothing of the agent must outlive it by surprise: the runner removes what it made.
 setproctitle = off
+# On SIGTERM the agent's workers wait on their RPC threads for up to a minute; the runner
+# removes what the agent made anyway.
+graceful_shutdown_timeout = 5
 
 [agent]
 root_helper =
