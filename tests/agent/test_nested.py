@@ -6,8 +6,8 @@ import pytest
 
 from podwire.agent.service import vlan_capable
 from podwire.agent.veth import Plugger, PlugSpec
-from podwire.cni.result import Address
 from podwire.netlink import HostNetlink, PodNetlink
+from podwire.schema.checkpoints import Address
 from tests.agent.netenv import NetEnv, in_ns
 
 pytestmark = pytest.mark.skipif(

@@ -27,7 +27,7 @@ from typing import TypeVar
 from podwire.agent import naming
 from podwire.agent.binder import Binder
 from podwire.agent.ports import PortFilter
-from podwire.cni.result import Address
+from podwire.schema.checkpoints import Address
 from podwire.schema.ports import DesiredPort, FixedIp
 from podwire.schema.vif import Vif
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 from podwire.agent import naming
 from podwire.agent.attach import Attacher, addresses_of
-from podwire.agent.checkpoint import Attachment, Checkpoint
-from podwire.agent.memif import MemifPlan, MemifService
-from podwire.agent.memif_state import MEMIF_IFNAME, MemifEntry
+from podwire.agent.checkpoint import EntryStore
+from podwire.agent.memif import MEMIF_IFNAME, MemifPlan, MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.veth import Plugger, PlugSpec, planned
@@ -32,12 +31,13 @@ from podwire.cni.request import (
     parse_request,
     valid_attachments,
 )
-from podwire.cni.result import Attached, add_memif, render
+from podwire.cni.result import add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.netlink import NotANamespace, is_netns
 from podwire.schema import doc, fields
+from podwire.schema.checkpoints import Attached, Attachment, MemifEntry
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
@@ -59,7 +59,7 @@ class CniHandler:
         vifs: VifSource,
         attacher: Attacher,
         plugger: Plugger,
-        checkpoint: Checkpoint,
+        checkpoint: EntryStore[Attachment],
         ready: ReadyCheck,
         pods: PodReleaser | None = None,
         metrics: AgentMetrics | None = None,

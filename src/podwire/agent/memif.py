@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from podwire.agent import checkpoint as checkpoints
 from podwire.agent import memif_master, naming
 from podwire.agent.attach import Attacher, Gate, gate_open
-from podwire.agent.memif_state import MEMIF_IFNAME, MemifCheckpoint, MemifEntry
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.vifsource import VifSource, vif_request
 from podwire.cni.request import CniRequest
@@ -37,9 +37,12 @@ from podwire.files import atomic_write
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink, links, tap
 from podwire.schema import fields
+from podwire.schema.checkpoints import MemifEntry
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
+
+MEMIF_IFNAME = "memif0"  # the memif port's attachment: <container id>:memif0
 
 INFO_FILE = "memif.json"
 GRANT_LOOKUP_TIMEOUT = 5.0
@@ -81,7 +84,7 @@ class MemifService:
         self._vifs = vifs
         self._attacher = attacher
         self._host = host_nl
-        self.checkpoint = MemifCheckpoint(state_dir)
+        self.checkpoint = checkpoints.memifs(state_dir)
         self._lock = asyncio.Lock()
 
     # -- ADD / DEL -----------------------------------------------------------------------

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podwire import keys
+from podwire.agent import checkpoint as checkpoints
 from podwire.agent.attach import Attacher
 from podwire.agent.binder import Binder, BinderSettings
-from podwire.agent.checkpoint import Checkpoint
+from podwire.agent.checkpoint import EntryStore
 from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
 from podwire.agent.memif import MemifService
 from podwire.agent.metrics import AgentMetrics
@@ -38,6 +39,7 @@ from podwire.log import get_logger
 from podwire.memif import build as memif_build
 from podwire.netfilter import Nftables
 from podwire.netlink import HostNetlink, PodNetlink, tap
+from podwire.schema.checkpoints import Attachment
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
 from podwire.service.ops_http import OpsServer
@@ -140,7 +142,7 @@ class Agent:
         )
         stack.push_async_callback(_last_sweep, binder)  # runs before the heartbeat's revoke
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
-        checkpoint = Checkpoint(agent.state_dir)
+        checkpoint = checkpoints.attachments(agent.state_dir)
         checkpoint.load()
         node = self._dataplane(stack, etcd, binder, vifs, plugin, memif_binary, kernel)
         memif, policy, taps = node.memif, node.policy, node.taps
@@ -187,7 +189,7 @@ class Agent:
             )
             self.parts.started.set()
 
-    async def _restore(self, tg: asyncio.TaskGroup, checkpoint: Checkpoint) -> None:
+    async def _restore(self, tg: asyncio.TaskGroup, checkpoint: EntryStore[Attachment]) -> None:
         """What was plugged before this start is known again, and keeps its rules: the
         desired ports listed, memif masters adopted, tap devices listed, then the first
         application of the rules, with all of them in it."""
@@ -270,7 +272,10 @@ async def _enforce_plugged(
 
 
 def _plugged_ports(
-    checkpoint: Checkpoint, memif: MemifService | None, binder: Binder, taps: TapPorts | None
+    checkpoint: EntryStore[Attachment],
+    memif: MemifService | None,
+    binder: Binder,
+    taps: TapPorts | None,
 ) -> list[tuple[DesiredPort, str]]:
     """The ports plugged before this start with their host interfaces: pod veths from the
     checkpoint, memif taps from the memif checkpoint (restored just before, so a memif whose

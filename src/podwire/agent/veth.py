@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.agent import naming
-from podwire.cni.result import Address, Attached
 from podwire.errors import PodwireError
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink, PodNetlink, is_netns, links
 from podwire.netlink.nsexec import RtnlContext, open_netns
 from podwire.netlink.rtnl import RtnlError, VethSpec
+from podwire.schema.checkpoints import Address, Attached
 
 log = get_logger(__name__)
 
