@@ -19,9 +19,8 @@ from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, Po
 from podwire.controller.app import Controller
 from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect
+from podwire.neutron.client import connect, neutron_connection
 from podwire.schema.vif import VifRequest
-from podwire.stack.client import neutron_connection
 
 WARM_PORTS = 200
 

@@ -72,16 +72,24 @@ def _from_http(exc: os_exc.HttpException, what: str) -> Exception:
     return NeutronRequestError(message, status)
 
 
+def neutron_connection(endpoint: str) -> Any:
+    """An openstacksdk connection to a noauth Neutron (the local stack's): the services' with
+    ``neutron.endpoint``, and the one the tests, the demo and the benchmarks talk through."""
+    import openstack
+
+    return openstack.connect(
+        auth_type="none",
+        network_endpoint_override=endpoint,
+        load_yaml_config=False,
+        load_envvars=False,
+    )
+
+
 def connect(settings: NeutronSettings) -> NeutronClient:
     import openstack
 
     if settings.endpoint:
-        conn = openstack.connect(
-            auth_type="none",
-            network_endpoint_override=settings.endpoint,
-            load_yaml_config=False,
-            load_envvars=False,
-        )
+        conn = neutron_connection(settings.endpoint)
     elif settings.cloud:
         try:
             conn = openstack.connect(cloud=settings.cloud)
