@@ -13,7 +13,6 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,9 +219,3 @@ def _field(doc: dict[str, Any], key: str, kind: type, label: str) -> Any:
     if not isinstance(value, kind):
         raise CheckpointCorrupt(f"checkpoint {label}: {key!r} must be a {kind.__name__}")
     return value
-
-
-def make_data(
-    resource_name: str, memif_host_dir: str, allocations: Sequence[Allocation]
-) -> CheckpointData:
-    return CheckpointData(resource_name, memif_host_dir, tuple(allocations))
