@@ -214,10 +214,6 @@ class NeutronClient:
     def delete_trunk_subports(self, trunk_id: str, port_ids: Iterable[str]) -> Any:
         return self._network.delete_trunk_subports(trunk_id, [{"port_id": p} for p in port_ids])
 
-    @_translated("list trunk subports")
-    def trunk_subports(self, trunk_id: str) -> list[dict[str, Any]]:
-        return list(self._network.get_trunk_subports(trunk_id)["sub_ports"])
-
     @_translated("list networks")
     def list_networks(self, **filters: Any) -> list[Any]:
         return list(self._network.networks(**filters))
