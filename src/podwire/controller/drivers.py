@@ -109,9 +109,6 @@ class NodeDrivers:
     def all(self) -> list[PortDriver]:
         return list(self._drivers.values())
 
-    def by_name(self, name: str) -> PortDriver:
-        return self._drivers[name]
-
     async def for_node(self, node: str) -> PortDriver:
         driver = self._nodes.get(node)
         if driver is None:
