@@ -57,7 +57,7 @@ class Controller:
         port_debug = settings.pool.port_debug
         self.nested = NestedDriver(self.neutron, port_debug, VlanAllocator())
         drivers: dict[str, PortDriver] = {
-            "neutron": BaremetalDriver(self.neutron, port_debug, settings.pool.binding_retries),
+            "baremetal": BaremetalDriver(self.neutron, port_debug, settings.pool.binding_retries),
             "nested": self.nested,
             "noop": NoopDriver(self.neutron, port_debug, settings.pool.binding_retries),
         }

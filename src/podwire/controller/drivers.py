@@ -1,8 +1,7 @@
 """How ports are made for a node: baremetal (bound to the node), nested (trunk subports), noop.
 
 Each node gets one driver, chosen from its registration (the optional ``pod_driver`` field of
-its capabilities key) or the configured default; a mapping then names the pool behaviour that
-serves that pod driver, as operators may want e.g. nested pods without pooling.
+its capabilities key) or the configured default; drivers are registered under those names.
 """
 
 from __future__ import annotations
@@ -23,11 +22,6 @@ from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
 
-DEFAULT_POOL_FOR_DRIVER: Mapping[str, str] = {
-    "baremetal": "neutron",
-    "nested": "nested",
-    "noop": "noop",
-}
 AVAILABLE_NAME = "available-port"
 
 
@@ -95,12 +89,10 @@ class NodeDrivers:
         etcd: EtcdClient,
         drivers: Mapping[str, PortDriver],
         default_driver: str,
-        pool_for_driver: Mapping[str, str] = DEFAULT_POOL_FOR_DRIVER,
     ) -> None:
         self._etcd = etcd
         self._drivers = drivers
         self._default = default_driver
-        self._pool_for_driver = pool_for_driver
         self._nodes: dict[str, PortDriver] = {}
 
     def cached(self, node: str) -> PortDriver | None:
@@ -112,8 +104,7 @@ class NodeDrivers:
     async def for_node(self, node: str) -> PortDriver:
         driver = self._nodes.get(node)
         if driver is None:
-            pod_driver = await self._registered_driver(node)
-            driver = self._drivers[self._pool_for_driver.get(pod_driver, "neutron")]
+            driver = self._drivers[await self._registered_driver(node)]
             self._nodes[node] = driver
         return driver
 
