@@ -19,6 +19,7 @@ from typing import Any
 
 from podwire.errors import ConfigError
 from podwire.keys import check_segment
+from podwire.schema.nodes import POD_DRIVERS, RENAMED_POD_DRIVERS
 
 ENV_PREFIX = "PODWIRE_"
 
@@ -123,8 +124,9 @@ class PoolSettings:
     # Name pooled ports "available-port" and ports in use after their pod, for debugging.
     port_debug: bool = False
     # The pod driver of nodes whose registration names none: "baremetal" (ports bound to the
-    # node), "nested" (subports of the node's trunk) or "noop" (no pool: a port created per
-    # request and deleted on release).
+    # node), "nested" (subports of the node's trunk) or "unpooled" (no pool: a port created per
+    # request and deleted on release; "noop", its earlier name, still works and is logged as
+    # deprecated).
     default_driver: str = "baremetal"
     # Rebinds tried for a new port whose binding failed before it is deleted (0: delete at once).
     binding_retries: int = 2
@@ -158,8 +160,8 @@ class PoolSettings:
             raise ConfigError("pool.rate_smoothing: must be greater than 0 and at most 1")
         if self.headroom < 1:
             raise ConfigError("pool.headroom: must be 1 or more")
-        if self.default_driver not in ("baremetal", "nested", "noop"):
-            raise ConfigError("pool.default_driver: must be baremetal, nested or noop")
+        if self.default_driver not in (*POD_DRIVERS, *RENAMED_POD_DRIVERS):
+            raise ConfigError("pool.default_driver: must be baremetal, nested or unpooled")
 
 
 @dataclass(frozen=True)

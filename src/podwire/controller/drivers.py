@@ -1,4 +1,5 @@
-"""How ports are made for a node: baremetal (bound to the node), nested (trunk subports), noop.
+"""How ports are made for a node: baremetal (bound to the node), nested (trunk subports),
+unpooled (a port per request).
 
 Each node gets one driver, chosen from its registration (the optional ``pod_driver`` field of
 its capabilities key) or the configured default; drivers are registered under those names.
@@ -17,7 +18,7 @@ from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
-from podwire.schema.nodes import parse_capabilities
+from podwire.schema.nodes import RENAMED_POD_DRIVERS, parse_capabilities
 from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
@@ -74,10 +75,10 @@ class BaremetalDriver:
         await delete_ports(self._neutron, [v.port_id for v in vifs])
 
 
-class NoopDriver(BaremetalDriver):
+class UnpooledDriver(BaremetalDriver):
     """One port created per request and deleted on release: the baseline pools are measured by."""
 
-    name = "noop"
+    name = "unpooled"
     pooled = False
 
 
@@ -92,7 +93,7 @@ class NodeDrivers:
     ) -> None:
         self._etcd = etcd
         self._drivers = drivers
-        self._default = default_driver
+        self._default = _current_name(default_driver)
         self._nodes: dict[str, PortDriver] = {}
 
     def cached(self, node: str) -> PortDriver | None:
@@ -121,3 +122,16 @@ class NodeDrivers:
             log.warning("controller.node.bad_capabilities", node=node, error=str(exc))
             return self._default
         return registered or self._default
+
+
+def _current_name(pod_driver: str) -> str:
+    renamed = RENAMED_POD_DRIVERS.get(pod_driver)
+    if renamed is None:
+        return pod_driver
+    log.warning(
+        "controller.config.deprecated",
+        key="pool.default_driver",
+        value=pod_driver,
+        use=renamed,
+    )
+    return renamed
