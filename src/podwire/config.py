@@ -257,7 +257,8 @@ class DevicePluginSettings:
     enabled: bool = False
     # The extended resource advertised to kubelet; device ids are ``<last part>-<index>``.
     resource_name: str = "podwire.io/memif"
-    # How many containers can hold a memif at once (1 … 100000); SIGHUP applies a change live.
+    # How many containers can hold a memif at once (1 … 100000); a standalone plugin applies a
+    # change live on SIGHUP.
     devices: int = 100
     # kubelet's device-plugin directory: the plugin's socket is created there, kubelet's
     # kubelet.sock is expected there.
