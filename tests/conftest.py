@@ -54,6 +54,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def work_dir() -> Iterator[Path]:
     """A short base path: MariaDB's unix socket path must stay under 108 characters."""
     path = Path(tempfile.mkdtemp(prefix="pw-", dir="/tmp"))
+    path.chmod(0o711)  # the stack's RabbitMQ runs as the rabbitmq user and must reach its dir
     yield path
     if not os.environ.get("PODWIRE_KEEP_TEST_DIR"):
         shutil.rmtree(path, ignore_errors=True)
@@ -61,7 +62,9 @@ def work_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def stack(work_dir: Path) -> Iterator[dict[str, Any]]:
-    proc, info = start_stack(work_dir / "stack")
+    """The session's stack, with its RPC bus (RabbitMQ + neutron-rpc-server) for Neutron's
+    agents: the broker boots while the rest starts, so it adds little to the start-up."""
+    proc, info = start_stack(work_dir / "stack", extra=("--rpc",))
     yield info
     stop_stack(proc)
 

@@ -49,3 +49,11 @@ class NotLeader(RetryableError):
 
 class StackError(PermanentError):
     """The local stack could not be started or stopped; the message says why."""
+
+
+class TapNotAdopted(RetryableError):
+    """podwire's node agent did not take an interface driver's tap onto a bridge in time."""
+
+
+class ForeignDevice(PermanentError):
+    """A device with the name podwire would use exists and is not podwire's: left alone."""

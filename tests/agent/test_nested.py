@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from podwire.agent.attach import Plugger, PlugSpec
 from podwire.agent.service import vlan_capable
+from podwire.agent.veth import Plugger, PlugSpec
 from podwire.cni.result import Address
 from podwire.netlink import HostNetlink, PodNetlink
 from tests.agent.netenv import NetEnv, in_ns

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from podwire.agent import naming
-from podwire.agent.attach import Plugger, PlugSpec
 from podwire.agent.policy.enforcer import PolicyNotApplied
+from podwire.agent.veth import Plugger, PlugSpec
 from podwire.cni.result import Address
 from podwire.netlink import HostNetlink, NetlinkFailure, PodNetlink
 from podwire.netlink.nsexec import RtnlContext

@@ -18,7 +18,6 @@ from podwire.agent.controller_vifs import (
     ControllerUnavailable,
     ControllerVifSource,
 )
-from podwire.agent.vifsource import VifRequest
 from podwire.cni import spec
 from podwire.cni.request import PodRef, parse_args, parse_request
 from podwire.cni.result import Address, Attached, render
@@ -26,6 +25,7 @@ from podwire.cni.spec import CniError
 from podwire.errors import ConfigError, ValidationError
 from podwire.netlink import links
 from podwire.schema.ports import parse_desired_port as parse_desired
+from podwire.schema.vif import VifRequest
 
 VIF = {
     "v": 1,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podwire import keys
-from podwire.agent.attach import Plugger, is_nested
+from podwire.agent.attach import Attacher
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import Checkpoint
 from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
@@ -23,9 +23,9 @@ from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
-from podwire.agent.ports import PortFilter
 from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.taps import TapPorts
+from podwire.agent.veth import Plugger, is_nested
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
 from podwire.config import Settings
@@ -67,6 +67,14 @@ class AgentParts:
     policy: PolicyEnforcer | None = None
     taps: TapPorts | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class NodeDataplane:
+    policy: PolicyEnforcer | None = None
+    attacher: Attacher | None = None
+    memif: MemifService | None = None
+    taps: TapPorts | None = None
 
 
 class Agent:
@@ -134,13 +142,8 @@ class Agent:
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
-        memif = policy = taps = None
-        if kernel is not None:
-            policy = self._policy(stack, etcd, binder)
-            memif = _memif_service(
-                self.settings, plugin, memif_binary, (vifs, binder, kernel[0]), self.metrics, policy
-            )
-            taps = self._taps(etcd, binder, kernel[0], policy)
+        node = self._dataplane(stack, etcd, binder, vifs, plugin, memif_binary, kernel)
+        memif, policy, taps = node.memif, node.policy, node.taps
         releaser = self._releaser(stack, plugin)
 
         watched = [heartbeat.health, binder.watcher.health, peers.watcher.health]
@@ -151,18 +154,17 @@ class Agent:
             return await _readiness(etcd, agent.host, heartbeat, binder, vifs, watched)
 
         handler = None
-        if kernel is not None:
+        if node.attacher is not None and kernel is not None:
             handler = CniHandler(
                 HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
                 vifs,
-                binder,
+                node.attacher,
                 Plugger(*kernel),
                 checkpoint,
                 ready,
                 releaser,
                 self.metrics,
                 memif,
-                policy,
             )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
         self.parts.memif, self.parts.policy, self.parts.taps = memif, policy, taps
@@ -210,12 +212,28 @@ class Agent:
         self._collect_stats(stack, plugin)
         return releaser
 
-    def _taps(
-        self, etcd: EtcdClient, binder: Binder, host_nl: HostNetlink, policy: PortFilter | None
-    ) -> TapPorts:
-        taps = TapPorts(etcd, self.settings.agent.host, host_nl, policy, self.metrics)
+    def _dataplane(
+        self,
+        stack: contextlib.AsyncExitStack,
+        etcd: EtcdClient,
+        binder: Binder,
+        vifs: VifSource,
+        plugin: DevicePlugin | None,
+        memif_binary: Path | None,
+        kernel: tuple[HostNetlink, PodNetlink] | None,
+    ) -> NodeDataplane:
+        """The parts that need the kernel: the port filter, the one attach pipeline, and the
+        port kinds beside the CNI's veths (memif taps, adopted tap devices)."""
+        if kernel is None:
+            return NodeDataplane()
+        policy = self._policy(stack, etcd, binder)
+        attacher = Attacher(binder, policy)
+        memif = _memif_service(
+            self.settings, plugin, memif_binary, (vifs, attacher, kernel[0]), self.metrics
+        )
+        taps = TapPorts(etcd, self.settings.agent.host, kernel[0], attacher, self.metrics)
         binder.devices = taps
-        return taps
+        return NodeDataplane(policy, attacher, memif, taps)
 
     def _policy(
         self, stack: contextlib.AsyncExitStack, etcd: EtcdClient, binder: Binder
@@ -290,23 +308,21 @@ def _memif_service(
     settings: Settings,
     plugin: DevicePlugin | None,
     binary: Path | None,
-    parts: tuple[VifSource, Binder, HostNetlink],
+    parts: tuple[VifSource, Attacher, HostNetlink],
     metrics: AgentMetrics,
-    port_filter: PortFilter | None,
 ) -> MemifService | None:
     if plugin is None or binary is None:
         return None
-    vifs, binder, host_nl = parts
+    vifs, attacher, host_nl = parts
     return MemifService(
         settings.memif,
         binary,
         plugin.pod_memif,
         vifs,
-        binder,
+        attacher,
         host_nl,
         settings.agent.state_dir,
         metrics,
-        port_filter,
     )
 
 

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
+from podwire.agent.attach import Attacher, Gate, gate_open
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.ports import PortFilter
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PodwireError, RetryableError
 from podwire.etcd import EtcdClient
@@ -111,13 +111,13 @@ class TapPorts:
         etcd: EtcdClient,
         host: str,
         host_nl: HostNetlink,
-        port_filter: PortFilter | None,
+        attacher: Attacher,
         metrics: AgentMetrics | None = None,
     ) -> None:
         self._etcd = etcd
         self._host = host
         self._nl = host_nl
-        self._filter = port_filter
+        self._attacher = attacher
         self._metrics = metrics or AgentMetrics()
         self._wanted: dict[str, _Wanted] = {}  # port id -> desired value and bridge
         self._by_name: dict[str, str] = {}  # tap name -> port id
@@ -265,9 +265,13 @@ class TapPorts:
 
     async def _adopt(self, wanted: _Wanted, link: LinkState) -> None:
         port = wanted.port
-        if self._filter is not None:  # in force for the name before a frame can pass
-            await self._filter.enforce(port, link.name, ADOPT_TIMEOUT)
-        await self._nl.run_rtnl(_adopt_link, link.index, link.name, wanted.bridge, port.mtu)
+        deadline = asyncio.get_running_loop().time() + ADOPT_TIMEOUT
+
+        async def plug(gate: Gate | None) -> None:
+            await gate_open(gate)  # the device joins the bridge only with its rules in force
+            await self._nl.run_rtnl(_adopt_link, link.index, link.name, wanted.bridge, port.mtu)
+
+        await self._attacher.attach(port, link.name, plug, deadline)
         await self._report_wired(port.port_id)
         self._adopted[port.port_id] = _Adopted(link.index, wanted.bridge, port.mtu)
         seen = self._seen_at.get(link.name)
@@ -297,8 +301,7 @@ class TapPorts:
         if adopted is not None:
             released = await self._nl.run_rtnl(_release_link, name, adopted)
             log.info("agent.tap.released", port=port_id, interface=name, from_bridge=released)
-        if self._filter is not None:
-            self._filter.forget(port_id)
+        self._attacher.forget(port_id)
         await self._report_unwired(port_id)
         self._metrics.taps.set(len(self._adopted))
 

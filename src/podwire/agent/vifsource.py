@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from podwire.cni.request import CniRequest
 from podwire.schema.vif import Vif, VifRequest
 
-__all__ = ["VifRequest", "VifSource"]
+
+def vif_request(req: CniRequest, attachment: str) -> VifRequest:
+    """What a CNI ADD asks the source for, for one of its ports (the pod's, its memif's)."""
+    conf = req.conf
+    return VifRequest(attachment, conf.network, conf.project, conf.security_groups, req.pod)
 
 
 class VifSource(Protocol):

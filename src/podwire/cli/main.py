@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         deviceplugin_cmd,
         etcd_cmd,
         memif_cmd,
+        neutron_agent_cmd,
         pools_cmd,
         stack_cmd,
         status_cmd,
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         deviceplugin_cmd,
         etcd_cmd,
         memif_cmd,
+        neutron_agent_cmd,
         config_cmd,
     )
     for module in modules:
