@@ -17,6 +17,9 @@ _.delete_port_postcommit
 _.trunk_driver  # the driver holds its trunk driver, whose registry callbacks Neutron calls
 _.is_loaded  # neutron's trunk DriverBase asks it
 
+# Neutron's LinuxInterfaceDriver reads its subclass's device-name prefix.
+_.DEV_NAME_PREFIX
+
 # neutron-db-manage finds the migrations by entry point; alembic reads these module names.
 alembic_migrations
 down_revision
