@@ -43,10 +43,6 @@ class EtcdCompacted(RetryableError):
         self.compact_revision = compact_revision
 
 
-class ConflictError(RetryableError):
-    """A compare-and-swap lost against a concurrent writer."""
-
-
 class NotLeader(RetryableError):
     """This process lost (or never had) the leadership a fenced write required."""
 

@@ -1,4 +1,5 @@
-"""The ``noop`` VIF source: a Neutron port per attachment, created and deleted by the agent.
+"""The ``vif_source = "neutron"`` source: a Neutron port per attachment, made and deleted by
+the agent.
 
 Slow (a port create is ~100 ms plus binding) but needs nothing besides Neutron; the port's
 name carries the attachment so a retried ADD finds the port an interrupted one created.

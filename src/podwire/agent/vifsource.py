@@ -1,8 +1,8 @@
 """Where the agent gets a pod's VIF: one narrow seam, two implementations.
 
 ``ControllerVifSource`` calls the controller's VIF API (pools, the normal path);
-``NeutronVifSource`` creates and deletes a Neutron port itself (the ``noop`` path, and the
-way to run without a controller). The CNI handler only sees this Protocol.
+``NeutronVifSource`` creates and deletes a Neutron port itself (``vif_source = "neutron"``:
+the way to run without a controller). The CNI handler only sees this Protocol.
 """
 
 from __future__ import annotations

@@ -72,11 +72,11 @@ class KubeletThread:
             f'checkpoint = "{self.root / "memif-checkpoint.json"}"\n'
         )
 
-    def grant(self, pod: PodName, device: str) -> Grant:
+    def grant(self, pod: PodName, device: str) -> GrantedSocket:
         """Admit ``pod`` with one memif device, as kubelet does: Allocate, then PodResources."""
         return self.call(self._grant(pod, device))
 
-    async def _grant(self, pod: PodName, device: str) -> Grant:
+    async def _grant(self, pod: PodName, device: str) -> GrantedSocket:
         assert self.peer is not None
         async with asyncio.timeout(30):
             while self.peer.stub is None:  # the agent's plugin registers once it is up
@@ -86,7 +86,7 @@ class KubeletThread:
         self.peer.pods[pod] = [device]
         host_dir = container.mounts[0].host_path
         socket = Path(host_dir) / Path(container.envs[ENV_SOCKET]).name
-        return Grant(str(socket), container.envs[ENV_SECRET], host_dir)
+        return GrantedSocket(str(socket), container.envs[ENV_SECRET], host_dir)
 
     def stop(self) -> None:
         if self.peer is not None:
@@ -99,7 +99,7 @@ class KubeletThread:
 
 
 @dataclass(frozen=True)
-class Grant:
+class GrantedSocket:
     socket: str
     secret: str
     host_dir: str
@@ -132,7 +132,7 @@ def memif_ip(result: dict[str, Any]) -> tuple[str, str]:
 
 
 def ping_cnf(
-    grant: Grant, mac: str, client_netns: str, address: str, log: Path, count: int
+    grant: GrantedSocket, mac: str, client_netns: str, address: str, log: Path, count: int
 ) -> CnfFigures:
     cnf = testpmd.Testpmd.memif_client(grant.socket, grant.secret, mac, log=log)
     cnf.start()

@@ -21,7 +21,7 @@ from podwire.demo.topology import Topology, pings
 from podwire.deviceplugin.model import PodName
 from podwire.errors import StackError
 from podwire.etcd.client import EtcdClient
-from podwire.stack.client import neutron_connection
+from podwire.neutron.client import neutron_connection
 
 HOSTS = ("demo-node-1", "demo-node-2")
 CIDR = "10.88.0.0/24"

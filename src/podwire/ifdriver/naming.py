@@ -19,11 +19,6 @@ def tap_name(port_id: str) -> str:
     return (TAP_PREFIX + port_id)[:DEVICE_NAME_LEN]
 
 
-def tap_for_device(device_name: str, prefix: str) -> str:
-    """The host end of the pair whose namespace end is ``device_name`` (``prefix`` + id)."""
-    return TAP_PREFIX + device_name[len(prefix) :] if device_name.startswith(prefix) else ""
-
-
 def mark(host: str, port_id: str) -> str:
     return f"{MARK_PREFIX} {host} {port_id}"
 

@@ -99,10 +99,6 @@ class DesiredPort:
         whose addresses are other ports'."""
         return self.port_security_enabled and not self.device_owner.startswith("network:")
 
-    @property
-    def trunk_vlan(self) -> int | None:
-        return None if self.trunk is None else self.trunk.segmentation_id
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "v": doc.SCHEMA_VERSION,

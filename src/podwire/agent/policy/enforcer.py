@@ -113,7 +113,6 @@ class PolicyEnforcer:
         self._listed = asyncio.Event()
         self._adopted = asyncio.Event()
         self.synced = asyncio.Event()
-        self.last_apply_seconds = 0.0
 
     # -- running -------------------------------------------------------------------------
 
@@ -335,7 +334,6 @@ class PolicyEnforcer:
         self._policy_ids = compiled.policy_ids
         self.enforced = compiled.enforced
         seconds = time.perf_counter() - started
-        self.last_apply_seconds = seconds
         self._metrics.policy_applies.labels(kind).inc()
         self._metrics.policy_seconds.observe(seconds)
         self._metrics.policy_ports.set(compiled.enforced)
