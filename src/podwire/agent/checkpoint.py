@@ -24,14 +24,14 @@ ATTACHMENTS_FILE = "cni-attachments.json"
 MEMIFS_FILE = "memif-attachments.json"
 
 
-class _Entry(Protocol):
+class _Recorded(Protocol):
     @property
     def attachment(self) -> str: ...
 
     def to_json(self) -> dict[str, Any]: ...
 
 
-E = TypeVar("E", bound=_Entry)
+E = TypeVar("E", bound=_Recorded)
 
 
 class EntryStore(Generic[E]):
