@@ -53,3 +53,12 @@ class NotLeader(RetryableError):
 
 class StackError(PermanentError):
     """The local stack could not be started or stopped; the message says why."""
+
+
+class VmError(PermanentError):
+    """A VM image could not be built, a VM could not start, or its guest stopped answering;
+    the message says which and why."""
+
+
+class VmCommandTimeout(VmError):
+    """A command run in a VM's guest did not finish within its time limit."""

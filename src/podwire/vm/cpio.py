@@ -1,0 +1,87 @@
+"""A reproducible initramfs: the kernel's ``newc`` cpio format, written entry by entry.
+
+Every entry gets owner root, mtime 0 and an inode number from its position, and entries are
+written in the order given, so the same inputs always give the same bytes (no ``cpio`` or
+``find`` on the build machine, whose order and metadata would leak into the image).
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+TRAILER = "TRAILER!!!"
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str  # inside the image, without a leading "/"
+    mode: int  # file type and permission bits, as in st_mode
+    data: bytes = b""  # a file's contents or a symlink's target
+    rdev: tuple[int, int] = (0, 0)  # a device node's (major, minor)
+
+
+def directory(path: str) -> Entry:
+    return Entry(path, stat.S_IFDIR | 0o755)
+
+
+def file(path: str, data: bytes, executable: bool = False) -> Entry:
+    return Entry(path, stat.S_IFREG | (0o755 if executable else 0o644), data)
+
+
+def symlink(path: str, target: str) -> Entry:
+    return Entry(path, stat.S_IFLNK | 0o777, target.encode())
+
+
+def char_device(path: str, major: int, minor: int, mode: int = 0o600) -> Entry:
+    return Entry(path, stat.S_IFCHR | mode, rdev=(major, minor))
+
+
+def with_parents(entries: list[Entry]) -> list[Entry]:
+    """``entries`` preceded by every directory they need that is not listed itself."""
+    listed = {entry.path for entry in entries if stat.S_ISDIR(entry.mode)}
+    needed: list[Entry] = []
+    for entry in entries:
+        for parent in reversed(PurePosixPath(entry.path).parents):
+            name = str(parent)
+            if name != "." and name not in listed:
+                listed.add(name)
+                needed.append(directory(name))
+    return needed + entries
+
+
+def archive(entries: list[Entry]) -> bytes:
+    out = bytearray()
+    for inode, entry in enumerate(entries, start=1):
+        _append(out, inode, entry)
+    _append(out, 0, Entry(TRAILER, 0))
+    return bytes(out)
+
+
+def _append(out: bytearray, inode: int, entry: Entry) -> None:
+    name = entry.path.encode() + b"\0"
+    fields = (
+        inode,
+        entry.mode,
+        0,  # uid
+        0,  # gid
+        2 if stat.S_ISDIR(entry.mode) else 1,  # nlink
+        0,  # mtime
+        len(entry.data),
+        0,  # devmajor
+        0,  # devminor
+        entry.rdev[0],
+        entry.rdev[1],
+        len(name),
+        0,  # check (unused by newc)
+    )
+    out += b"070701" + b"".join(b"%08x" % value for value in fields)
+    out += name
+    _pad(out)
+    out += entry.data
+    _pad(out)
+
+
+def _pad(out: bytearray) -> None:
+    out += b"\0" * (-len(out) % 4)
