@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         pools_cmd,
         stack_cmd,
         status_cmd,
+        vm_cmd,
     )
 
     parser = argparse.ArgumentParser(prog="podwire", description=__doc__)
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         deviceplugin_cmd,
         etcd_cmd,
         memif_cmd,
+        vm_cmd,
         config_cmd,
     )
     for module in modules:

@@ -163,6 +163,13 @@ class Vm:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
+    def wait_exit(self, timeout: float | None = None) -> int:
+        """QEMU's exit code once it has exited (the guest powered off, or a signal)."""
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise VmError(f"VM {self.spec.name} still runs after {timeout} s") from exc
+
     def run(self, command: str, timeout: float = 30.0) -> CommandResult:
         """Run a shell command in the guest: its exit code and output (stdout + stderr)."""
         return self._control().call(command, timeout)
