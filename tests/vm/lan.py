@@ -18,6 +18,7 @@ from tests.agent.netenv import NetEnv, in_ns, links_in
 
 SUBNET = "10.99.0"
 SERVER = f"{SUBNET}.1"
+VM_ADDRESS = f"{SUBNET}.5"
 BRIDGE = "br0"
 
 
