@@ -8,6 +8,8 @@ busy machine, hence ``slow``; the boot and lease times are printed (``pytest -s`
 from __future__ import annotations
 
 import ipaddress
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,27 @@ def _udhcpd_config(router: str) -> str:
     ]
     body = "\\n".join(lines)
     return f"printf '{body}\\n' >/tmp/udhcpd.conf && touch /tmp/udhcpd.leases && "
+
+
+def test_start_command_runs_stdin_in_the_guest_and_stops_at_its_end(
+    vm_image: image.Image, lan: lans.Lan, short_dir: Path, port_id: str, mac: str
+) -> None:
+    argv = [
+        *(sys.executable, "-m", "podwire.cli.main", "vm", "start", "--port-id", port_id),
+        *("--mac", mac, "--netns", lan.host, "--run-dir", str(short_dir / "cli"), "--no-dhcp"),
+        *("--image", str(vm_image.directory)),
+    ]
+    result = subprocess.run(
+        argv,
+        input="echo hello from $(uname -n)\nexit 3\n",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    tap = launcher.tap_name(port_id)
+    assert lines[0].startswith("vm podwire-vm: pid ") and f"tap {tap} in {lan.host}" in lines[0]
+    assert lines[1:] == ["hello from podwire-vm", "[exit 3]"]
+    assert tap not in links_in(lan.host)  # stopped at the end of stdin; the tap went with it

@@ -44,7 +44,8 @@ class KernelRecord:
     version: str  # the package's Debian version
     release: str  # uname -r inside the guest
     modules: tuple[str, ...]  # load order: every module after those it depends on
-    pvh: bool = False  # the unpacked ELF (vmlinux) is kept and booted as PVH
+    pvh: bool  # the unpacked ELF (vmlinux) is kept and booted as PVH
+    wanted: tuple[str, ...]  # the modules asked for, which ``modules`` was resolved from
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +54,7 @@ class KernelRecord:
             "release": self.release,
             "modules": list(self.modules),
             "pvh": self.pvh,
+            "wanted": list(self.wanted),
         }
 
     @classmethod
@@ -64,6 +66,7 @@ class KernelRecord:
             release=obj.req("release", kernel_release),
             modules=tuple(obj.req("modules", _module_list)),
             pvh=obj.req("pvh", fields.boolean),
+            wanted=tuple(obj.req("wanted", _module_list)),
         )
 
     def encode(self) -> bytes:

@@ -43,9 +43,11 @@ def choose(requested: str = "auto", modules: Path = Path("/sys/module")) -> Acce
 
 def kvm_problem(modules: Path = Path("/sys/module")) -> str | None:
     """None if KVM can run a stock guest at hardware speed here, else why not."""
-    problem = _create_vm_problem()
-    if problem:
-        return problem
+    return _create_vm_problem() or hardware_problem(modules)
+
+
+def hardware_problem(modules: Path) -> str | None:
+    """None if a hardware KVM module is loaded (``modules`` is /sys/module), else why not."""
     if any((modules / name).is_dir() for name in HARDWARE_MODULES):
         return None
     if (modules / "kvm_pvm").is_dir():

@@ -39,16 +39,21 @@ def char_device(path: str, major: int, minor: int, mode: int = 0o600) -> Entry:
 
 
 def with_parents(entries: list[Entry]) -> list[Entry]:
-    """``entries`` preceded by every directory they need that is not listed itself."""
-    listed = {entry.path for entry in entries if stat.S_ISDIR(entry.mode)}
-    needed: list[Entry] = []
+    """``entries`` with every directory they need created before them, each directory once."""
+    emitted: set[str] = set()
+    ordered: list[Entry] = []
     for entry in entries:
         for parent in reversed(PurePosixPath(entry.path).parents):
             name = str(parent)
-            if name != "." and name not in listed:
-                listed.add(name)
-                needed.append(directory(name))
-    return needed + entries
+            if name != "." and name not in emitted:
+                emitted.add(name)
+                ordered.append(directory(name))
+        if stat.S_ISDIR(entry.mode):
+            if entry.path in emitted:
+                continue
+            emitted.add(entry.path)
+        ordered.append(entry)
+    return ordered
 
 
 def archive(entries: list[Entry]) -> bytes:

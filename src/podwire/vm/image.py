@@ -23,7 +23,8 @@ from podwire.files import atomic_write
 from podwire.schema.vmimage import ImageManifest, KernelRecord, parse_manifest
 from podwire.vm import cpio, debian, kernel
 
-BUILD_LAYOUT = 1  # changes whenever the image's layout does, so old images are rebuilt
+# The builder's own code is an input too: a change to the image's layout rebuilds it.
+BUILDER = (Path(__file__), Path(cpio.__file__))
 BUSYBOX = Path("/bin/busybox")
 BUSYBOX_PACKAGE = "busybox-static"  # the static build: the initramfs has no libc
 GUEST = Path(__file__).with_name("guest")
@@ -118,12 +119,11 @@ def _locked(directory: Path) -> Iterator[None]:
 def _inputs_digest(cache: Path, record: KernelRecord) -> str:
     """Over the image's inputs: the kernel files by identity (the cache is only ever replaced
     as a whole; hashing 75 MB would cost every up-to-date check ~0.3 s), the rest by content."""
-    digest = hashlib.sha256(f"layout {BUILD_LAYOUT}\n".encode())
-    digest.update(record.encode())
+    digest = hashlib.sha256(record.encode())
     for path in kernel.files(cache, record):
         info = path.stat()
         digest.update(f"{path.name} {info.st_size} {info.st_mtime_ns}\n".encode())
-    for path in (BUSYBOX, *(GUEST / name for name in sorted(GUEST_FILES))):
+    for path in (*BUILDER, BUSYBOX, *(GUEST / name for name in sorted(GUEST_FILES))):
         digest.update(f"{path.name} {path.stat().st_size}\n".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

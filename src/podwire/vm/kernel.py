@@ -50,6 +50,8 @@ def cached(cache: Path) -> KernelRecord | None:
         record = parse_kernel((cache / RECORD).read_bytes(), str(cache / RECORD))
     except (OSError, ValidationError):
         return None
+    if record.wanted != NIC_MODULES:
+        return None
     return record if all(path.is_file() for path in files(cache, record)) else None
 
 
@@ -70,7 +72,7 @@ def fetch(cache: Path) -> KernelRecord:
         deb.unlink()
         release = _release(root, package)
         staging = work / "kernel"
-        record = _stage(root, release, staging, KernelRecord(package, version, release, ()))
+        record = _stage(root, release, staging, package, version)
         shutil.rmtree(root)
         if cache.exists():
             shutil.rmtree(cache)
@@ -85,11 +87,11 @@ def _release(root: Path, package: str) -> str:
     return releases[0]
 
 
-def _stage(root: Path, release: str, staging: Path, partial: KernelRecord) -> KernelRecord:
+def _stage(root: Path, release: str, staging: Path, package: str, version: str) -> KernelRecord:
     tree = root / "lib" / "modules" / release
     vmlinuz = root / "boot" / f"vmlinuz-{release}"
     if not vmlinuz.is_file():
-        raise VmError(f"{partial.package} has no boot/vmlinuz-{release}")
+        raise VmError(f"{package} has no boot/vmlinuz-{release}")
     available = {_name(path): path for path in (tree / "kernel").rglob("*.ko")}
     order = load_order(NIC_MODULES, available, builtin_modules(tree))
     (staging / "modules").mkdir(parents=True)
@@ -97,7 +99,7 @@ def _stage(root: Path, release: str, staging: Path, partial: KernelRecord) -> Ke
     pvh_ok = pvh.write_if_pvh(vmlinuz, staging / ELF)
     for name in order:
         shutil.copyfile(available[name], module_path(staging, name))
-    record = KernelRecord(partial.package, partial.version, release, tuple(order), pvh_ok)
+    record = KernelRecord(package, version, release, tuple(order), pvh_ok, NIC_MODULES)
     atomic_write(staging / RECORD, record.encode(), 0o644)
     return record
 
