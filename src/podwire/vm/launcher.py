@@ -103,7 +103,7 @@ class BootTimes:
 
     accel: str
     init: float | None  # the guest's init began
-    ready: float  # the command channel answered
+    ready: float | None  # the command channel answered
     discover: float | None  # the first DHCP DISCOVER
     lease: float | None  # the lease was applied
 
@@ -210,7 +210,7 @@ class Vm:
         return BootTimes(
             accel=self.accel.name,
             init=since_start("init "),
-            ready=self.ready_at - self.started_at,
+            ready=self.ready_at - self.started_at if self.ready_at else None,
             discover=since_start("dhcp discover"),
             lease=since_start("dhcp bound "),
         )
@@ -346,8 +346,11 @@ def start(spec: VmSpec, image: Image | None = None, ready_timeout: float = 120.0
 
 
 def _tail(path: Path) -> str:
+    """QEMU's last error line (``KVM internal error ...``, ``could not configure /dev/net/tun
+    ...``), else its last line."""
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
     except OSError:
         return "(none)"
-    return lines[-1] if lines else "(empty)"
+    errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+    return (errors or lines or ["(empty)"])[-1]
