@@ -9,11 +9,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from ipaddress import IPv4Interface
 from pathlib import Path
 
 import pytest
 
-from podwire.errors import ConfigError, VmCommandTimeout, VmError
+from podwire.errors import ConfigError, ValidationError, VmCommandTimeout, VmError
+from podwire.schema.vmguest import LeaseReport, parse_lease
 from podwire.schema.vmimage import ImageManifest, KernelRecord
 from podwire.vm import accel, launcher
 from podwire.vm.channel import ControlChannel
@@ -195,3 +197,19 @@ def test_console_stamps_lines_keeps_events_and_ends_with_the_socket(
     log = (tmp_path / "console.log").read_text().splitlines()
     assert log[0].startswith("[+") and log[0].endswith("kernel says hi")
     assert len(log) == 3
+
+
+def test_lease_reports_from_the_guest_are_read_strictly() -> None:
+    report = parse_lease("dhcp bound ip=10.99.0.5/24 router=10.99.0.1 server=10.99.0.1 mtu=1400")
+    assert report == LeaseReport(IPv4Interface("10.99.0.5/24"), "10.99.0.1", "10.99.0.1", 1400)
+    assert parse_lease("dhcp renew ip=10.0.0.9/8 router= server=10.0.0.1 mtu=").mtu is None
+    for bad, problem in [
+        ("dhcp bound ip=10.99.0.5 router=", "prefix length"),
+        ("dhcp bound ip=224.0.0.1/24", "unicast"),
+        ("dhcp bound ip=10.0.0.9/24 mtu=12", "mtu"),
+        ("dhcp bound ip=10.0.0.9/24 mtu=x", "not a number"),
+        ("dhcp bound ip=10.0.0.9/24 router=300.1.1.1", "router"),
+        ("dhcp discover eth0", "not a lease event"),
+    ]:
+        with pytest.raises(ValidationError, match=problem):
+            parse_lease(bad)

@@ -37,7 +37,7 @@ def _boot(
     return vm
 
 
-def _report(vm: launcher.Vm, lease: launcher.Lease) -> None:
+def _report(vm: launcher.Vm, lease: launcher.DhcpLease) -> None:
     times = vm.boot_times()
     print(
         f"\n{vm.accel.name} ({vm.accel.reason}): init {times.init:.2f} s, ready"

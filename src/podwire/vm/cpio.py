@@ -15,33 +15,33 @@ TRAILER = "TRAILER!!!"
 
 
 @dataclass(frozen=True)
-class Entry:
+class CpioEntry:
     path: str  # inside the image, without a leading "/"
     mode: int  # file type and permission bits, as in st_mode
     data: bytes = b""  # a file's contents or a symlink's target
     rdev: tuple[int, int] = (0, 0)  # a device node's (major, minor)
 
 
-def directory(path: str) -> Entry:
-    return Entry(path, stat.S_IFDIR | 0o755)
+def directory(path: str) -> CpioEntry:
+    return CpioEntry(path, stat.S_IFDIR | 0o755)
 
 
-def file(path: str, data: bytes, executable: bool = False) -> Entry:
-    return Entry(path, stat.S_IFREG | (0o755 if executable else 0o644), data)
+def file(path: str, data: bytes, executable: bool = False) -> CpioEntry:
+    return CpioEntry(path, stat.S_IFREG | (0o755 if executable else 0o644), data)
 
 
-def symlink(path: str, target: str) -> Entry:
-    return Entry(path, stat.S_IFLNK | 0o777, target.encode())
+def symlink(path: str, target: str) -> CpioEntry:
+    return CpioEntry(path, stat.S_IFLNK | 0o777, target.encode())
 
 
-def char_device(path: str, major: int, minor: int, mode: int = 0o600) -> Entry:
-    return Entry(path, stat.S_IFCHR | mode, rdev=(major, minor))
+def char_device(path: str, major: int, minor: int, mode: int = 0o600) -> CpioEntry:
+    return CpioEntry(path, stat.S_IFCHR | mode, rdev=(major, minor))
 
 
-def with_parents(entries: list[Entry]) -> list[Entry]:
+def with_parents(entries: list[CpioEntry]) -> list[CpioEntry]:
     """``entries`` with every directory they need created before them, each directory once."""
     emitted: set[str] = set()
-    ordered: list[Entry] = []
+    ordered: list[CpioEntry] = []
     for entry in entries:
         for parent in reversed(PurePosixPath(entry.path).parents):
             name = str(parent)
@@ -56,15 +56,15 @@ def with_parents(entries: list[Entry]) -> list[Entry]:
     return ordered
 
 
-def archive(entries: list[Entry]) -> bytes:
+def archive(entries: list[CpioEntry]) -> bytes:
     out = bytearray()
     for inode, entry in enumerate(entries, start=1):
         _append(out, inode, entry)
-    _append(out, 0, Entry(TRAILER, 0))
+    _append(out, 0, CpioEntry(TRAILER, 0))
     return bytes(out)
 
 
-def _append(out: bytearray, inode: int, entry: Entry) -> None:
+def _append(out: bytearray, inode: int, entry: CpioEntry) -> None:
     name = entry.path.encode() + b"\0"
     fields = (
         inode,

@@ -129,7 +129,7 @@ def _inputs_digest(cache: Path, record: KernelRecord) -> str:
     return digest.hexdigest()
 
 
-def initramfs_entries(cache: Path, record: KernelRecord) -> list[cpio.Entry]:
+def initramfs_entries(cache: Path, record: KernelRecord) -> list[cpio.CpioEntry]:
     entries = [
         cpio.file("bin/busybox", BUSYBOX.read_bytes(), executable=True),
         *(cpio.symlink(f"bin/{applet}", "busybox") for applet in _applets()),

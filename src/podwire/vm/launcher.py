@@ -25,6 +25,7 @@ from podwire.errors import StackError, ValidationError, VmError
 from podwire.log import get_logger
 from podwire.netlink.nsexec import is_netns, netns_path
 from podwire.schema import fields
+from podwire.schema.vmguest import parse_lease
 from podwire.stack import procs
 from podwire.stack.netutil import wait_until
 from podwire.vm import accel as accelerators
@@ -84,7 +85,7 @@ class VmSpec:
 
 
 @dataclass(frozen=True)
-class Lease:
+class DhcpLease:
     address: ipaddress.IPv4Interface
     router: str
     server: str
@@ -194,7 +195,7 @@ class Vm:
             raise VmError(f"VM {self.spec.name} ({state}): no {prefix!r} within {timeout:.0f} s")
         return found
 
-    def wait_lease(self, timeout: float = 60.0, after: float = 0.0) -> Lease:
+    def wait_lease(self, timeout: float = 60.0, after: float = 0.0) -> DhcpLease:
         """The first lease the guest applied after ``after`` (host monotonic time)."""
         bound = self.wait_event("dhcp bound ", timeout, after)
         discover = self._follower().wait("dhcp discover", 0, after)
@@ -285,15 +286,13 @@ class Vm:
         return sock
 
 
-def _lease(bound: ConsoleEvent, discover_at: float) -> Lease:
-    values = dict(word.partition("=")[::2] for word in bound.text.split()[2:])
+def _lease(bound: ConsoleEvent, discover_at: float) -> DhcpLease:
     try:
-        address = ipaddress.IPv4Interface(values.get("ip", ""))
-        mtu = int(values["mtu"]) if values.get("mtu") else None
-    except ValueError as exc:
-        raise VmError(f"the guest reported a malformed lease: {bound.text!r}") from exc
-    return Lease(
-        address, values.get("router", ""), values.get("server", ""), mtu, discover_at, bound.at
+        report = parse_lease(bound.text)
+    except ValidationError as exc:
+        raise VmError(f"the guest reported a malformed lease: {exc}") from exc
+    return DhcpLease(
+        report.address, report.router, report.server, report.mtu, discover_at, bound.at
     )
 
 
