@@ -213,3 +213,9 @@ def test_lease_reports_from_the_guest_are_read_strictly() -> None:
     ]:
         with pytest.raises(ValidationError, match=problem):
             parse_lease(bad)
+
+
+def test_unavailable_says_what_is_missing(tmp_path: Path) -> None:
+    reason = launcher.unavailable(tmp_path / "no-image")
+    assert reason is not None
+    assert "no VM image in" in reason or "is not installed" in reason or "/dev/net/tun" in reason

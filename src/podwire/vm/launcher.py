@@ -15,6 +15,8 @@ ttyS1, the command channel (``channel.ControlChannel``). Nothing the guest write
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
 import socket
 import subprocess
 import time
@@ -31,13 +33,14 @@ from podwire.stack.netutil import wait_until
 from podwire.vm import accel as accelerators
 from podwire.vm.channel import CommandResult, ControlChannel
 from podwire.vm.console import ConsoleEvent, ConsoleFollower
-from podwire.vm.image import Image, load
+from podwire.vm.image import Image, default_dir, find, load
 
 log = get_logger("podwire.vm")
 
 TAP_PREFIX = "tap"
 NOVA_DEVICE_LENGTH = 14  # Nova's and os-vif's tap names: "tap" + the port id's first 11
 QEMU = "qemu-system-x86_64"
+TUN_DEVICE = "/dev/net/tun"
 MEMORY_RANGE = (96, 4096)  # MiB; the kernel (a 60 MB image in memory) needs ~96 at boot
 UNIX_PATH_MAX = 107
 KERNEL_ARGS = (
@@ -51,6 +54,17 @@ KERNEL_ARGS = (
     "i8042.nopnp",
     "8250.nr_uarts=2",  # ttyS0 and ttyS1 only
 )
+
+
+def unavailable(image_dir: Path | None = None) -> str | None:
+    """Why no VM can start here (for a demo or test to say in one line), or None."""
+    if shutil.which(QEMU) is None:
+        return f"{QEMU} is not installed (Debian qemu-system-x86; scripts/setup installs it)"
+    if not os.path.exists(TUN_DEVICE):
+        return f"{TUN_DEVICE} is missing: QEMU cannot create taps"
+    if find(image_dir) is None:
+        return f"no VM image in {image_dir or default_dir()} (run `podwire vm build`)"
+    return None
 
 
 def tap_name(port_id: str) -> str:
