@@ -170,6 +170,7 @@ class Vm:
         self._console: ConsoleFollower | None = None
         self._channel: ControlChannel | None = None
         self.ready_at = 0.0
+        self._stopped = False
 
     @property
     def pid(self) -> int:
@@ -249,6 +250,9 @@ class Vm:
         self.stop()
 
     def _closed(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         if self._channel is not None:
             self._channel.close()
         if self._console is not None:
