@@ -32,6 +32,7 @@ SECTIONS = [
     "stack_bench",
     "deviceplugin_bench",
     "memif_bench",
+    "vm_bench",  # samples capped at 5 boots per variant
     "scale_bench",  # samples = pod create/delete cycles per mode (adaptive, fixed min=5)
 ]
 

@@ -22,6 +22,7 @@ from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.stack.client import start_background, stop_background
+from tests.agent.netenv import NetEnv
 from tests.scripted_agent import agents  # noqa: F401  (a fixture every suite may use)
 
 PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
@@ -48,6 +49,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.netns)
         if STACK_FIXTURES & used:
             item.add_marker(pytest.mark.stack)
+
+
+@pytest.fixture
+def netenv() -> Iterator[NetEnv]:
+    """Namespaces of this test's own (simulated hosts, pods), removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates network namespaces")
+    env = NetEnv()
+    try:
+        yield env
+    finally:
+        env.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         pools_cmd,
         stack_cmd,
         status_cmd,
+        vm_cmd,
     )
 
     parser = argparse.ArgumentParser(prog="podwire", description=__doc__)
@@ -45,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         deviceplugin_cmd,
         etcd_cmd,
         memif_cmd,
+<<<<<<< HEAD
         neutron_agent_cmd,
+=======
+        vm_cmd,
+>>>>>>> helper-vm
         config_cmd,
     )
     for module in modules:
