@@ -29,10 +29,10 @@ from typing import Any
 from bench.cni_bench import AgentProcess
 from bench.stats import row
 from podwire import keys
-from podwire.agent.taps import tap_name
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.neutron.client import neutron_connection
+from podwire.schema.ports import tap_name
 from tests.agent.netenv import in_ns, sh
 from tests.neutron_agents.dhcp import DhcpAgentRun, dhcp_port
 

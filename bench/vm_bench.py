@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import row
+from podwire.schema.ports import tap_name
 from podwire.stack import procs
 from podwire.vm import accel, image, launcher
 from tests.agent.netenv import NetEnv
@@ -39,7 +40,7 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
 def _measure(built: image.Image, lan: lans.Lan, work: Path, boots: int) -> list[dict[str, Any]]:
     mac = "fa:16:3e:" + ":".join(uuid.uuid4().hex[i : i + 2] for i in (0, 2, 4))
     dnsmasq = lans.start_dnsmasq(lan, work, {mac: lans.VM_ADDRESS})
-    spec = launcher.VmSpec("bench", launcher.tap_name(str(uuid.uuid4())), mac, work, lan.host)
+    spec = launcher.VmSpec("bench", tap_name(str(uuid.uuid4())), mac, work, lan.host)
     chosen = accel.choose()
     try:
         pvh = [_boot(spec, built, lan) for _ in range(boots)]

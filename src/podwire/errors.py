@@ -51,14 +51,14 @@ class StackError(PermanentError):
     """The local stack could not be started or stopped; the message says why."""
 
 
-<<<<<<< HEAD
 class TapNotAdopted(RetryableError):
     """podwire's node agent did not take an interface driver's tap onto a bridge in time."""
 
 
 class ForeignDevice(PermanentError):
     """A device with the name podwire would use exists and is not podwire's: left alone."""
-=======
+
+
 class VmError(PermanentError):
     """A VM image could not be built, a VM could not start, or its guest stopped answering;
     the message says which and why."""
@@ -66,4 +66,3 @@ class VmError(PermanentError):
 
 class VmCommandTimeout(VmError):
     """A command run in a VM's guest did not finish within its time limit."""
->>>>>>> helper-vm

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.taps import tap_name
 from podwire.config import EtcdSettings
+from podwire.schema.ports import tap_name
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, pings
 from tests.scripted_agent import eventually

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from tests.agent.conftest import netenv  # noqa: F401  (namespaces removed whatever happens)
 from tests.neutron_agents.dhcp import DhcpAgentRun
 from tests.scripted_agent import eventually
 

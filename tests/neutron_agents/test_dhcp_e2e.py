@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.taps import tap_name
 from podwire.config import EtcdSettings
+from podwire.schema.ports import tap_name
 from tests.agent.conftest import hostnames  # noqa: F401
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, in_ns

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from podwire.errors import ConfigError, ValidationError, VmCommandTimeout, VmError
+from podwire.schema.ports import tap_name
 from podwire.schema.vmguest import LeaseReport, parse_lease
 from podwire.schema.vmimage import ImageManifest, KernelRecord
 from podwire.vm import accel, launcher
@@ -26,8 +27,8 @@ PORT_ID = "3f2a9c1e-5b7d-4e0f-9a8b-1c2d3e4f5a6b"
 
 
 def test_tap_name_is_novas_tap_plus_the_first_eleven_characters() -> None:
-    assert launcher.tap_name(PORT_ID) == "tap3f2a9c1e-5b"
-    assert len(launcher.tap_name(PORT_ID)) == 14
+    assert tap_name(PORT_ID) == "tap3f2a9c1e-5b"
+    assert len(tap_name(PORT_ID)) == 14
 
 
 def _image(tmp: Path) -> Image:
@@ -38,7 +39,7 @@ def _image(tmp: Path) -> Image:
 def _spec(tmp: Path, **changes: object) -> launcher.VmSpec:
     values: dict[str, object] = {
         "name": "vm1",
-        "tap": launcher.tap_name(PORT_ID),
+        "tap": tap_name(PORT_ID),
         "mac": "FA:16:3E:00:00:01",
         "run_dir": tmp,
     }

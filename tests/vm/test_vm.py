@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from podwire.errors import VmCommandTimeout
+from podwire.schema.ports import tap_name
 from podwire.vm import image, launcher
 from tests.agent.netenv import in_ns, links_in, pings
 from tests.vm import lan as lans
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def _spec(run_dir: Path, host: str, port_id: str, mac: str, dhcp: bool = True) -> launcher.VmSpec:
-    tap = launcher.tap_name(port_id)
+    tap = tap_name(port_id)
     return launcher.VmSpec("vm-" + port_id[:8], tap, mac, run_dir, host, dhcp=dhcp)
 
 
@@ -190,7 +191,7 @@ def test_start_command_runs_stdin_in_the_guest_and_stops_at_its_end(
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    tap = launcher.tap_name(port_id)
+    tap = tap_name(port_id)
     assert lines[0].startswith("vm podwire-vm: pid ") and f"tap {tap} in {lan.host}" in lines[0]
     assert lines[1:] == ["hello from podwire-vm", "[exit 3]"]
     assert tap not in links_in(lan.host)  # stopped at the end of stdin; the tap went with it

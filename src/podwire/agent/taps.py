@@ -46,22 +46,12 @@ from podwire.netlink.monitor import (
 from podwire.netlink.nsexec import RtnlContext
 from podwire.netlink.rtnl import LinkState
 from podwire.schema import nodes as values
-from podwire.schema.ports import DesiredPort
+from podwire.schema.ports import DesiredPort, is_tap_name, tap_name
 
 log = get_logger(__name__)
 
-TAP_PREFIX = "tap"
-TAP_NAME_LENGTH = 14  # Nova's and os-vif's: "tap" + 11 characters of the port id
 ADOPT_TIMEOUT = 30.0  # for the port's rules to be in force
 RETRY = Backoff(0.2, 5.0)
-
-
-def tap_name(port_id: str) -> str:
-    return (TAP_PREFIX + port_id)[:TAP_NAME_LENGTH]
-
-
-def is_tap_name(name: str) -> bool:
-    return name.startswith(TAP_PREFIX) and len(name) == TAP_NAME_LENGTH
 
 
 @dataclass(frozen=True)

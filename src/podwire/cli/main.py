@@ -46,11 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         deviceplugin_cmd,
         etcd_cmd,
         memif_cmd,
-<<<<<<< HEAD
         neutron_agent_cmd,
-=======
         vm_cmd,
->>>>>>> helper-vm
         config_cmd,
     )
     for module in modules:

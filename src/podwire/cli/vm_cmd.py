@@ -11,6 +11,7 @@ from types import FrameType
 
 from podwire.errors import ValidationError, VmError
 from podwire.schema import fields
+from podwire.schema.ports import tap_name
 from podwire.vm import accel, image, launcher
 
 
@@ -64,7 +65,7 @@ def run_build(args: argparse.Namespace) -> int:
 def run_start(args: argparse.Namespace) -> int:
     spec = launcher.VmSpec(
         name=args.name,
-        tap=args.tap or launcher.tap_name(_port_id(args.port_id)),
+        tap=args.tap or tap_name(_port_id(args.port_id)),
         mac=args.mac,
         run_dir=args.run_dir,
         netns=args.netns,

@@ -23,6 +23,7 @@ from neutron.privileged.agent.linux import ip_lib as priv_ip_lib
 from podwire.errors import ForeignDevice, TapNotAdopted
 from podwire.ifdriver import naming, options
 from podwire.log import get_inline_logger
+from podwire.schema.ports import tap_name
 
 log = get_inline_logger(__name__)
 
@@ -61,7 +62,7 @@ class PodwireInterfaceDriver(interface.LinuxInterfaceDriver):  # type: ignore[mi
             return
         device = ip_lib.IPDevice(device_name, namespace=namespace)
         self._require_ours(device, port_id)
-        tap = ip_lib.IPDevice(naming.tap_name(port_id), namespace=self.host_netns)
+        tap = ip_lib.IPDevice(tap_name(port_id), namespace=self.host_netns)
         if (device.link.address or "").lower() != mac_address.lower():
             device.link.set_address(mac_address)
         for end in (device, tap):
@@ -81,7 +82,7 @@ class PodwireInterfaceDriver(interface.LinuxInterfaceDriver):  # type: ignore[mi
         prefix: str | None = None,
         mtu: int | None = None,
     ) -> None:
-        tap = naming.tap_name(port_id)
+        tap = tap_name(port_id)
         if ip_lib.device_exists(tap, namespace=self.host_netns):
             raise ForeignDevice(
                 f"port {port_id}: {tap} already exists in {self._where} and is not the host"
@@ -140,7 +141,7 @@ class PodwireInterfaceDriver(interface.LinuxInterfaceDriver):  # type: ignore[mi
             log.warning("ifdriver.mtu_foreign", device=device_name, namespace=namespace)
             return
         device.link.set_mtu(mtu)
-        tap = ip_lib.IPDevice(naming.tap_name(port_id), namespace=self.host_netns)
+        tap = ip_lib.IPDevice(tap_name(port_id), namespace=self.host_netns)
         if tap.exists():
             tap.link.set_mtu(mtu)
 

@@ -1,7 +1,7 @@
 """Names and marks of the veth pairs the interface driver makes (no Neutron imports).
 
-The host end is ``tap`` + the port id's first 11 characters (Nova's naming, 14 characters), the
-name podwire's node agent adopts as the port's tap. The end inside the agent's namespace carries
+The host end is ``schema.ports.tap_name`` of the port (Nova's naming, 14 characters), the name
+podwire's node agent adopts as the port's tap. The end inside the agent's namespace carries
 the mark ``podwire-ifdriver <host> <port id>`` as its alias: the node agent never touches that
 end, so the mark survives whatever the agent does to the tap. A pair is removed only through a
 marked namespace end of the same host (Neutron's agents of several simulated hosts may share a
@@ -10,13 +10,7 @@ marked namespace end of the same host (Neutron's agents of several simulated hos
 
 from __future__ import annotations
 
-TAP_PREFIX = "tap"
-DEVICE_NAME_LEN = 14
 MARK_PREFIX = "podwire-ifdriver"
-
-
-def tap_name(port_id: str) -> str:
-    return (TAP_PREFIX + port_id)[:DEVICE_NAME_LEN]
 
 
 def mark(host: str, port_id: str) -> str:

@@ -37,8 +37,6 @@ from podwire.vm.image import Image, default_dir, find, load
 
 log = get_logger("podwire.vm")
 
-TAP_PREFIX = "tap"
-NOVA_DEVICE_LENGTH = 14  # Nova's and os-vif's tap names: "tap" + the port id's first 11
 QEMU = "qemu-system-x86_64"
 TUN_DEVICE = "/dev/net/tun"
 MEMORY_RANGE = (96, 4096)  # MiB; the kernel (a 60 MB image in memory) needs ~96 at boot
@@ -65,11 +63,6 @@ def unavailable(image_dir: Path | None = None) -> str | None:
     if find(image_dir) is None:
         return f"no VM image in {image_dir or default_dir()} (run `podwire vm build`)"
     return None
-
-
-def tap_name(port_id: str) -> str:
-    """The host device Nova names for a port: ``tap`` + the port id, 14 characters in all."""
-    return (TAP_PREFIX + port_id)[:NOVA_DEVICE_LENGTH]
 
 
 @dataclass(frozen=True)
