@@ -9,7 +9,6 @@ stopped by pid.
 from __future__ import annotations
 
 import asyncio
-import re
 import statistics
 import subprocess
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from podwire.demo import testpmd
+from podwire.demo.topology import ping_times
 from podwire.deviceplugin.kubelet_peer import KubeletPeer, allocate_request
 from podwire.deviceplugin.model import ENV_SECRET, ENV_SOCKET, PodName
 from podwire.errors import StackError
@@ -139,7 +139,7 @@ def ping_cnf(
     try:
         if not _answers_within(client_netns, address, 20.0):
             raise StackError(f"the memif CNF at {address} never answered (testpmd log: {log})")
-        samples = _ping_times(client_netns, address, count)
+        samples = ping_times(client_netns, address, count)
     finally:
         cnf.stop()
     if not samples:
@@ -153,13 +153,3 @@ def _answers_within(netns: str, address: str, seconds: float) -> bool:
         if subprocess.run(command, capture_output=True, check=False).returncode == 0:
             return True
     return False
-
-
-def _ping_times(netns: str, address: str, count: int) -> list[float]:
-    result = subprocess.run(
-        [*("ip", "netns", "exec", netns), "ping", "-n", "-c", str(count), "-i", "0.05", address],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return [float(ms) for ms in re.findall(r"time=([\d.]+) ms", result.stdout)]
