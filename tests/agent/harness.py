@@ -174,7 +174,8 @@ class HostAgent:
             done, _ = await asyncio.wait({self.task}, timeout=STOP_TIMEOUT)
             if not done:  # say where it hangs: pytest-timeout would show only threads
                 for task in asyncio.all_tasks():
-                    task.print_stack(limit=6)
+                    frames = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack()]
+                    print(f"{task!r}\n    " + "\n    ".join(frames))
                 raise AssertionError(f"agent {self.host} did not stop in {STOP_TIMEOUT} s")
             self.task = None
 

@@ -106,3 +106,18 @@ def test_each_third_party_library_is_imported_only_where_its_row_says() -> None:
                 ):
                     outside.append(f"{relative}:{node.lineno} imports {module}")
     assert outside == []
+
+
+def test_no_wait_for_that_could_swallow_a_cancellation() -> None:
+    """§4 Concurrency: timeouts are ``asyncio.timeout``. On Python 3.11 ``asyncio.wait_for``
+    returns normally when a cancellation arrives as its awaitable completes, and a loop around
+    it then never ends (an agent that would not stop); ruff's ban cannot reach the packages it
+    exempts, so the rule is checked here."""
+    found = [
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path in _sources()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "wait_for"
+        and isinstance(node.value, ast.Name) and node.value.id == "asyncio"
+    ]  # fmt: skip
+    assert found == []

@@ -271,7 +271,8 @@ class Binder:
 
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(ready), within)
+                async with asyncio.timeout(within):
+                    await self._changed.wait_for(ready)
             except TimeoutError as exc:
                 if port_id in self.wired and wanted is not None:
                     raise PortNotWired(

@@ -170,7 +170,8 @@ class Controller:
                 await asyncio.sleep(interval)
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), interval)
+                    async with asyncio.timeout(interval):
+                        await event.wait()
                 event.clear()
             try:
                 await job()
