@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from podwire.errors import RetryableError
+from podwire.errors import PodwireError, RetryableError
 from podwire.health import Health
 from podwire.log import get_logger
 
@@ -55,19 +55,21 @@ async def retry_forever(
     job: Callable[[], Awaitable[None]],
     backoff: Backoff,
     health: Health | None = None,
+    retried: type[PodwireError] = RetryableError,
 ) -> None:
     """Run ``job`` until it returns, restarting it after each RetryableError.
 
-    A permanent error leaves, so the process stops on what repeating cannot fix. A run that
-    lasted longer than the longest delay counts as a success: the next failure starts the
-    backoff over instead of waiting the maximum at once.
+    A permanent error leaves, so the process stops on what repeating cannot fix; a part
+    whose failure must not stop the process around it (the device plugin inside the agent)
+    passes ``retried=PodwireError``. A run that lasted longer than the longest delay counts as
+    a success: the next failure starts the backoff over instead of waiting the maximum at once.
     """
     while True:
         started = time.monotonic()
         try:
             await job()
             return
-        except RetryableError as exc:
+        except retried as exc:
             if time.monotonic() - started > backoff.maximum:
                 backoff.reset()
             if health is not None:

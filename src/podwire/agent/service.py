@@ -19,6 +19,7 @@ from podwire.agent.attach import Attacher
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import EntryStore
 from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
+from podwire.agent.embedded_plugin import EmbeddedPlugin
 from podwire.agent.memif import MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
@@ -148,12 +149,15 @@ class Agent:
         memif, policy, taps = node.memif, node.policy, node.taps
         releaser = self._releaser(stack, plugin)
 
+        embedded = EmbeddedPlugin(plugin) if plugin is not None else None
         watched = [heartbeat.health, binder.watcher.health, peers.watcher.health]
         watched += [policy.watcher.health] if policy is not None else []
         watched += [taps.health] if taps is not None else []
+        aside = [embedded.health] if embedded is not None else []
 
         async def ready() -> tuple[bool, str]:
-            return await _readiness(etcd, agent.host, heartbeat, binder, vifs, watched)
+            found = await _readiness(etcd, agent.host, heartbeat, binder, vifs, watched)
+            return _with_problems_aside(found, aside)
 
         handler = None
         if node.attacher is not None and kernel is not None:
@@ -171,7 +175,7 @@ class Agent:
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
         self.parts.memif, self.parts.policy, self.parts.taps = memif, policy, taps
         async with asyncio.TaskGroup() as tg:
-            for part in (heartbeat, binder, peers, plugin, releaser, policy, taps):
+            for part in (heartbeat, binder, peers, embedded, releaser, policy, taps):
                 if part is not None:
                     tg.create_task(part.run())
             await self._restore(tg, checkpoint)
@@ -249,6 +253,14 @@ class Agent:
         policy = PolicyEnforcer(etcd, nft, settings, self.metrics)
         binder.on_port = policy.port_changed
         return policy
+
+
+def _with_problems_aside(found: tuple[bool, str], aside: list[Health]) -> tuple[bool, str]:
+    """Parts whose trouble does not make the node unready (CNI still serves) are named."""
+    problem = first_problem(aside)
+    if not found[0] or problem is None:
+        return found
+    return True, f"{found[1]}; {problem} (CNI serves meanwhile; retrying)"
 
 
 async def _last_sweep(binder: Binder) -> None:
