@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podwire.errors import ConfigError
+from podwire.errors import ConfigError, ValidationError
 from podwire.keys import check_segment
+from podwire.schema import fields
 from podwire.schema.nodes import POD_DRIVERS, RENAMED_POD_DRIVERS
 
 ENV_PREFIX = "PODWIRE_"
@@ -217,6 +218,23 @@ class AgentSettings:
         if self.security_group_wait < 0:
             raise ConfigError("agent.security_group_wait: must be 0 or more")
 
+    def _validate_node(self) -> None:
+        """What other nodes and Neutron learn about this one: its name, VTEP, physnets."""
+        if self.host:
+            _check_name(self.host, "agent.host")
+        if self.vtep_ip:
+            try:
+                fields.vtep_address(self.vtep_ip, "agent.vtep_ip")
+            except ValidationError as exc:
+                raise ConfigError(str(exc)) from exc
+        for physnet, interface in self.physnet_mappings.items():
+            _check_name(physnet, "agent.physnet_mappings")
+            if not interface or len(interface) > 15 or "/" in interface:
+                raise ConfigError(
+                    f"agent.physnet_mappings: interface {interface!r} for {physnet!r}"
+                    " is not a valid Linux interface name"
+                )
+
     def validate(self) -> None:
         self._validate_security_groups()
         if self.vif_source not in ("controller", "neutron"):
@@ -228,19 +246,11 @@ class AgentSettings:
             raise ConfigError("agent.pod_release_grace: must be 0 or more")
         if self.host_netns and ("/" in self.host_netns or self.host_netns in (".", "..")):
             raise ConfigError("agent.host_netns: must be a name from 'ip netns list'")
-        if self.host:
-            _check_name(self.host, "agent.host")
+        self._validate_node()
         for url in self.controller_url.split(","):
             _check_url(url.strip(), "agent.controller_url")
         if self.heartbeat_ttl < 2:
             raise ConfigError("agent.heartbeat_ttl: must be at least 2 seconds")
-        for physnet, interface in self.physnet_mappings.items():
-            _check_name(physnet, "agent.physnet_mappings")
-            if not interface or len(interface) > 15 or "/" in interface:
-                raise ConfigError(
-                    f"agent.physnet_mappings: interface {interface!r} for {physnet!r}"
-                    " is not a valid Linux interface name"
-                )
         if self.dataplane not in ("linux", "none"):
             raise ConfigError(
                 "agent.dataplane: must be 'linux' (wire ports into the kernel) or 'none'"

@@ -208,8 +208,21 @@ def test_deep_nesting_is_a_validation_error() -> None:
 
 def test_vtep_must_be_a_unicast_host_address() -> None:
     assert nodes.parse_vtep(nodes.vtep_value("192.0.2.1")) == "192.0.2.1"
-    for bad in ("224.0.0.1", "0.0.0.0", "255.255.255.255", "240.0.0.1", "ff02::1", "::", "1.2.3"):
+    for bad in (
+        "224.0.0.1",
+        "0.0.0.0",
+        "255.255.255.255",
+        "240.0.0.1",
+        "ff02::1",
+        "::",
+        "::1",
+        "1.2.3",
+    ):
         with pytest.raises(ValidationError):
+            nodes.parse_vtep(nodes.vtep_value(bad))
+    for bad, kind in (("127.0.0.1", "loopback"), ("127.1.2.3", "loopback"),
+                      ("169.254.1.1", "link-local"), ("fe80::1", "link-local")):  # fmt: skip
+        with pytest.raises(ValidationError, match=f"{kind} address, not another node's VTEP"):
             nodes.parse_vtep(nodes.vtep_value(bad))
 
 

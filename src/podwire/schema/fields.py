@@ -213,6 +213,17 @@ def host_address(value: Any, what: str, version: int | None = None) -> IpAddress
     return address
 
 
+def vtep_address(value: Any, what: str) -> IpAddress:
+    """A VXLAN endpoint another node floods to and learns from: a host address that reaches
+    some other machine. Loopback would bounce every broadcast back into the local VXLAN
+    socket, and a link-local one reaches no other node across the underlay."""
+    address = host_address(value, what)
+    if address.is_loopback or address.is_link_local:
+        kind = "loopback" if address.is_loopback else "link-local"
+        raise fail(what, f"{address} is a {kind} address, not another node's VTEP")
+    return address
+
+
 def cidr(value: Any, what: str, version: int | None = None) -> IpNetwork:
     """A subnet; host bits set are refused (Neutron never writes them)."""
     if not isinstance(value, str) or len(value) > 64:

@@ -63,9 +63,10 @@ def physnet_value(interface: str) -> bytes:
 
 def parse_vtep(raw: bytes, what: str = "vtep") -> str:
     """A VXLAN endpoint: it becomes a flood entry on every other host, so only a unicast host
-    address is accepted (the family is checked against the reader's own VTEP by the caller)."""
+    address that is neither loopback nor link-local is accepted (the family and "not this
+    node's own" are checked against the reader's own VTEP by the caller)."""
     obj = doc.Obj(doc.decode_versioned(raw, what), what)
-    return str(obj.req("ip", fields.host_address))
+    return str(obj.req("ip", fields.vtep_address))
 
 
 def vtep_value(ip: str) -> bytes:
