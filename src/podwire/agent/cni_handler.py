@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from podwire.agent import naming
 from podwire.agent.attach import Plugger, PlugSpec, planned
-from podwire.agent.binder import Binder
+from podwire.agent.binder import Binder, PortVanished
 from podwire.agent.checkpoint import Attachment, Checkpoint
 from podwire.agent.memif import MemifPlan, MemifService
 from podwire.agent.memif_state import MEMIF_IFNAME, MemifEntry
@@ -45,6 +45,9 @@ from podwire.schema.vif import Vif
 log = get_logger(__name__)
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+# Ports an ADD replaces after they vanished before being wired (deleted or unbound in
+# Neutron): more in one ADD means someone is deleting the pool's ports as it hands them out.
+MAX_VANISHED = 3
 
 
 @dataclass(frozen=True)
@@ -153,13 +156,23 @@ class CniHandler:
             self._pods.cancel(req.pod.namespace, req.pod.name)
         deadline = asyncio.get_running_loop().time() + self._settings.add_timeout
         vif = existing.vif if existing is not None else await self._request_vif(req, deadline)
+        requested = existing is None  # whether this ADD holds the VIF (and releases it)
         try:
-            entry = await self._wire(req, vif, deadline)
+            for attempt in range(MAX_VANISHED + 1):
+                try:
+                    entry = await self._wire(req, vif, deadline)
+                    break
+                except PortVanished as exc:
+                    if attempt == MAX_VANISHED:
+                        raise
+                    log.info("agent.cni.port_vanished", attachment=req.attachment, error=str(exc))
+                    vif = await self._request_vif(req, deadline, replaces=vif.port_id)
+                    requested = True
             memif = await self._memif.attach(MemifPlan(req, deadline)) if self._memif else None
         except BaseException:
             if self._policy is not None:
                 self._policy.forget(vif.port_id)
-            await self._rollback(req.attachment, vif if existing is None else None)
+            await self._rollback(req.attachment, vif if requested else None)
             raise
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
         return self._result(req, entry, memif)
@@ -199,10 +212,12 @@ class CniHandler:
         except PodwireError as exc:
             log.warning("agent.cni.rollback_failed", attachment=attachment, error=str(exc))
 
-    async def _request_vif(self, req: CniRequest, deadline: float) -> Vif:
+    async def _request_vif(
+        self, req: CniRequest, deadline: float, replaces: str | None = None
+    ) -> Vif:
         conf = req.conf
         vif_req = VifRequest(
-            req.attachment, conf.network, conf.project, conf.security_groups, req.pod
+            req.attachment, conf.network, conf.project, conf.security_groups, req.pod, replaces
         )
         return await self._vifs.request(vif_req, deadline)
 

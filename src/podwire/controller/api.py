@@ -105,6 +105,7 @@ def _pool_json(pool: PoolSnapshot) -> dict[str, Any]:
         "waiting": pool.waiting,
         "sizing": pool.target.to_json(),
         "groups": [{"security_groups": list(sgs), "ports": ports} for sgs, ports in pool.groups],
+        "unseen": pool.unseen,
     }
 
 

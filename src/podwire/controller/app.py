@@ -19,6 +19,7 @@ from aiohttp import web
 from podwire.config import Settings
 from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, NoopDriver, PortDriver
+from podwire.controller.follow import MirrorFollower
 from podwire.controller.inuse import InUseStore
 from podwire.controller.leader import controller_election
 from podwire.controller.liveness import Liveness
@@ -71,6 +72,7 @@ class Controller:
         )
         self.sweeper = NodeSweeper(self.service, self.neutron)
         self.mirror = MirrorFacts(etcd)
+        self.follower: MirrorFollower | None = None  # the current term's
         self.api = ControllerApi(
             self.service, settings.controller, self.ready, self.metrics.registry
         )
@@ -107,11 +109,15 @@ class Controller:
             await self.stop()
 
     async def _term(self, _lease: Lease) -> None:
-        self.service.reset()
+        follower = self.follower = MirrorFollower(self.etcd)
+        self.service.reset(follower)
         self.nested.vlans.clear()
         report = self.recovery = await recover(self.service, self.neutron, self.nested, self.etcd)
         try:
             async with asyncio.TaskGroup() as group:
+                group.create_task(follower.run(self.service))
+                # The recovered ports are handed out once the mirror shows them.
+                await follower.synced.wait()
                 group.create_task(self.service.run_background())
                 if report.source == "etcd":
                     group.create_task(self._verify(report))

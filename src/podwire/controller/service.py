@@ -24,6 +24,7 @@ from podwire.controller.liveness import Liveness, no_agent
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pools import (
+    MirrorView,
     PoolKey,
     Pools,
     PoolsView,
@@ -42,6 +43,10 @@ from podwire.schema.vif import PodRef, Vif, VifRequest
 
 log = get_logger(__name__)
 
+# How long a request whose pool holds only ports the mirror does not show yet waits for them
+# once its refill is done: the forwarder writes within milliseconds while it runs.
+UNSEEN_WAIT = 5.0
+
 
 @dataclass(frozen=True)
 class PoolSnapshot:
@@ -55,6 +60,7 @@ class PoolSnapshot:
     waiting: int
     groups: list[tuple[SgKey, list[str]]]
     target: Target
+    unseen: list[str]  # counted in size: bound by Neutron, not in the forwarder's mirror yet
 
 
 class PoolService:
@@ -80,6 +86,7 @@ class PoolService:
         self._store = store
         self._metrics = metrics
         self._pool_gauges: dict[PoolKey, Any] = {}
+        self._mirror: MirrorView | None = None
         self._pools = self._new_pools()
         self._refiller = Refiller(self._pools, settings, metrics, liveness)
         self._attachments: dict[tuple[str, str], InUse] = {}
@@ -90,7 +97,7 @@ class PoolService:
         self.released = asyncio.Event()  # set by every release: the recycler's wake-up
 
     def _new_pools(self) -> Pools:
-        return Pools(self._pool_size_changed)
+        return Pools(self._pool_size_changed, self._mirror)
 
     def _pool_size_changed(self, key: PoolKey, size: int) -> None:
         gauge = self._pool_gauges.get(key)
@@ -129,7 +136,7 @@ class PoolService:
         self._check_serving()
         ident = (node, req.attachment)
         known = self._attachments.get(ident)
-        if known is not None:
+        if known is not None and (req.replaces is None or req.replaces != known.vif.port_id):
             return known.vif
         pending = self._pending.get(ident)
         if pending is not None:
@@ -158,15 +165,30 @@ class PoolService:
             vif = await self._create_one(key, req.security_groups, driver, network)
         record = InUse(node, req.attachment, key, vif)
         try:
-            await self._store.put(record)
+            await self._store.put(record)  # over a vanished port's record, when it replaces one
         except BaseException:
             await self._undo_take(driver, key, vif)
             raise
+        vanished = self._attachments.get((node, req.attachment))
         self._attachments[(node, req.attachment)] = record
         self._attachments_changed()
+        if vanished is not None:
+            await self._vanished(driver, vanished)
         if self._settings.port_debug:
             self._spawn(self._name_port(vif.port_id, req))
         return vif
+
+    async def _vanished(self, driver: PortDriver, record: InUse) -> None:
+        """The agent could not wire this port (its desired key went away): recycled, the
+        recycler drops it if Neutron no longer has it bound and pools it again if it does."""
+        log.info("pool.port_vanished", node=record.node, port=record.vif.port_id)
+        if driver.pooled:
+            self._pools.release(record.key, record.vif.port_id)
+            self.released.set()
+        else:
+            self._pools.forget(record.vif.port_id)
+            with contextlib.suppress(PodwireError):
+                await driver.delete(record.key, [record.vif])
 
     async def _create_one(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
@@ -220,12 +242,24 @@ class PoolService:
         except BaseException:
             waiter.cancelled = True
             raise
+        if not got.done() and self._pools.unseen(key):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(got), UNSEEN_WAIT)
         if not got.done():
             waiter.cancelled = True
-            if self._liveness.noted_dead(key.node):
-                raise PoolNotReady(f"pool {tuple(key)} is empty: {no_agent(key.node)}")
-            raise PoolNotReady(f"pool {tuple(key)} has no port ready yet; retry")
+            raise PoolNotReady(self._not_ready(key))
         return got.result()
+
+    def _not_ready(self, key: PoolKey) -> str:
+        if self._liveness.noted_dead(key.node):
+            return f"pool {tuple(key)} is empty: {no_agent(key.node)}"
+        unseen = len(self._pools.unseen(key))
+        if unseen:
+            return (
+                f"pool {tuple(key)}: the bindings of its {unseen} new ports have not reached"
+                f" etcd after {UNSEEN_WAIT:.0f} s (is the ml2 forwarder running?); retry"
+            )
+        return f"pool {tuple(key)} has no port ready yet; retry"
 
     async def _apply_sgs(self, taken: Taken) -> Vif:
         if not taken.sg_update:
@@ -308,12 +342,14 @@ class PoolService:
                 self._group = None
                 await self.drain()
 
-    def reset(self) -> None:
+    def reset(self, mirror: MirrorView | None = None) -> None:
         """Forget a past term's pools and attachments; the next term recovers them afresh.
 
         Another controller may have led meanwhile and handed out what this one still holds
-        in memory, so nothing of the old term is trusted.
+        in memory, so nothing of the old term is trusted. ``mirror``: the new term's view of
+        the forwarder's mirror, which decides in what state a port is handed out.
         """
+        self._mirror = mirror
         self._pools = self._new_pools()
         self._refiller = Refiller(self._pools, self._settings, self._metrics, self._liveness)
         self._attachments.clear()
@@ -346,6 +382,20 @@ class PoolService:
             self._pools.adopt(record.key, record.vif)
         self._attachments_changed()
         return {record.vif.port_id for record in records}
+
+    def port_seen(self, key: PoolKey, vif: Vif) -> None:
+        """The mirror shows a port of ours bound (anew or changed): see ``Pools.seen``."""
+        if self._pools.seen(key, vif):
+            log.debug("pool.port_current", key=key, port=vif.port_id)
+
+    def port_gone(self, port_id: str, node: str) -> None:
+        """The mirror no longer shows the port bound to ``node`` (deleted, unbound, moved):
+        a free or recycling port of that node is forgotten; an in-use one stays its pod's
+        until released (its agent learns of it from the same mirror)."""
+        key = self._pools.pool_of(port_id) or self._pools.recyclable().get(port_id)
+        if key is not None and key.node == node:
+            self._pools.forget(port_id)
+            log.info("pool.port_gone", key=key, port=port_id)
 
     def in_use_ports(self) -> set[str]:
         return {record.vif.port_id for record in self._attachments.values()}
@@ -383,6 +433,7 @@ class PoolService:
             waiting=self._pools.waiting(key),
             groups=self._pools.groups(key),
             target=self._refiller.sizer.target(key, time.monotonic()),
+            unseen=self._pools.unseen(key),
         )
 
     def recyclable(self) -> dict[str, PoolKey]:
