@@ -68,8 +68,12 @@ def state_policy(host: str) -> str:
     return state_node_prefix(host) + "policy"
 
 
+def state_ports_prefix(host: str) -> str:
+    return state_node_prefix(host) + "ports/"
+
+
 def state_port(host: str, port_id: str) -> str:
-    return state_node_prefix(host) + "ports/" + check_segment(port_id, "port id")
+    return state_ports_prefix(host) + check_segment(port_id, "port id")
 
 
 def vifs_prefix(host: str | None = None) -> str:

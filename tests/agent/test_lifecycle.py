@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from podwire import keys
 from podwire.etcd import EtcdClient
+from podwire.schema import nodes
 from tests.agent.harness import HostAgent, acni
 from tests.agent.netenv import NetEnv, links_in, pings
 
@@ -156,3 +158,26 @@ async def test_fifty_concurrent_adds_then_gc_and_del_leave_nothing(
     from tests.scripted_agent import eventually
 
     await eventually(plumbing_gone, "state keys and bridges gone")
+
+
+async def test_stopping_agent_drops_wired_state_of_ports_it_no_longer_serves(
+    agents: list[HostAgent],
+    netenv: NetEnv,
+    vxnet: Any,
+    plugin: Path,
+    etcd: EtcdClient,
+) -> None:
+    """A port whose desired key went while the agent was stopping (its watch had ended) must
+    not stay reported wired: the agent reads what is desired once more on its way out."""
+    agent = agents[0]
+    ns = netenv.namespace("sw")
+    add = await acni(plugin, "ADD", agent.conf(vxnet.id), container_id=uuid.uuid4().hex,
+                     netns=f"/run/netns/{ns}")  # fmt: skip
+    assert add.code == 0, add.stdout
+    served, _ = await etcd.get_prefix(keys.state_ports_prefix(agent.host))
+    assert len(served) == 1
+    unseen = keys.state_port(agent.host, str(uuid.uuid4()))  # its desired key went unseen
+    await etcd.put(unseen, nodes.port_state_value(time.time()))
+    await agent.stop()
+    left, _ = await etcd.get_prefix(keys.state_ports_prefix(agent.host))
+    assert [kv.key for kv in left] == [served[0].key]

@@ -119,7 +119,7 @@ def _configure_pod(ctx: RtnlContext, spec: PlugSpec) -> None:
 def _own_veth(ctx: RtnlContext, name: str, mac: str) -> bool | None:
     """Whether the host veth ``name`` is podwire's: marked, or with the MAC podwire derives
     for it (veths of agents from before marks). None when there is no such link."""
-    found = ctx.host.link_mark(name)
+    found = ctx.host.link_state(name)
     if found is None:
         return None
     return naming.is_marked(found.alias) or found.mac == mac

@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from podwire import keys
 from podwire.agent import naming, plumbing
@@ -44,6 +45,17 @@ class PortVanished(PortNotWired):
 
 class PortNotWiredPermanent(PermanentError):
     """The binder tried and failed for a reason retrying will not fix."""
+
+
+class PortDevices(Protocol):
+    """Ports whose host device someone else makes (vif type ``tap``): the binder ensures their
+    network, and this seam adopts the device and reports the port wired once it appears."""
+
+    def handles(self, port: DesiredPort) -> bool: ...
+
+    def bound(self, port: DesiredPort, bridge: str) -> None: ...
+
+    def unbound(self, port_id: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,7 @@ class Binder:
         self.synced = asyncio.Event()
         # Told of every wired port's new desired value (the policy enforcer follows SG changes).
         self.on_port: Callable[[str, DesiredPort], None] | None = None
+        self.devices: PortDevices | None = None
         self.watcher = PrefixWatcher(etcd, keys.node_ports_prefix(settings.host))
 
     # -- running -------------------------------------------------------------------------
@@ -140,13 +153,19 @@ class Binder:
                 self._settings.vlan_capable,
             )
             await self._ensure_plan(plan)
-            await self._etcd.put(
-                keys.state_port(self._settings.host, port_id), values.port_state_value(time.time())
-            )
+            if self.devices is not None and self.devices.handles(port):
+                self.devices.bound(port, plan.bridge)  # reported wired once its device is there
+            else:
+                await self._etcd.put(
+                    keys.state_port(self._settings.host, port_id),
+                    values.port_state_value(time.time()),
+                )
         except PodwireError as exc:
             log.warning("agent.port.not_wired", port=port_id, error=str(exc))
             self._metrics.bind_failures.inc()
             await self._set(port_id, None, str(exc))
+            if self.devices is not None:
+                self.devices.unbound(port_id)
             return
         log.info("agent.port.wired", port=port_id, network=port.network_id, bridge=plan.bridge)
         self._metrics.ports_wired.inc()
@@ -168,6 +187,8 @@ class Binder:
         if len(self.removed) > REMEMBER_REMOVED:
             del self.removed[next(iter(self.removed))]
         await self._set(port_id, None, None)
+        if self.devices is not None:
+            self.devices.unbound(port_id)
         log.info("agent.port.unwired", port=port_id)
         if port is not None and not self._network_in_use(port.network_id):
             await self._remove_network(port.network_id)
@@ -189,12 +210,7 @@ class Binder:
 
     async def _reconcile_leftovers(self) -> None:
         """After a (re-)list: drop state keys and plumbing of ports that went away meanwhile."""
-        prefix = keys.state_node_prefix(self._settings.host) + "ports/"
-        items, _ = await self._etcd.get_prefix(prefix)
-        for kv in items:
-            port_id = kv.key[len(prefix) :]
-            if port_id not in self._desired:
-                await self._etcd.delete(kv.key)
+        await self._drop_state_except(set(self._desired))
         if self._nl is None:
             return
         keep = {plan.bridge for plan in self._plans.values()}
@@ -204,6 +220,23 @@ class Binder:
             log.info("agent.network.swept", bridges=sweep.removed)
         if sweep.foreign:
             log.info("agent.network.foreign_left_alone", bridges=sweep.foreign, mark=naming.MARK)
+
+    async def _drop_state_except(self, desired: set[str]) -> int:
+        """Delete this host's wired-state keys of ports not in ``desired``."""
+        prefix = keys.state_ports_prefix(self._settings.host)
+        items, _ = await self._etcd.get_prefix(prefix)
+        stale = [kv.key for kv in items if kv.key[len(prefix) :] not in desired]
+        for key in stale:
+            await self._etcd.delete(key)
+        return len(stale)
+
+    async def drop_stale_state(self) -> int:
+        """On the way out: ports whose desired key went while the agent was stopping (its
+        watch has ended) lose their wired state too, read from etcd now, so nothing reports
+        a port wired that no agent serves."""
+        listed, _ = await self._etcd.get_prefix(keys.node_ports_prefix(self._settings.host))
+        desired = {parsed[1] for kv in listed if (parsed := keys.parse_node_port_key(kv.key))}
+        return await self._drop_state_except(desired)
 
     async def _set(self, port_id: str, port: DesiredPort | None, error: str | None) -> None:
         async with self._changed:

@@ -44,6 +44,22 @@ class AgentMetrics:
             "memif masters found dead and started again",
             registry=r,
         )
+        self.taps = prom.Gauge(
+            "podwire_agent_taps", "Tap ports (VMs, Neutron agents) whose device is adopted",
+            registry=r,
+        )  # fmt: skip
+        self.tap_adoptions = prom.Counter(
+            "podwire_agent_tap_adoptions",
+            "Tap devices adopted, and adoptions retried",
+            ["result"],
+            registry=r,
+        )
+        self.tap_adopt_seconds = prom.Histogram(
+            "podwire_agent_tap_adopt_seconds",
+            "From a tap device's appearance to its port reported wired",
+            buckets=CNI_BUCKETS,
+            registry=r,
+        )
         self.policy_applies = prom.Counter(
             "podwire_agent_policy_applies",
             "Security-group rulesets applied to nftables (replace, change, failed)",

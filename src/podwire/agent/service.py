@@ -25,6 +25,7 @@ from podwire.agent.podrelease import PodReleaser
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.agent.ports import PortFilter
 from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
+from podwire.agent.taps import TapPorts
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
 from podwire.config import Settings
@@ -32,7 +33,7 @@ from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.metrics import StatsCollector
 from podwire.errors import ConfigError, PodwireError
 from podwire.etcd import EtcdClient
-from podwire.health import first_problem
+from podwire.health import Health, first_problem
 from podwire.log import get_logger
 from podwire.memif import build as memif_build
 from podwire.netfilter import Nftables
@@ -42,6 +43,8 @@ from podwire.schema.vif import Vif
 from podwire.service.ops_http import OpsServer
 
 log = get_logger(__name__)
+
+LAST_SWEEP_SECONDS = 2.0
 
 
 def vlan_capable() -> bool:
@@ -62,6 +65,7 @@ class AgentParts:
     handler: CniHandler | None = None
     memif: MemifService | None = None
     policy: PolicyEnforcer | None = None
+    taps: TapPorts | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -114,7 +118,9 @@ class Agent:
         plugin = _device_plugin(self.settings)
         memif_binary = _memif_binary(self.settings, plugin)
         heartbeat = Heartbeat(
-            etcd, _presence(self.settings, memif_binary is not None), self.metrics
+            etcd,
+            _presence(self.settings, kernel is not None, memif_binary is not None),
+            self.metrics,
         )
         await heartbeat.register()
         stack.push_async_callback(heartbeat.revoke)
@@ -124,19 +130,25 @@ class Agent:
             BinderSettings(agent.host, agent.vtep_ip, agent.physnet_mappings, vlan_capable()),
             self.metrics,
         )
+        stack.push_async_callback(_last_sweep, binder)  # runs before the heartbeat's revoke
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = Checkpoint(agent.state_dir)
         checkpoint.load()
-        memif = policy = None
+        memif = policy = taps = None
         if kernel is not None:
             policy = self._policy(stack, etcd, binder)
             memif = _memif_service(
                 self.settings, plugin, memif_binary, (vifs, binder, kernel[0]), self.metrics, policy
             )
+            taps = self._taps(etcd, binder, kernel[0], policy)
         releaser = self._releaser(stack, plugin)
 
+        watched = [heartbeat.health, binder.watcher.health, peers.watcher.health]
+        watched += [policy.watcher.health] if policy is not None else []
+        watched += [taps.health] if taps is not None else []
+
         async def ready() -> tuple[bool, str]:
-            return await _readiness(etcd, agent.host, heartbeat, binder, peers, vifs, policy)
+            return await _readiness(etcd, agent.host, heartbeat, binder, vifs, watched)
 
         handler = None
         if kernel is not None:
@@ -153,16 +165,12 @@ class Agent:
                 policy,
             )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
-        self.parts.memif, self.parts.policy = memif, policy
+        self.parts.memif, self.parts.policy, self.parts.taps = memif, policy, taps
         async with asyncio.TaskGroup() as tg:
-            for part in (heartbeat, binder, peers, plugin, releaser, policy):
+            for part in (heartbeat, binder, peers, plugin, releaser, policy, taps):
                 if part is not None:
                     tg.create_task(part.run())
-            await binder.synced.wait()
-            if memif is not None:
-                await memif.restore()
-                tg.create_task(memif.run())
-            await _enforce_plugged(policy, _plugged_ports(checkpoint, memif, binder))
+            await self._restore(tg, checkpoint)
             if handler is not None:
                 server = CniServer(agent.cni_socket, handler)
                 await server.start()
@@ -177,6 +185,21 @@ class Agent:
             )
             self.parts.started.set()
 
+    async def _restore(self, tg: asyncio.TaskGroup, checkpoint: Checkpoint) -> None:
+        """What was plugged before this start is known again, and keeps its rules: the
+        desired ports listed, memif masters adopted, tap devices listed, then the first
+        application of the rules, with all of them in it."""
+        parts = self.parts
+        assert parts.binder is not None
+        await parts.binder.synced.wait()
+        if parts.memif is not None:
+            await parts.memif.restore()
+            tg.create_task(parts.memif.run())
+        if parts.taps is not None:
+            await parts.taps.listed.wait()
+        plugged = _plugged_ports(checkpoint, parts.memif, parts.binder, parts.taps)
+        await _enforce_plugged(parts.policy, plugged)
+
     def _releaser(
         self, stack: contextlib.AsyncExitStack, plugin: DevicePlugin | None
     ) -> PodReleaser | None:
@@ -186,6 +209,13 @@ class Agent:
         stack.push_async_callback(releaser.close)
         self._collect_stats(stack, plugin)
         return releaser
+
+    def _taps(
+        self, etcd: EtcdClient, binder: Binder, host_nl: HostNetlink, policy: PortFilter | None
+    ) -> TapPorts:
+        taps = TapPorts(etcd, self.settings.agent.host, host_nl, policy, self.metrics)
+        binder.devices = taps
+        return taps
 
     def _policy(
         self, stack: contextlib.AsyncExitStack, etcd: EtcdClient, binder: Binder
@@ -201,6 +231,17 @@ class Agent:
         return policy
 
 
+async def _last_sweep(binder: Binder) -> None:
+    try:
+        async with asyncio.timeout(LAST_SWEEP_SECONDS):
+            dropped = await binder.drop_stale_state()
+    except (PodwireError, TimeoutError) as exc:
+        log.warning("agent.stop.state_sweep_failed", error=str(exc) or "timed out")
+        return
+    if dropped:
+        log.info("agent.stop.state_swept", ports=dropped)
+
+
 async def _enforce_plugged(
     policy: PolicyEnforcer | None, plugged: list[tuple[DesiredPort, str]]
 ) -> None:
@@ -211,11 +252,11 @@ async def _enforce_plugged(
 
 
 def _plugged_ports(
-    checkpoint: Checkpoint, memif: MemifService | None, binder: Binder
+    checkpoint: Checkpoint, memif: MemifService | None, binder: Binder, taps: TapPorts | None
 ) -> list[tuple[DesiredPort, str]]:
     """The ports plugged before this start with their host interfaces: pod veths from the
     checkpoint, memif taps from the memif checkpoint (restored just before, so a memif whose
-    grant went meanwhile is no longer among them)."""
+    grant went meanwhile is no longer among them), the devices of tap ports that are there."""
     found = [
         (_desired(binder, entry.vif), entry.attached.host_ifname)
         for entry in checkpoint.entries.values()
@@ -223,6 +264,8 @@ def _plugged_ports(
     ]
     if memif is not None:
         found += [(_desired(binder, e.vif), e.tap) for e in memif.checkpoint.entries.values()]
+    if taps is not None:
+        found += taps.plugged()
     return found
 
 
@@ -267,8 +310,11 @@ def _memif_service(
     )
 
 
-def _presence(settings: Settings, memif: bool) -> HostPresence:
+def _presence(settings: Settings, kernel: bool, memif: bool) -> HostPresence:
+    """What the node can serve: veth always; tap where it has a data path (it adopts the
+    device); memif where it can run masters."""
     agent = settings.agent
+    vif_types = [*VIF_TYPES, *(["tap"] if kernel else []), *(["memif"] if memif else [])]
     return HostPresence(
         agent.host,
         agent.heartbeat_ttl,
@@ -276,7 +322,7 @@ def _presence(settings: Settings, memif: bool) -> HostPresence:
         agent.physnet_mappings,
         network_types(),
         "nested" if agent.nested_uplink else None,
-        (*VIF_TYPES, "memif") if memif else tuple(VIF_TYPES),
+        tuple(vif_types),
     )
 
 
@@ -285,9 +331,8 @@ async def _readiness(
     host: str,
     heartbeat: Heartbeat,
     binder: Binder,
-    peers: PeerTracker,
     vifs: VifSource,
-    policy: PolicyEnforcer | None = None,
+    healths: list[Health],
 ) -> tuple[bool, str]:
     # A read of our own key, not etcd's Status: Status answers even when etcd no longer
     # accepts this agent's token, and the agent would look ready while it cannot see a thing.
@@ -298,9 +343,6 @@ async def _readiness(
         return False, f"etcd: {exc}"
     if not heartbeat.healthy:
         return False, "heartbeat lease lost; re-registering"
-    healths = [heartbeat.health, binder.watcher.health, peers.watcher.health]
-    if policy is not None:
-        healths.append(policy.watcher.health)
     problem = first_problem(healths)
     if problem is not None:
         return False, problem

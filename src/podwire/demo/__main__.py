@@ -23,30 +23,36 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     step(f"starting etcd + MariaDB + Neutron (podwire ml2 driver) in {work}")
     proc, stack = start_background(work / "stack")
-    scenario = Scenario(stack, work, args.pods)
+    try:
+        code = _run(stack, work, args.keep, args.pods)
+    finally:
+        stop_background(proc)  # whatever failed, nothing of the stack keeps running
+    if code == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        step(f"done in {time.perf_counter() - started:.0f} s; nothing left behind")
+    return code
+
+
+def _run(stack: dict[str, object], work: Path, keep: bool, pods: int) -> int:
+    """The scenario, its report, and its teardown whatever happened before it."""
     code = 0
+    scenario = Scenario(stack, work, pods)
     try:
         figures = scenario.run()
         step("report")
         for line in figures.lines():
             print(f"    {line}")
-        if args.keep:
+        if keep:
             _wait_for_interrupt(stack, work)
     except PodwireError as exc:
         print(f"demo failed: {exc} (logs in {work})", file=sys.stderr)
         code = 1
     finally:
         step("tearing down")
-        try:
-            left = scenario.teardown()
-        finally:
-            stop_background(proc)  # even when the teardown itself fails
+        left = scenario.teardown()
         if left:
             print(f"left behind: {', '.join(left)}", file=sys.stderr)
             code = 1
-    if code == 0:
-        shutil.rmtree(work, ignore_errors=True)
-        step(f"done in {time.perf_counter() - started:.0f} s; nothing left behind")
     return code
 
 

@@ -25,6 +25,7 @@ from podwire.stack.client import neutron_connection
 
 HOSTS = ("demo-node-1", "demo-node-2")
 CIDR = "10.88.0.0/24"
+UNWIRE_TIMEOUT = 15.0
 
 
 def step(message: str) -> None:
@@ -245,6 +246,20 @@ class Scenario:
             time.sleep(0.2)
         return released
 
+    async def _wait_unwired(self, within: float) -> None:
+        """Until no host has a desired or wired port left (or ``within`` seconds passed:
+        what is left then is reported as left behind)."""
+        async with await EtcdClient.connect(EtcdSettings(endpoints=[self.etcd_url])) as etcd:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                left = 0
+                for host in HOSTS:
+                    for prefix in (keys.node_ports_prefix(host), keys.state_ports_prefix(host)):
+                        left += len((await etcd.get_prefix(prefix))[0])
+                if not left:
+                    return
+                await asyncio.sleep(0.1)
+
     async def _etcd_leftovers(self) -> list[str]:
         async with await EtcdClient.connect(EtcdSettings(endpoints=[self.etcd_url])) as etcd:
             found = []
@@ -262,11 +277,13 @@ class Scenario:
             cni("DEL", pod, self.confs[pod.host])
         if self.services.children.get("controller"):
             self.services.admin("POST", "/v1/pools/free", {"nodes": list(HOSTS)})
+        for port in list(self.neutron.network.ports(project_id=self.project)):
+            self.neutron.network.delete_port(port)
+        # The agents unwire what the forwarder takes away only while they run.
+        asyncio.run(self._wait_unwired(UNWIRE_TIMEOUT))
         self.services.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
-        for port in list(self.neutron.network.ports(project_id=self.project)):
-            self.neutron.network.delete_port(port)
         for network in list(self.neutron.network.networks(project_id=self.project)):
             self.neutron.network.delete_network(network)
         for group in list(self.neutron.network.security_groups(project_id=self.project)):

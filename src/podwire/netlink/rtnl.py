@@ -23,8 +23,10 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-NLMSG_ERROR = 2
+NLMSG_ERROR, NLMSG_DONE, NLMSG_OVERRUN = 2, 3, 4
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+NLM_F_DUMP = 0x300
+RTMGRP_LINK = 0x1
 NLM_F_ACK_TLVS = 0x200  # on an error message: extended-ack attributes follow
 SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
 NLMSGERR_ATTR_MSG = 1
@@ -182,12 +184,41 @@ def error_of(payload: bytes, flags: int, what: str) -> RtnlError | None:
 
 
 @dataclass(frozen=True)
-class LinkMark:
-    """What tells whose a link is: its alias and its MAC."""
+class LinkState:
+    """One link as an RTM_NEWLINK message (a dump's entry or an event) describes it."""
 
     index: int
-    alias: str
+    name: str
+    kind: str
+    master: int
+    mtu: int
     mac: str
+    up: bool
+    alias: str
+
+
+def parse_link(payload: bytes) -> LinkState:
+    _, _, index, flags, _ = _IFINFO.unpack_from(payload)
+    attrs = parse_attrs(payload, _IFINFO.size)
+    linkinfo = parse_attrs(attrs.get(IFLA_LINKINFO, b""), 0)
+    return LinkState(
+        index=index,
+        name=_text(attrs.get(IFLA_IFNAME, b"")),
+        kind=_text(linkinfo.get(IFLA_INFO_KIND, b"")),
+        master=_u32(attrs.get(IFLA_MASTER)),
+        mtu=_u32(attrs.get(IFLA_MTU)),
+        mac=":".join(f"{b:02x}" for b in attrs.get(IFLA_ADDRESS, b"")),
+        up=bool(flags & IFF_UP),
+        alias=_text(attrs.get(IFLA_IFALIAS, b"")),
+    )
+
+
+def _text(raw: bytes) -> str:
+    return raw.rstrip(b"\0").decode(errors="replace")
+
+
+def _u32(raw: bytes | None) -> int:
+    return _U32.unpack_from(raw)[0] if raw and len(raw) >= _U32.size else 0
 
 
 class Rtnl:
@@ -240,15 +271,6 @@ class Rtnl:
         payload = self._get_link(name)
         return None if payload is None else int(_IFINFO.unpack_from(payload)[2])
 
-    def link_mark(self, name: str) -> LinkMark | None:
-        payload = self._get_link(name)
-        if payload is None:
-            return None
-        attrs = parse_attrs(payload, _IFINFO.size)
-        alias = attrs.get(IFLA_IFALIAS, b"").rstrip(b"\0").decode(errors="replace")
-        mac = ":".join(f"{b:02x}" for b in attrs.get(IFLA_ADDRESS, b""))
-        return LinkMark(int(_IFINFO.unpack_from(payload)[2]), alias, mac)
-
     def set_alias(self, name: str, alias: str) -> None:
         body = _ifinfo() + attr(IFLA_IFNAME, _name(name)) + attr(IFLA_IFALIAS, _name(alias))
         self.request(RTM_NEWLINK, body, f"set alias of {name}")
@@ -264,6 +286,19 @@ class Rtnl:
 
     def set_up(self, index: int) -> None:
         self.request(RTM_NEWLINK, _ifinfo(index, up=True), f"set link {index} up")
+
+    def set_link(self, index: int, mtu: int | None = None, master: int | None = None) -> None:
+        """MTU and bridge (``master`` 0: out of any bridge) of link ``index``, in one request."""
+        body = _ifinfo(index)
+        if mtu is not None:
+            body += attr(IFLA_MTU, _U32.pack(mtu))
+        if master is not None:
+            body += attr(IFLA_MASTER, _U32.pack(master))
+        self.request(RTM_NEWLINK, body, f"set link {index}")
+
+    def link_state(self, name: str) -> LinkState | None:
+        payload = self._get_link(name)
+        return None if payload is None else parse_link(payload)
 
     def delete_link(self, name: str) -> bool:
         """False when there was nothing to delete."""

@@ -92,6 +92,14 @@ class DesiredPort:
     allowed_address_pairs: tuple[AddressPair, ...] = ()
 
     @property
+    def filtered(self) -> bool:
+        """Whether the port's traffic is filtered (security groups, anti-spoofing): not with
+        port security off, and not for Neutron's own agents' ports (device owner
+        ``network:*``, DHCP and routers), which Neutron trusts: a router forwards frames
+        whose addresses are other ports'."""
+        return self.port_security_enabled and not self.device_owner.startswith("network:")
+
+    @property
     def trunk_vlan(self) -> int | None:
         return None if self.trunk is None else self.trunk.segmentation_id
 

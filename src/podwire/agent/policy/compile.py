@@ -131,8 +131,8 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
 
 
 def secured_ports(ports: list[PortPolicy]) -> list[PortPolicy]:
-    """The ports with port security on: the only ones with rules."""
-    return [p for p in ports if p.port.port_security_enabled]
+    """The ports that are filtered: the only ones with rules."""
+    return [p for p in ports if p.port.filtered]
 
 
 def policy_sets(ports: list[PortPolicy], kept: list[GroupSet]) -> set[GroupSet]:
