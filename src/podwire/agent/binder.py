@@ -287,17 +287,8 @@ class Binder:
             try:
                 await asyncio.wait_for(self._changed.wait_for(ready), within)
             except TimeoutError as exc:
-                if port_id in self.wired and wanted is not None:
-                    raise PortNotWired(
-                        f"port {port_id} still has security groups"
-                        f" {sorted(self.wired[port_id].security_groups)} on host"
-                        f" {self._settings.host}, not {sorted(wanted)}, after {within:.0f} s"
-                    ) from exc
-                raise PortNotWired(
-                    f"port {port_id} is not wired on host {self._settings.host} after"
-                    f" {within:.0f} s: its binding has not reached etcd (is the ml2 forwarder"
-                    " running?)"
-                ) from exc
+                if not ready():  # it may have come while the time-out took the lock back
+                    raise self._not_wired(port_id, within, wanted) from exc
             if port_id in self.wired:
                 return self.wired[port_id]
             if port_id in self.removed:
@@ -306,6 +297,19 @@ class Binder:
                     f" host {self._settings.host}"
                 )
             raise PortNotWiredPermanent(f"port {port_id} cannot be wired: {self.failed[port_id]}")
+
+    def _not_wired(self, port_id: str, within: float, wanted: set[str] | None) -> PortNotWired:
+        host = self._settings.host
+        if port_id in self.wired and wanted is not None:
+            return PortNotWired(
+                f"port {port_id} still has security groups"
+                f" {sorted(self.wired[port_id].security_groups)} on host {host}, not"
+                f" {sorted(wanted)}, after {within:.0f} s"
+            )
+        return PortNotWired(
+            f"port {port_id} is not wired on host {host} after {within:.0f} s: its binding"
+            " has not reached etcd (is the ml2 forwarder running?)"
+        )
 
     def plan_for(self, network_id: str) -> NetworkPlan | None:
         return self._plans.get(network_id)

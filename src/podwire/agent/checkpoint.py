@@ -144,6 +144,10 @@ class Checkpoint:
             self.file.write(self._items())
             log.info("agent.checkpoint.migrated", entries=migrated)
 
+    def ports(self) -> dict[str, str]:
+        """attachment -> the port id its VIF holds."""
+        return {key: entry.vif.port_id for key, entry in self.entries.items()}
+
     def get(self, attachment: str) -> Attachment | None:
         return self.entries.get(attachment)
 

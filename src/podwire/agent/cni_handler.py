@@ -37,7 +37,7 @@ from podwire.cni.result import Address, Attached, add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
-from podwire.netlink import NotANamespace, is_netns
+from podwire.netlink import NotANamespace, host_netns_files, is_netns, same_netns
 from podwire.schema import doc, fields
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
@@ -55,6 +55,7 @@ class HandlerSettings:
     host: str
     add_timeout: float = 60.0
     nested_uplink: str = ""  # nested mode: VIFs with a vlan_id become VLANs of this interface
+    host_netns: str = ""  # the host's namespace by name (simulated hosts); "": the agent's own
 
 
 class CniHandler:
@@ -72,6 +73,7 @@ class CniHandler:
         policy: PortFilter | None = None,
     ) -> None:
         self._settings = settings
+        self._host_namespaces = host_netns_files(settings.host_netns)
         self._memif = memif
         self._policy = policy
         self._metrics = metrics or AgentMetrics()
@@ -151,6 +153,12 @@ class CniHandler:
             raise CniError(
                 spec.INVALID_ENV,
                 f"CNI_NETNS {req.netns} does not exist or is not a network namespace",
+            )
+        if any(same_netns(req.netns, host) for host in self._host_namespaces):
+            raise CniError(
+                spec.INVALID_ENV,
+                f"CNI_NETNS {req.netns} is the host's own network namespace, not a pod's: a"
+                " pod (hostNetwork pods included) is never given a podwire port there",
             )
         if req.pod is not None and self._pods is not None:
             self._pods.cancel(req.pod.namespace, req.pod.name)

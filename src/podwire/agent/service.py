@@ -18,6 +18,7 @@ from podwire.agent.attach import Plugger, is_nested
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import Checkpoint
 from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
+from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.agent.memif import MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
@@ -132,8 +133,7 @@ class Agent:
         )
         stack.push_async_callback(_last_sweep, binder)  # runs before the heartbeat's revoke
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
-        checkpoint = Checkpoint(agent.state_dir)
-        checkpoint.load()
+        checkpoint = _load_checkpoint(agent.state_dir, vifs)
         memif = policy = taps = None
         if kernel is not None:
             policy = self._policy(stack, etcd, binder)
@@ -153,7 +153,9 @@ class Agent:
         handler = None
         if kernel is not None:
             handler = CniHandler(
-                HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
+                HandlerSettings(
+                    agent.host, agent.cni_timeout, agent.nested_uplink, agent.host_netns
+                ),
                 vifs,
                 binder,
                 Plugger(*kernel),
@@ -351,6 +353,16 @@ async def _readiness(
     return await vifs.healthy()
 
 
+def _load_checkpoint(state_dir: str, vifs: VifSource) -> Checkpoint:
+    """This node's attachments; a controller's listings settle its disputes with them (a port
+    several records hold after a restore stays with the attachment the checkpoint names)."""
+    checkpoint = Checkpoint(state_dir)
+    checkpoint.load()
+    if isinstance(vifs, ControllerVifSource):
+        vifs.claims = checkpoint.ports
+    return checkpoint
+
+
 async def _default_vifs(settings: Settings) -> VifSource:
     agent = settings.agent
     if agent.vif_source == "neutron":
@@ -358,8 +370,6 @@ async def _default_vifs(settings: Settings) -> VifSource:
         from podwire.neutron.client import connect
 
         return NeutronVifSource(connect(settings.neutron), agent.host)
-    from podwire.agent.controller_vifs import ControllerVifSource
-
     return ControllerVifSource(agent.controller_url, agent.host, agent.token)
 
 

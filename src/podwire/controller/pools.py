@@ -342,6 +342,10 @@ class Pools:
                     pool.groups.setdefault((), []).append(port_id)
             if () in pool.groups:
                 pool.groups.move_to_end((), last=False)
+            for port_id in pool.unseen:  # they stay unseen: the mirror shows the change next
+                if sg_id in self._vifs[port_id].security_groups:
+                    self._vifs[port_id] = _with_sgs(self._vifs[port_id], [])
+                    moved.append(self._vifs[port_id])
         return moved
 
 
