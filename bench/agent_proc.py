@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 
 from podwire.agent.service import Agent
-from podwire.agent.vifsource import VifRequest
 from podwire.config import load_settings
 from podwire.log import setup_logging
-from podwire.schema.vif import Vif
+from podwire.schema.vif import Vif, VifRequest
 
 
 class PrebuiltVifs:

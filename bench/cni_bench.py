@@ -27,10 +27,10 @@ from bench.stats import row
 from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
+from podwire.neutron.client import neutron_connection
 from podwire.schema.ports import FixedIp
 from podwire.schema.secgroups import SecurityGroup
 from podwire.schema.vif import Vif
-from podwire.stack.client import neutron_connection
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / ".venv" / "bin" / "podwire-cni"

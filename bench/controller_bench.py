@@ -1,4 +1,4 @@
-"""Controller bench: warm-pool request rate, 50 pods with pools vs noop (recovery: its own).
+"""Controller bench: warm-pool request rate, 50 pods with pools vs unpooled (recovery: its own).
 
 Runs in-process against the bench stack: the service layer (pool take + etcd in-use record,
 no HTTP), which is what a request costs inside the controller.
@@ -19,9 +19,8 @@ from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, Po
 from podwire.controller.app import Controller
 from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect
+from podwire.neutron.client import connect, neutron_connection
 from podwire.schema.vif import VifRequest
-from podwire.stack.client import neutron_connection
 
 WARM_PORTS = 200
 
@@ -40,7 +39,7 @@ async def _run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         project_id=project, network_id=net.id, cidr="10.96.0.0/16", ip_version=4
     )
     nodes = [f"bench-{uuid.uuid4().hex[:8]}" for _ in range(3)]
-    for node, driver in zip(nodes, ("baremetal", "noop", "baremetal"), strict=True):
+    for node, driver in zip(nodes, ("baremetal", "unpooled", "baremetal"), strict=True):
         await _register(etcd, node, driver)
     try:
         return await _warm_and_pods(stack, etcd, net, nodes, max(3, min(samples, 20)))
@@ -111,17 +110,17 @@ async def _warm_and_pods(
                 unit="req/s",
             )
         ]
-        pools_ms, noop_ms = [], []
+        pools_ms, unpooled_ms = [], []
         for r in range(min(rounds, 3)):
             pools_ms.append(await _fifty(service, nodes[0], net, f"pp{r}"))
-            noop_ms.append(await _fifty(service, nodes[1], net, f"np{r}"))
+            unpooled_ms.append(await _fifty(service, nodes[1], net, f"np{r}"))
             await recycle_once(service, ctl.neutron, ctl.settings.pool)
         rows.append(
             row(
                 "controller: 50 pods attached on one node (pools)",
                 pools_ms,
-                "noop driver (create per pod)",
-                noop_ms,
+                "unpooled driver (a port created per pod)",
+                unpooled_ms,
             )
         )
         return rows

@@ -30,7 +30,7 @@ from bench.cni_bench import (
 )
 from bench.stats import row
 from podwire.cni.install import InstallSpec, conflist, install
-from podwire.stack.client import neutron_connection
+from podwire.neutron.client import neutron_connection
 from tests.cri.containerd import Containerd
 from tests.cri.cri import Cri, Pod
 

@@ -24,8 +24,8 @@ from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings
 from podwire.ml2.journal import SqlJournal, copy_table
+from podwire.neutron.client import neutron_connection
 from podwire.schema import nodes as values
-from podwire.stack.client import neutron_connection
 from podwire.stack.mariadb import MariaDB
 
 FORWARDER_ROWS = 1000

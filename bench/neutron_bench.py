@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from bench.stats import row
-from podwire.stack.client import neutron_connection
+from podwire.neutron.client import neutron_connection
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:

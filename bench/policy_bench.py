@@ -26,10 +26,10 @@ from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
+from podwire.neutron.client import neutron_connection
 from podwire.schema import nodes as values
 from podwire.schema.ports import parse_desired_port
 from podwire.schema.secgroups import parse_security_group
-from podwire.stack.client import neutron_connection
 
 TIMEOUT = 30.0
 

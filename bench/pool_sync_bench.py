@@ -19,8 +19,7 @@ from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, Po
 from podwire.controller.app import Controller
 from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect
-from podwire.stack.client import neutron_connection
+from podwire.neutron.client import connect, neutron_connection
 
 POLL = 0.001
 GIVE_UP = 30.0

@@ -27,9 +27,8 @@ from podwire.controller.app import Controller
 from podwire.controller.mirror import forwarder_doubt
 from podwire.controller.recovery import recover
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect
+from podwire.neutron.client import connect, neutron_connection
 from podwire.schema.vif import DEVICE_OWNER
-from podwire.stack.client import neutron_connection
 
 PROJECT = "podwire-bench-recovery"
 PER_NETWORK = 500

@@ -29,9 +29,11 @@ SECTIONS = [
     "cni_bench",
     "cri_bench",
     "sg_bench",
+    "tap_bench",
     "stack_bench",
     "deviceplugin_bench",
     "memif_bench",
+    "vm_bench",  # samples capped at 5 boots per variant
     "scale_bench",  # samples = pod create/delete cycles per mode (adaptive, fixed min=5)
 ]
 
@@ -48,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pwb-", dir="/tmp") as tmp:
-        proc, stack = start_background(Path(args.stack_dir or Path(tmp) / "stack"))
+        Path(tmp).chmod(0o711)  # the stack's RabbitMQ runs as its own user and must reach it
+        # With the RPC bus: the tap bench runs Neutron's DHCP agent.
+        proc, stack = start_background(
+            Path(args.stack_dir or Path(tmp) / "stack"), extra=("--rpc",)
+        )
         try:
             for name in args.only:
                 print(f"running {name} ...", file=sys.stderr, flush=True)

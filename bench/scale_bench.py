@@ -31,8 +31,9 @@ from podwire import keys
 from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.config import PoolSettings
 from podwire.errors import PodwireError
+from podwire.neutron.client import neutron_connection
 from podwire.schema.vif import VifRequest
-from podwire.stack.client import neutron_connection, start_background, stop_background
+from podwire.stack.client import start_background, stop_background
 
 NODES = 4
 RATE = 20.0  # pod ADDs per second across all nodes

@@ -32,8 +32,8 @@ from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
+from podwire.neutron.client import neutron_connection
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
-from podwire.stack.client import neutron_connection
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.sgnet import SgHost, SgPod, numbered_ports
 

@@ -20,7 +20,9 @@ import pytest
 
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
-from podwire.stack.client import neutron_connection, start_background, stop_background
+from podwire.neutron.client import neutron_connection
+from podwire.stack.client import start_background, stop_background
+from tests.agent.netenv import NetEnv
 from tests.scripted_agent import agents  # noqa: F401  (a fixture every suite may use)
 
 PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
@@ -49,10 +51,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.stack)
 
 
+@pytest.fixture
+def netenv() -> Iterator[NetEnv]:
+    """Namespaces of this test's own (simulated hosts, pods), removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates network namespaces")
+    env = NetEnv()
+    try:
+        yield env
+    finally:
+        env.cleanup()
+
+
 @pytest.fixture(scope="session")
 def work_dir() -> Iterator[Path]:
     """A short base path: MariaDB's unix socket path must stay under 108 characters."""
     path = Path(tempfile.mkdtemp(prefix="pw-", dir="/tmp"))
+    path.chmod(0o711)  # the stack's RabbitMQ runs as the rabbitmq user and must reach its dir
     yield path
     if not os.environ.get("PODWIRE_KEEP_TEST_DIR"):
         shutil.rmtree(path, ignore_errors=True)
@@ -60,7 +75,9 @@ def work_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def stack(work_dir: Path) -> Iterator[dict[str, Any]]:
-    proc, info = start_stack(work_dir / "stack")
+    """The session's stack, with its RPC bus (RabbitMQ + neutron-rpc-server) for Neutron's
+    agents: the broker boots while the rest starts, so it adds little to the start-up."""
+    proc, info = start_stack(work_dir / "stack", extra=("--rpc",))
     yield info
     stop_stack(proc)
 

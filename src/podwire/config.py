@@ -19,18 +19,31 @@ from typing import Any
 
 from podwire.errors import ConfigError
 from podwire.keys import check_segment
+from podwire.schema.nodes import POD_DRIVERS, RENAMED_POD_DRIVERS
 
 ENV_PREFIX = "PODWIRE_"
 
 
 @dataclass(frozen=True)
 class EtcdSettings:
+    """How every podwire process reaches etcd (the ml2 driver has its own ``[ml2_podwire]``
+    options in neutron.conf, docs/ml2.md)."""
+
+    # The cluster's members, as a list or one comma-separated string ("a,b"); the client holds
+    # a channel per member and fails over between them (docs/scale.md).
     endpoints: list[str] = field(default_factory=lambda: ["http://127.0.0.1:2379"])
+    # CA bundle for TLS; a CA file or an https:// endpoint turns TLS on.
     ca_file: str = ""
+    # Client certificate for TLS, with key_file (both or neither).
     cert_file: str = ""
+    # Private key of cert_file.
     key_file: str = ""
+    # etcd user, with password (both or neither): the two lines ``podwire etcd
+    # grant-node/grant-server`` prints (docs/etcd-auth.md).
     user: str = ""
+    # Password of user.
     password: str = ""
+    # Seconds per etcd call.
     timeout: float = 5.0
 
     def validate(self) -> None:
@@ -47,8 +60,15 @@ class EtcdSettings:
 
 @dataclass(frozen=True)
 class NeutronSettings:
+    """How the controller (and the agent with ``vif_source = "neutron"``) reaches Neutron: a
+    noauth endpoint or a ``clouds.yaml`` cloud, one of the two."""
+
+    # URL of a Neutron without authentication (the local stack's).
     endpoint: str = ""
+    # A cloud from clouds.yaml: a service user allowed to create ports in the pods' projects
+    # and to bind them.
     cloud: str = ""
+    # Read by no component; accepted so that config files that set it still load.
     project_id: str = ""
 
     def validate(self) -> None:
@@ -60,8 +80,13 @@ class NeutronSettings:
 
 @dataclass(frozen=True)
 class ControllerSettings:
+    """The controller's HTTP API: the VIF API for agents and the admin API (docs/controller.md)."""
+
+    # HOST:PORT of the VIF and admin API (also /healthz, /readyz, /metrics).
     listen: str = "127.0.0.1:7070"
+    # Bearer token of the admin API (``podwire pools``, ``podwire status``).
     admin_token: str = ""
+    # One bearer token per node, ``{ node-1 = "..." }``: a node's token acts only for that node.
     node_tokens: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -72,22 +97,42 @@ class ControllerSettings:
 
 @dataclass(frozen=True)
 class PoolSettings:
+    """The controller's pools of pre-created, pre-bound ports, one per (node, project, network)
+    and security-group set (docs/controller.md, docs/scale.md)."""
+
+    # Ready ports a pool keeps (the floor of adaptive sizing).
     min: int = 5
+    # Most ports a pool holds; 0: no limit.
     max: int = 0
+    # Ports created per bulk request when a pool refills.
     batch: int = 10
+    # Seconds between recycling passes (released ports back into their pools with their
+    # current security groups), and between retries of recovery's check against Neutron.
     update_interval: float = 20.0
-    # A release starts a recycling pass at once while the forwarder's mirror can answer it;
-    # false: released ports wait for the next update_interval pass.
+    # A release starts a recycling pass at once, its security groups read from the forwarder's
+    # mirror in etcd (no Neutron call); false, or no running forwarder: released ports wait for
+    # the next update_interval pass.
     recycle_on_release: bool = True
+    # Bulk creations in flight at once.
     bulk_concurrency: int = 20
+    # Seconds a populate or a refill waits for the refill its pool is already running before it
+    # answers "still being filled; retry later".
     populate_timeout: float = 420.0
+    # Seconds between passes that free the pools of nodes without a live agent and delete
+    # podwire's unbound ports nobody knows (each only once seen on two passes in a row).
     node_cleanup_interval: float = 600.0
+    # Name pooled ports "available-port" and ports in use after their pod, for debugging.
     port_debug: bool = False
+    # The pod driver of nodes whose registration names none: "baremetal" (ports bound to the
+    # node), "nested" (subports of the node's trunk) or "unpooled" (no pool: a port created per
+    # request and deleted on release; "noop", its earlier name, still works and is logged as
+    # deprecated).
     default_driver: str = "baremetal"
     # Rebinds tried for a new port whose binding failed before it is deleted (0: delete at once).
     binding_retries: int = 2
     # Adaptive sizing (controller/sizing.py): per pool, ready ports = learned request rate x
     # measured bulk-create time x headroom, within [min, max]; back to min after idle_ttl.
+    # false: every pool keeps min.
     adaptive: bool = True
     idle_ttl: float = 300.0  # seconds without a request before a pool shrinks to min
     rate_window: float = 2.0  # seconds per rate-averaging window
@@ -115,20 +160,33 @@ class PoolSettings:
             raise ConfigError("pool.rate_smoothing: must be greater than 0 and at most 1")
         if self.headroom < 1:
             raise ConfigError("pool.headroom: must be 1 or more")
-        if self.default_driver not in ("baremetal", "nested", "noop"):
-            raise ConfigError("pool.default_driver: must be baremetal, nested or noop")
+        if self.default_driver not in (*POD_DRIVERS, *RENAMED_POD_DRIVERS):
+            raise ConfigError("pool.default_driver: must be baremetal, nested or unpooled")
 
 
 @dataclass(frozen=True)
 class AgentSettings:
+    """The node agent (docs/agent.md): registration, wiring, security groups, the CNI server."""
+
+    # This node's name as Neutron binds ports to it (binding:host_id); required by the agent,
+    # and a key segment in etcd.
     host: str = ""
+    # The controllers' VIF API; several comma-separated: an unavailable one, or the standby
+    # answering 503, sends the next call to the next.
     controller_url: str = "http://127.0.0.1:7070"
+    # This node's bearer token for the VIF API (controller.node_tokens).
     token: str = ""
+    # The CNI server's unix socket (root only; at most 107 bytes).
     cni_socket: str = "/run/podwire/agent.sock"
+    # Where the agent keeps its checkpoints (cni-attachments.json, memif-attachments.json).
     state_dir: str = "/var/lib/podwire"
+    # Underlay IP for VXLAN; without it the node serves no vxlan ports.
     vtep_ip: str = ""
+    # The interface serving each physnet, ``{ physnet1 = "eth1" }`` (flat and VLAN networks).
     physnet_mappings: dict[str, str] = field(default_factory=dict)
+    # Seconds of the heartbeat lease; at least 2.
     heartbeat_ttl: int = 30
+    # Simulated host: all kernel work in this named network namespace (tests, demo, benches).
     host_netns: str = ""
     # "linux": bridges, VXLAN, veths. "none": registration, desired ports -> wired state and
     # peers only, with no kernel work and no CNI socket (many simulated nodes on one machine).
@@ -192,13 +250,26 @@ class AgentSettings:
 
 @dataclass(frozen=True)
 class DevicePluginSettings:
+    """The memif device plugin for kubelet (docs/deviceplugin.md): inside the agent, or alone as
+    ``podwire device-plugin``, whose flags of the same names override these."""
+
+    # Run the device plugin inside ``podwire agent``.
     enabled: bool = False
+    # The extended resource advertised to kubelet; device ids are ``<last part>-<index>``.
     resource_name: str = "podwire.io/memif"
+    # How many containers can hold a memif at once (1 … 100000); a standalone plugin applies a
+    # change live on SIGHUP.
     devices: int = 100
+    # kubelet's device-plugin directory: the plugin's socket is created there, kubelet's
+    # kubelet.sock is expected there.
     device_plugins_dir: str = "/var/lib/kubelet/device-plugins"
+    # kubelet's PodResources API (v1), to reconcile grants after a restart.
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    # Where the per-container memif socket directories are created.
     memif_host_dir: str = "/var/run/podwire/memif"
+    # Where that directory appears inside the container.
     memif_container_dir: str = "/run/vpp"
+    # The grants' checkpoint file (root only).
     checkpoint: str = "/var/lib/podwire/memif-checkpoint.json"
 
     def validate(self) -> None:
@@ -220,11 +291,12 @@ class MemifSettings:
     enabled: bool = True
     # The master program; empty: the one the set-up built next to the interpreter, or PATH.
     binary: str = ""
-    # Limits a client's setup must respect, or it is refused with the reason logged.
+    # Regions a client may add (1 … 16); a client whose setup passes this or another ``max_*``
+    # limit is refused, with the reason logged.
     max_regions: int = 4
-    max_rings: int = 4  # per direction
-    max_log2_ring: int = 14  # 16384 slots
-    max_region_mb: int = 256
+    max_rings: int = 4  # rings per direction a client may add (1 … 16)
+    max_log2_ring: int = 14  # a client's largest ring, log2 of its slots (1 … 15; 14: 16384)
+    max_region_mb: int = 256  # a client's largest region, MiB (1 … 16384)
     # Seconds a client may take from connecting to "connect" before it is refused.
     handshake_timeout: float = 5.0
     # Microseconds a master keeps polling after the last frame before it sleeps again in
@@ -255,7 +327,11 @@ class MemifSettings:
 
 @dataclass(frozen=True)
 class LogSettings:
+    """Every process's structured log on stderr."""
+
+    # DEBUG, INFO, WARNING or ERROR.
     level: str = "INFO"
+    # "text": ``event key=value`` lines; "json": one JSON object a line.
     format: str = "text"
 
     def validate(self) -> None:

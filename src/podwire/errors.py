@@ -51,10 +51,6 @@ class EtcdCompacted(RetryableError):
         self.compact_revision = compact_revision
 
 
-class ConflictError(RetryableError):
-    """A compare-and-swap lost against a concurrent writer."""
-
-
 class NotLeader(RetryableError):
     """This process lost (or never had) the leadership a fenced write required."""
 
@@ -63,3 +59,20 @@ class NotLeader(RetryableError):
 
 class StackError(PermanentError):
     """The local stack could not be started or stopped; the message says why."""
+
+
+class TapNotAdopted(RetryableError):
+    """podwire's node agent did not take an interface driver's tap onto a bridge in time."""
+
+
+class ForeignDevice(PermanentError):
+    """A device with the name podwire would use exists and is not podwire's: left alone."""
+
+
+class VmError(PermanentError):
+    """A VM image could not be built, a VM could not start, or its guest stopped answering;
+    the message says which and why."""
+
+
+class VmCommandTimeout(VmError):
+    """A command run in a VM's guest did not finish within its time limit."""

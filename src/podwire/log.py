@@ -44,6 +44,35 @@ def get_logger(name: str) -> StructuredLogger:
     return StructuredLogger(name)
 
 
+def _inline_text(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text) if (" " in text or not text) else text
+
+
+def _inline_line(event: str, fields: dict[str, Any]) -> str:
+    return " ".join([event, *(f"{key}={_inline_text(value)}" for key, value in fields.items())])
+
+
+class InlineLogger(StructuredLogger):
+    """For code that runs inside Neutron's processes (the ml2 driver, the interface driver).
+
+    Neutron formats records with oslo.log, which ignores podwire's structured ``fields``; the
+    fields are therefore written into the message itself, so ``ml2.bind.declined host=...
+    reason=...`` reaches Neutron's log whole.
+    """
+
+    def exception(self, event: str, **fields: Any) -> None:
+        self._logger.error(_inline_line(event, fields), exc_info=True)
+
+    def _log(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, _inline_line(event, fields))
+
+
+def get_inline_logger(name: str) -> StructuredLogger:
+    return InlineLogger(name)
+
+
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, "fields", {})

@@ -1,9 +1,8 @@
-"""Fixtures of the agent suite: namespaces cleaned up always, per-test host names."""
+"""Fixtures of the agent suite: per-test host names and agents (namespaces: tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +13,6 @@ from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from tests.agent.harness import HostAgent, plugin_binary
 from tests.agent.netenv import NetEnv
-
-
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates network namespaces")
-
-
-@pytest.fixture
-def netenv() -> Iterator[NetEnv]:
-    _require_root()
-    env = NetEnv()
-    try:
-        yield env
-    finally:
-        env.cleanup()
 
 
 @pytest.fixture

@@ -39,27 +39,3 @@ def desired_value(
         "trunk": None,
     }
     return json.dumps(body).encode()
-
-
-def value_from_neutron(conn: Any, port: Any) -> bytes:
-    network = conn.network.get_network(port.network_id)
-    subnets = {s.id: s for s in conn.network.subnets(network_id=port.network_id)}
-    fixed = [
-        {
-            "ip_address": ip["ip_address"],
-            "subnet_id": ip["subnet_id"],
-            "cidr": subnets[ip["subnet_id"]].cidr,
-            "gateway_ip": subnets[ip["subnet_id"]].gateway_ip,
-        }
-        for ip in port.fixed_ips
-    ]
-    return desired_value(
-        port.id,
-        port.network_id,
-        port.mac_address,
-        fixed,
-        network.provider_network_type,
-        network.provider_segmentation_id,
-        network.provider_physical_network,
-        network.mtu,
-    )

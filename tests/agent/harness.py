@@ -110,6 +110,9 @@ async def acni(
     return CniCall(proc.returncode, out.decode())
 
 
+STOP_TIMEOUT = 30.0
+
+
 @dataclass
 class HostAgent:
     """One agent on one simulated host."""
@@ -168,7 +171,12 @@ class HostAgent:
     async def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+            done, _ = await asyncio.wait({self.task}, timeout=STOP_TIMEOUT)
+            if not done:  # say where it hangs: pytest-timeout would show only threads
+                for task in asyncio.all_tasks():
+                    frames = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack()]
+                    print(f"{task!r}\n    " + "\n    ".join(frames))
+                raise AssertionError(f"agent {self.host} did not stop in {STOP_TIMEOUT} s")
             self.task = None
 
     def conf(self, network: str, version: str = "1.1.0", **extra: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.checkpoint import FILE_NAME
+from podwire.agent.checkpoint import ATTACHMENTS_FILE
 from tests.agent.harness import HostAgent, acni
 from tests.agent.netenv import NetEnv, in_ns, links_in
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.stack
 
 
 def _recorded(agent: HostAgent) -> dict[str, Any]:
-    path = agent.work / f"{agent.host}-state" / FILE_NAME
+    path = agent.work / f"{agent.host}-state" / ATTACHMENTS_FILE
     return json.loads(path.read_text()).get("attachments", {}) if path.exists() else {}
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from podwire import keys
 from podwire.agent import naming
-from podwire.agent.attach import host_mac
 from podwire.agent.binder import Binder, BinderSettings
+from podwire.agent.veth import host_mac
 from podwire.etcd import EtcdClient
 from podwire.netlink import HostNetlink
 from tests.agent.desired_keys import desired_value

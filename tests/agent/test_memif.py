@@ -24,7 +24,6 @@ import pytest
 
 from podwire import keys
 from podwire.agent.memif_master import is_running
-from podwire.agent.memif_state import MemifEntry
 from podwire.config import EtcdSettings
 from podwire.demo import testpmd
 from podwire.demo.testpmd import Testpmd
@@ -33,6 +32,7 @@ from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
 from podwire.schema import nodes
+from podwire.schema.checkpoints import MemifEntry
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, links_in, pings
 from tests.deviceplugin.conftest import make_settings

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from podwire.agent.attach import Plugger, PlugSpec
 from podwire.agent.service import vlan_capable
-from podwire.cni.result import Address
+from podwire.agent.veth import Plugger, PlugSpec
 from podwire.netlink import HostNetlink, PodNetlink
+from podwire.schema.checkpoints import Address
 from tests.agent.netenv import NetEnv, in_ns
 
 pytestmark = pytest.mark.skipif(

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from podwire.agent import naming
-from podwire.agent.attach import Plugger, PlugSpec
 from podwire.agent.policy.enforcer import PolicyNotApplied
-from podwire.cni.result import Address
+from podwire.agent.veth import Plugger, PlugSpec
 from podwire.netlink import HostNetlink, NetlinkFailure, PodNetlink
 from podwire.netlink.nsexec import RtnlContext
 from podwire.netlink.rtnl import RtnlError
+from podwire.schema.checkpoints import Address
 from tests.agent.netenv import NetEnv, in_ns, links_in
 from tests.scripted_agent import eventually
 

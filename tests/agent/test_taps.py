@@ -18,9 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from openstack.exceptions import ConflictException
 
-from podwire.agent.taps import tap_name
 from podwire.config import EtcdSettings
+from podwire.schema.ports import tap_name
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, pings
 from tests.scripted_agent import eventually
@@ -328,3 +329,44 @@ async def test_neutron_agent_ports_are_trusted(
     assert await _pings(nic.guest, pod_ip, True)
     forwarded = in_ns(nic.guest, "ping", "-c1", "-W2", "-I", "10.77.0.248", pod_ip, check=False)
     assert forwarded.returncode == 0, forwarded.stdout
+
+
+async def test_mac_changed_through_neutron_is_enforced_on_the_running_device(
+    enforcing: list[HostAgent],
+    netenv: NetEnv,
+    vxnet: Any,
+    plugin: Path,
+    neutron: Any,
+    project_id: str,
+    web: Any,
+) -> None:
+    """Neutron refuses a new MAC on a bound port (nothing changes on the node); unbound,
+    changed and bound again, the running device is adopted again and port security follows
+    the new MAC: the guest still sending from the old one is dropped, the new one passes."""
+    h1, h2 = enforcing
+    port = _vm_port(neutron, vxnet, project_id, h1.host, [web.id])
+    nic = Nic(netenv, h1.netns, port, "vm")
+    nic.plug()
+    await _status(neutron, port, "ACTIVE")
+    _, pod_ip = await _pod(plugin, h2, netenv, vxnet.id, web.id)
+    assert await _pings(nic.guest, pod_ip, True)
+    new_mac = "fa:16:3e:77:66:55"
+    with pytest.raises(ConflictException, match="port is already bound"):
+        neutron.network.update_port(port.id, mac_address=new_mac)
+    assert await _pings(nic.guest, pod_ip, True)
+
+    neutron.network.update_port(port.id, binding_host_id="")
+    await eventually(_async(lambda: not nic.master()), "the tap released")
+    neutron.network.update_port(port.id, mac_address=new_mac)
+    neutron.network.update_port(port.id, binding_host_id=h1.host)
+    await _status(neutron, port, "ACTIVE")
+    assert not await _pings(nic.guest, pod_ip, False)
+    in_ns(nic.guest, "ip", "link", "set", "eth0", "address", new_mac)
+    assert await _pings(nic.guest, pod_ip, True)
+
+
+def _async(check: Any) -> Any:
+    async def probe() -> Any:
+        return check()
+
+    return probe

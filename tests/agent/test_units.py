@@ -18,14 +18,15 @@ from podwire.agent.controller_vifs import (
     ControllerUnavailable,
     ControllerVifSource,
 )
-from podwire.agent.vifsource import VifRequest
 from podwire.cni import spec
 from podwire.cni.request import PodRef, parse_args, parse_request
-from podwire.cni.result import Address, Attached, render
+from podwire.cni.result import render
 from podwire.cni.spec import CniError
 from podwire.errors import ConfigError, ValidationError
 from podwire.netlink import links
+from podwire.schema.checkpoints import Address, Attached
 from podwire.schema.ports import parse_desired_port as parse_desired
+from podwire.schema.vif import VifRequest
 
 VIF = {
     "v": 1,
@@ -269,21 +270,22 @@ async def test_controller_source_fails_over_to_the_other_controller(
 
 
 def test_checkpoint_survives_reload(tmp_path: Any) -> None:
-    from podwire.agent.checkpoint import Attachment, Checkpoint
+    from podwire.agent.checkpoint import attachments
+    from podwire.schema.checkpoints import Attachment
     from podwire.schema.vif import Vif
 
-    store = Checkpoint(str(tmp_path))
+    store = attachments(str(tmp_path))
     entry = Attachment(
         "c:eth0", "c", "eth0", "n", "/run/netns/x", None, Vif.from_json(VIF), ATTACHED
     )
     asyncio.run(store.put(entry))
     assert oct(os.stat(store.path).st_mode & 0o777) == "0o600"
-    again = Checkpoint(str(tmp_path))
+    again = attachments(str(tmp_path))
     again.load()
     assert again.get("c:eth0") == entry
     store.path.write_text("{broken")
     with pytest.raises(ConfigError, match="damaged"):
-        Checkpoint(str(tmp_path)).load()
+        attachments(str(tmp_path)).load()
 
 
 def args_of(tmp_path: Any) -> list[str]:

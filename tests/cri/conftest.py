@@ -21,7 +21,7 @@ import pytest
 from podwire.agent import naming
 from podwire.cni.install import InstallSpec, conflist, install
 from podwire.config import EtcdSettings
-from tests.agent.conftest import hostnames, netenv  # noqa: F401  (fixtures used here)
+from tests.agent.conftest import hostnames  # noqa: F401  (a fixture used here)
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, links_in, sh
 from tests.cri.containerd import Containerd
@@ -106,7 +106,7 @@ def pause_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 async def node(
     pause_image: Path,
-    netenv: NetEnv,  # noqa: F811
+    netenv: NetEnv,
     hostnames: list[str],  # noqa: F811
     etcd_settings: EtcdSettings,
     neutron_endpoint: str,

@@ -168,9 +168,6 @@ class Containerd:
         text = self.log_files[-1].read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 
-    def log_text(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in self.log_files if p.exists())
-
     def write_conflist(self, conflist: dict[str, Any]) -> Path:
         """Make ``conflist`` the only one (written atomically: the CRI watches the dir)."""
         path = self.conf_dir / f"10-{conflist['name']}.conflist"

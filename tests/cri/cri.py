@@ -41,13 +41,6 @@ class Cri:
     async def version(self) -> Any:
         return await self._stub.Version(pb.VersionRequest(version="v1"), timeout=self.timeout)
 
-    async def network_ready(self) -> tuple[bool, str]:
-        status = await self._stub.Status(pb.StatusRequest(), timeout=self.timeout)
-        for cond in status.status.conditions:
-            if cond.type == "NetworkReady":
-                return cond.status, f"{cond.reason}: {cond.message}"
-        return False, "no NetworkReady condition"
-
     async def loaded_networks(self) -> list[Any]:
         """The CNI network configs the CRI has loaded (from its verbose status)."""
         status = await self._stub.Status(pb.StatusRequest(verbose=True), timeout=self.timeout)

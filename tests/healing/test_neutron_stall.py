@@ -24,8 +24,8 @@ import pytest
 from podwire.config import EtcdSettings
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect
-from podwire.stack.client import neutron_connection, start_background, stop_background
+from podwire.neutron.client import connect, neutron_connection
+from podwire.stack.client import start_background, stop_background
 from tests.controller.conftest import ScriptedNodes, request_vif, settings_for, vif_body
 from tests.scripted_agent import eventually
 

@@ -31,8 +31,8 @@ from packaging.specifiers import SpecifierSet
 
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
+from podwire.neutron.client import neutron_connection
 from podwire.stack import procs
-from podwire.stack.client import neutron_connection
 from podwire.stack.etcd_server import EtcdServer
 from podwire.stack.mariadb import MariaDB
 from podwire.stack.netutil import free_port, http_ok, wait_until

@@ -14,7 +14,7 @@ from podwire.ml2 import feedback as feedback_module
 from podwire.ml2.binding import Binding, Decline, Segment, decide
 from podwire.ml2.feedback import Feedback
 from podwire.ml2.forwarder import batch_ops
-from podwire.ml2.host_cache import Change, HostCache
+from podwire.ml2.host_cache import HostCache, StateChange
 from podwire.ml2.journal import Entry
 from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort, FixedIp, TrunkInfo, parse_desired_port
@@ -86,12 +86,12 @@ def test_cache_tracks_hosts_and_reports_changes() -> None:
     assert state.alive and state.physnets == {"physnet1": "eth1"} and state.vtep == "192.0.2.10"
     port_key = keys.state_port(HOST, "port-1")
     assert cache.apply("put", port_key, values.port_state_value(2.0)) == [
-        Change("port_wired", HOST, "port-1")
+        StateChange("port_wired", HOST, "port-1")
     ]
     assert cache.wired_ports() == [(HOST, "port-1")]
-    assert cache.apply("delete", keys.state_alive(HOST), b"") == [Change("host_down", HOST)]
+    assert cache.apply("delete", keys.state_alive(HOST), b"") == [StateChange("host_down", HOST)]
     assert not cache.get(HOST).alive and cache.dead_hosts() == [HOST]
-    assert cache.apply("delete", port_key, b"") == [Change("port_unwired", HOST, "port-1")]
+    assert cache.apply("delete", port_key, b"") == [StateChange("port_unwired", HOST, "port-1")]
     assert cache.apply("delete", port_key, b"") == []
 
 
@@ -99,7 +99,9 @@ def test_cache_treats_malformed_values_as_absent() -> None:
     cache = fed_cache()
     assert cache.apply("put", keys.state_physnet(HOST, "physnet1"), b"{bad") == []
     assert cache.get(HOST).physnets == {}
-    assert cache.apply("put", keys.state_alive(HOST), b'{"v": 9}') == [Change("host_down", HOST)]
+    assert cache.apply("put", keys.state_alive(HOST), b'{"v": 9}') == [
+        StateChange("host_down", HOST)
+    ]
     assert cache.apply("put", keys.state_port(HOST, "p"), b'{"v": 1, "wired_at": "x"}') == []
     assert cache.wired_ports() == []
     assert cache.apply("put", "/podwire/state/nodes/h/unknown/x", b"{}") == []
@@ -181,7 +183,7 @@ async def test_feedback_retries_a_failed_neutron_call(monkeypatch: pytest.Monkey
     feedback = Feedback(None, fed_cache(), sink, is_active=lambda: True)  # type: ignore[arg-type]
     async with asyncio.TaskGroup() as group:  # what run() gives its retries
         feedback._group = group
-        await feedback._act([Change("port_wired", HOST, "port-1")])
+        await feedback._act([StateChange("port_wired", HOST, "port-1")])
         assert sink.completed == []
         async with asyncio.timeout(10):
             while not sink.completed:

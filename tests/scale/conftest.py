@@ -10,7 +10,8 @@ import pytest
 
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
-from podwire.stack.client import neutron_connection, start_background, stop_background
+from podwire.neutron.client import neutron_connection
+from podwire.stack.client import start_background, stop_background
 from tests.scale.cluster import CLUSTER_ARGS, Cluster
 
 

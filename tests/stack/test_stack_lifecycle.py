@@ -137,3 +137,48 @@ def test_version() -> None:
     result = subprocess.run([*PODWIRE, "--version"], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("podwire ")
     assert sys.executable
+
+
+def _uid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid in /proc/{pid}/status")
+
+
+@pytest.mark.slow
+def test_rpc_bus_runs_private_and_leaves_nothing_behind(work_dir: Path) -> None:
+    import pwd
+
+    from podwire.stack.netutil import port_open
+
+    data_dir = work_dir / "lifecycle-rpc"
+    proc, info = start_stack(data_dir, extra=("--rpc",))
+    bus_ports = [info["ports"][name] for name in ("rabbitmq", "rabbitmq_dist", "epmd")]
+    try:
+        assert info["transport_url"] == f"rabbit://guest:guest@127.0.0.1:{bus_ports[0]}/"
+        rabbitmq = pwd.getpwnam("rabbitmq").pw_uid
+        assert _uid(info["pids"]["rabbitmq"]) == rabbitmq and _uid(info["pids"]["epmd"]) == rabbitmq
+        listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True).stdout
+        for port in bus_ports:  # every socket of the bus on loopback only
+            bound = [line.split()[3] for line in listening.splitlines() if f":{port} " in line]
+            assert bound and all(a.startswith(("127.0.0.1:", "[::1]:")) for a in bound), bound
+        assert (data_dir / "rabbitmq" / ".erlang.cookie").stat().st_uid == rabbitmq
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # a crash: neither the broker nor its epmd survive
+    proc.wait()
+    assert wait_gone([pid for name, pid in info["pids"].items() if name != "supervisor"])
+    deadline = time.monotonic() + 30
+    while any(port_open(port) for port in bus_ports) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(port_open(port) for port in bus_ports)
+    assert run_cli("stack", "down", "--data-dir", str(data_dir)).returncode == 0
+
+    # Without --rpc the same data dir is today's stack: no bus, no transport_url.
+    proc, plain = start_stack(data_dir)
+    try:
+        assert "transport_url" not in plain
+        assert not {"rabbitmq", "epmd", "rpc-server"} & set(plain["pids"])
+    finally:
+        assert run_cli("stack", "down", "--data-dir", str(data_dir)).returncode == 0
+        proc.wait(timeout=60)

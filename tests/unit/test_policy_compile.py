@@ -256,10 +256,30 @@ def test_bad_values_never_raise_and_never_allow(changes: dict[str, Any], garbage
     elements = compiled.ruleset.sets[("inet", f"{policy_name((SG,))}_in4")].elements
     assert "0.0.0.0/0 . 6 . 22" in elements  # the good rule stays enforced
     parsed = store.groups[SG].rules
-    # whatever was left out, nothing beyond what the parsed rules say is admitted
-    assert len(parsed) in (1, 2)
-    if len(parsed) == 1:
+    assert parsed[0].rule_id == _rule_id(1) and len(parsed) in (1, 2)
+    if len(parsed) == 1:  # the bad rule was left out, and said so
         assert store.problems[key]
+    else:  # it was valid: read with every restriction it states, none dropped
+        raw, accepted = _rule_like(changes), parsed[1]
+        assert (accepted.rule_id, accepted.direction, accepted.ethertype) == (
+            raw["id"],
+            raw["direction"],
+            raw["ethertype"],
+        )
+        assert (accepted.port_min, accepted.port_max) == (
+            raw.get("port_range_min"),
+            raw.get("port_range_max"),
+        )
+        assert (accepted.protocol is None) == (raw.get("protocol") is None)
+        assert (accepted.remote_ip_prefix is None) == (raw.get("remote_ip_prefix") is None)
+        assert accepted.remote_group_id == raw.get("remote_group_id")
+    # Nothing beyond what the parsed rules say is admitted: the garbage changed no set or chain
+    # of the ruleset that exactly those rules compile to.
+    alone = PolicyStore()
+    alone.apply(WatchEvent("put", key, store.groups[SG].encode().encode(), 1))
+    expected = alone.inputs()
+    expected.ports = [_port()]
+    assert compiled.ruleset == compile_ruleset(expected).ruleset
 
 
 def test_status_shows_enforcement_per_node() -> None:

@@ -1,4 +1,4 @@
-"""The one Neutron port -> VIF conversion (controller pools and the agent's noop source).
+"""The one Neutron port -> VIF conversion (controller pools, the agent's neutron VIF source).
 
 Unit tests of its rules on plain objects; the real-stack tests of both paths (the controller's
 and the agent's ``vif_source = "neutron"``) go through the same function.

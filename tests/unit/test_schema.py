@@ -245,6 +245,11 @@ def test_capabilities_carry_the_pod_driver() -> None:
         nodes.parse_capabilities(nodes.capabilities_value(["veth"], ["flat"], "magic"))
 
 
+def test_a_pod_driver_registered_under_its_earlier_name_reads_as_its_new_one() -> None:
+    raw = nodes.capabilities_value(["veth"], ["vxlan"], "noop")
+    assert nodes.parse_capabilities(raw).pod_driver == "unpooled"
+
+
 def test_leader_values_in_both_forms() -> None:
     assert records.parse_leader(records.leader_value("ctl-1")) == "ctl-1"
     assert records.parse_leader(b"neutron-host:1234") == "neutron-host:1234"

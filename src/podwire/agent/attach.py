@@ -1,260 +1,106 @@
-"""Plugging a pod in and out: the veth (or, nested, a VLAN sub-interface) and its addresses.
+"""One way to attach a port on this node, whatever makes its host interface.
 
-Plugging runs as one job on a host netlink worker with the lean rtnetlink sockets (the pod side
-through a socket opened inside the pod's namespace); CHECK and nested clean-up use pyroute2.
-``plug`` removes what it created if a later step fails, so a failed ADD leaves nothing behind.
+Every port ends as a host interface on its network's bridge: a pod's veth (``veth.py``), the
+tap a memif master feeds (``memif.py``), or a device someone else made and the agent adopts
+(a VM's or a Neutron agent's, ``taps.py``). The steps they share live here, once:
+
+1. ``wiring``: the port is wired on this host — with exactly the VIF's security groups when
+   the VIF came from a request (a pooled port the controller moved to other groups is
+   enforced with the new ones, never the old) — and from that come the network's bridge, the
+   lower of the two MTUs, and the interface addresses.
+2. ``attach``: the port's rules are put in force for the host interface's name while the
+   kind's plug runs; the plug lets frames pass only once they are (its ``gate``), so no frame
+   is ever unfiltered; a failure of either forgets the rules and is raised, with the plug's
+   own clean-up done.
+
+What differs per kind is only its plug (a coroutine function of the gate). What a caller
+keeps (the checkpoint, the VIF to release) stays the caller's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
-import os
-import threading
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from podwire.agent import naming
-from podwire.cni.result import Address, Attached
-from podwire.errors import PodwireError
-from podwire.log import get_logger
-from podwire.netlink import HostNetlink, PodNetlink, is_netns, links
-from podwire.netlink.nsexec import RtnlContext, open_netns
-from podwire.netlink.rtnl import RtnlError, VethSpec
+from podwire.agent.binder import Binder
+from podwire.agent.ports import PortFilter
+from podwire.schema.checkpoints import Address
+from podwire.schema.ports import DesiredPort, FixedIp
+from podwire.schema.vif import Vif
 
-log = get_logger(__name__)
+T = TypeVar("T")
+Gate = asyncio.Future[None]
 
 
 @dataclass(frozen=True)
-class PlugSpec:
-    attachment: str
-    netns: str
-    ifname: str
-    mac: str
-    mtu: int
+class Wiring:
+    """What a port's host interface needs, resolved from its wired desired value."""
+
+    port: DesiredPort
     bridge: str
+    mtu: int
     addresses: tuple[Address, ...]
 
 
-def _plug_veth(
-    ctx: RtnlContext,
-    spec: PlugSpec,
-    host_name: str,
-    host_mac: str,
-    gate: threading.Event | None,
-) -> bool:
-    """The whole veth ADD in one worker job: create, then configure the pod end; a failure
-    after the veth exists removes it (deleting the host end takes the pod end with it).
-    With ``gate``, the host end is born down and comes up here only if the gate is open by
-    now; returns whether the host end is up."""
-    fd = open_netns(spec.netns)
-    try:
-        veth = VethSpec(
-            host_name,
-            host_mac,
-            spec.ifname,
-            spec.mac,
-            fd,
-            spec.mtu,
-            ctx.host.require_index(spec.bridge),
-            gate is None,
-        )
+# One kind of host interface: it must not let a frame through before the gate is done (None:
+# enforcement is off), and removes what it made if it fails.
+Plug = Callable[[Gate | None], Awaitable[T]]
+
+
+def addresses_of(fixed_ips: Iterable[FixedIp]) -> tuple[Address, ...]:
+    return tuple(Address(ip.interface, ip.gateway_ip) for ip in fixed_ips)
+
+
+async def gate_open(gate: Gate | None) -> None:
+    """For plugs that make their interface only once the rules are in force."""
+    if gate is not None:
+        await gate
+
+
+class Attacher:
+    def __init__(self, binder: Binder, port_filter: PortFilter | None) -> None:
+        self._binder = binder
+        self.filter = port_filter
+
+    async def wiring(self, vif: Vif, deadline: float) -> Wiring:
+        groups = vif.security_groups if self.filter is not None else None
+        port = await self._binder.wait_wired(vif.port_id, _left(deadline), groups)
+        return self.wiring_of(port, vif.mtu)
+
+    def wiring_of(self, port: DesiredPort, mtu: int | None = None) -> Wiring:
+        plan = self._binder.plan_for(port.network_id)
+        bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
+        mtu = port.mtu if mtu is None else min(port.mtu, mtu)
+        return Wiring(port, bridge, mtu, addresses_of(port.fixed_ips))
+
+    async def attach(self, port: DesiredPort, ifname: str, plug: Plug[T], deadline: float) -> T:
+        """``plug`` with the port's rules in force for ``ifname`` before a frame passes."""
+        enforced = self._enforce(port, ifname, deadline)
         try:
-            ctx.host.add_veth(veth)
-        except RtnlError as exc:
-            if exc.code != errno.EEXIST:
-                raise
-            # A leftover of a crashed ADD (same derived name): replace it, if it is ours.
-            if _own_veth(ctx, host_name, host_mac) is not False:
-                ctx.host.delete_link(host_name)
-            ctx.host.add_veth(veth)
-        try:
-            ctx.host.set_alias(host_name, naming.MARK)
-            _configure_in(ctx, fd, spec)
-            if gate is not None and gate.is_set():
-                _host_end_up(ctx, host_name)
-                return True
+            return await plug(enforced)
         except BaseException:
-            ctx.host.delete_link(host_name)
+            self.forget(port.port_id)
             raise
-    finally:
-        os.close(fd)
-    return gate is None
+        finally:
+            if enforced is not None:
+                enforced.cancel()  # a no-op once done; a plug that failed first stops it
+
+    def forget(self, port_id: str) -> None:
+        """The port's host interface is gone for good: its rules go with the next change."""
+        if self.filter is not None:
+            self.filter.forget(port_id)
+
+    def _enforce(self, port: DesiredPort, ifname: str, deadline: float) -> Gate | None:
+        if self.filter is None:
+            return None
+        enforced = asyncio.ensure_future(self.filter.enforce(port, ifname, _left(deadline)))
+        # A failure after the plug already failed is not the caller's error: retrieved here.
+        enforced.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return enforced
 
 
-def _host_end_up(ctx: RtnlContext, host_name: str) -> None:
-    ctx.host.set_up(ctx.host.require_index(host_name))
-
-
-def _open_if_done(gate: asyncio.Future[None], opened: threading.Event) -> None:
-    """Opened only by a gate that succeeded."""
-    if not gate.cancelled() and gate.exception() is None:
-        opened.set()
-
-
-def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
-    """Inside the pod: link up, addresses, a default route via each address's gateway."""
-    pod = ctx.in_netns(netns_fd)
-    try:
-        index = pod.require_index(spec.ifname)
-        pod.set_up(index)
-        for item in spec.addresses:
-            pod.add_address(index, item.address)
-        for item in spec.addresses:
-            if item.gateway is not None:
-                pod.add_default_route(index, item.gateway)
-    finally:
-        pod.close()
-
-
-def _configure_pod(ctx: RtnlContext, spec: PlugSpec) -> None:
-    fd = open_netns(spec.netns)
-    try:
-        _configure_in(ctx, fd, spec)
-    finally:
-        os.close(fd)
-
-
-def _own_veth(ctx: RtnlContext, name: str, mac: str) -> bool | None:
-    """Whether the host veth ``name`` is podwire's: marked, or with the MAC podwire derives
-    for it (veths of agents from before marks). None when there is no such link."""
-    found = ctx.host.link_state(name)
-    if found is None:
-        return None
-    return naming.is_marked(found.alias) or found.mac == mac
-
-
-def _delete_own_veth(ctx: RtnlContext, name: str, mac: str) -> bool:
-    """Remove the attachment's host veth if it is ours; a foreign link of that name stays."""
-    owned = _own_veth(ctx, name, mac)
-    if owned is False:
-        log.warning("agent.veth.foreign_left_alone", interface=name)
-    return bool(owned) and ctx.host.delete_link(name)
-
-
-def _derived_ids(attachment: str) -> list[str]:
-    """The ids a veth of this attachment may be named by: the current one, and the
-    ``<container>.<ifname>`` form agents before 0.2 derived names from (no record of it may be
-    left after a crash)."""
-    return [attachment, attachment.replace(":", ".", 1)] if ":" in attachment else [attachment]
-
-
-def host_mac(attachment: str) -> str:
-    """A stable, locally administered unicast MAC for the host end (no read-back needed)."""
-    digest = hashlib.sha256(b"podwire-host:" + attachment.encode()).digest()
-    return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
-
-
-def _add_vlan(ipr: Any, spec: PlugSpec, uplink: str, vlan_id: int) -> None:
-    fd = open_netns(spec.netns)
-    try:
-        links.add_vlan(ipr, spec.ifname, uplink, vlan_id, spec.mac, spec.mtu, fd)
-    finally:
-        os.close(fd)
-
-
-def planned(spec: PlugSpec, uplink: str = "") -> Attached:
-    """What ``plug`` (or, with the ``uplink``, ``plug_nested``) makes of ``spec``: known
-    before it runs, so the checkpoint can record it meanwhile."""
-    return Attached(
-        host_ifname=uplink or naming.host_veth(spec.attachment),
-        host_mac="" if uplink else host_mac(spec.attachment),
-        ifname=spec.ifname,
-        mac=spec.mac,
-        mtu=spec.mtu,
-        sandbox=spec.netns,
-        addresses=spec.addresses,
-    )
-
-
-def is_nested(attached: Attached) -> bool:
-    return not attached.host_mac
-
-
-class Plugger:
-    def __init__(self, host_nl: HostNetlink, pod_nl: PodNetlink) -> None:
-        self._host = host_nl
-        self._pod = pod_nl
-
-    async def plug(self, spec: PlugSpec, gate: asyncio.Future[None] | None = None) -> Attached:
-        """With ``gate`` (the port's rules being put in force), the host end is born down, so
-        no frame crosses it, and comes up once ``gate`` is done: the two overlap instead of
-        running one after the other, and when the rules were first (the usual case) the same
-        netlink job brings the host end up. A failure of either removes the veth and is
-        raised."""
-        host_name = naming.host_veth(spec.attachment)
-        mac = host_mac(spec.attachment)
-        opened = None
-        if gate is not None:
-            opened = threading.Event()
-            if gate.done():
-                _open_if_done(gate, opened)
-            else:
-                gate.add_done_callback(lambda done: _open_if_done(done, opened))
-        up = await self._host.run_rtnl(_plug_veth, spec, host_name, mac, opened)
-        if gate is not None:
-            try:
-                await gate
-                if not up:
-                    await self._host.run_rtnl(_host_end_up, host_name)
-            except BaseException:
-                await self._host.run_teardown(_delete_own_veth, host_name, mac)
-                raise
-        return planned(spec)
-
-    async def plug_nested(self, spec: PlugSpec, uplink: str, vlan_id: int) -> Attached:
-        """Nested mode (the node is a VM on a trunk): the pod interface is a VLAN
-        sub-interface of the uplink, with the subport's VLAN id and MAC, born in the pod."""
-        await self._host.run(_add_vlan, spec, uplink, vlan_id)
-        try:
-            await self._host.run_rtnl(_configure_pod, spec)
-        except PodwireError:
-            await self._pod.run(spec.netns, links.remove_link, spec.ifname)
-            raise
-        return planned(spec, uplink)
-
-    async def unplug(self, attachment: str, attached: Attached | None = None) -> bool:
-        """Remove the veth by its host end (works when the pod namespace is gone already);
-        a nested VLAN interface lives only in the pod, and goes with its namespace."""
-        if attached is not None and is_nested(attached):
-            if not is_netns(attached.sandbox):
-                return False
-            return await self._pod.run(attached.sandbox, links.remove_link, attached.ifname)
-        if attached is not None:  # the recorded name and MAC: right for any agent version
-            return await self._host.run_teardown(
-                _delete_own_veth, attached.host_ifname, attached.host_mac
-            )
-        removed = False
-        for derived in _derived_ids(attachment):
-            name, mac = naming.host_veth(derived), host_mac(derived)
-            removed = await self._host.run_teardown(_delete_own_veth, name, mac) or removed
-        return removed
-
-    async def check(self, attached: Attached, bridge: str) -> str | None:
-        """None when the attachment is as ADD left it, else what is wrong."""
-        if not is_nested(attached):
-            problem = await self._check_host(attached, bridge)
-            if problem is not None:
-                return problem
-        if not is_netns(attached.sandbox):
-            return f"network namespace {attached.sandbox} is gone"
-        found = await self._pod.run(attached.sandbox, links.pod_addresses, attached.ifname)
-        if found is None:
-            return f"interface {attached.ifname} is missing in {attached.sandbox}"
-        link, addresses = found
-        if link.mac != attached.mac:
-            return f"interface {attached.ifname} has MAC {link.mac}, expected {attached.mac}"
-        missing = {a.address for a in attached.addresses} - addresses
-        if missing:
-            return f"interface {attached.ifname} lacks addresses {sorted(missing)}"
-        return None
-
-    async def _check_host(self, attached: Attached, bridge: str) -> str | None:
-        host = await self._host.run(links.get_link, attached.host_ifname)
-        if host is None:
-            return f"host interface {attached.host_ifname} is missing"
-        master = await self._host.run(links.get_link, bridge)
-        if master is None or host.master != master.index:
-            return f"host interface {attached.host_ifname} is not attached to bridge {bridge}"
-        return None
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - asyncio.get_running_loop().time())

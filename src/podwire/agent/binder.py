@@ -285,7 +285,8 @@ class Binder:
 
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(ready), within)
+                async with asyncio.timeout(within):
+                    await self._changed.wait_for(ready)
             except TimeoutError as exc:
                 if not ready():  # it may have come while the time-out took the lock back
                     raise self._not_wired(port_id, within, wanted) from exc

@@ -1,163 +1,105 @@
-"""The agent's local record of pod attachments; it survives agent restarts.
+"""The agent's local record of what it plugged; it survives agent restarts.
 
-DEL must work after a restart (and with the pod's namespace gone), and a repeated ADD must
-return the same result, so every attachment is written here before ADD answers. Writes go to a
-temp file renamed over the old one: the file is always the old or the new state.
+One store for each of its files (``schema/checkpoints.py`` has their entries and readers): the
+pod attachments and the memifs. Every change is written (``files.StateFile``: atomic,
+group-committed) before the answer that depends on it. A damaged file stops the agent with a
+message, since starting empty would forget live pods; a bad entry is logged and skipped.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from podwire.cni.result import Attached
 from podwire.errors import ConfigError, ValidationError
-from podwire.files import atomic_write
+from podwire.files import StateFile
 from podwire.log import get_logger
-from podwire.schema import doc, fields
-from podwire.schema.vif import Vif
+from podwire.schema import checkpoints, doc
+from podwire.schema.checkpoints import Attachment, MemifEntry
 
 log = get_logger(__name__)
 
-FILE_NAME = "cni-attachments.json"
-MAX_FILE = 256 << 20
+ATTACHMENTS_FILE = "cni-attachments.json"
+MEMIFS_FILE = "memif-attachments.json"
 
 
-@dataclass(frozen=True)
-class Attachment:
-    attachment: str
-    container_id: str
-    ifname: str
-    network_name: str
-    netns: str
-    pod: dict[str, str] | None
-    vif: Vif
-    attached: Attached
+class _Recorded(Protocol):
+    @property
+    def attachment(self) -> str: ...
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "container_id": self.container_id,
-            "ifname": self.ifname,
-            "network_name": self.network_name,
-            "netns": self.netns,
-            "pod": self.pod,
-            "vif": self.vif.to_json(),
-            "attached": self.attached.to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, attachment: str, raw: Any) -> Attachment:
-        if not isinstance(raw, dict):
-            raise ValidationError(f"checkpoint entry {attachment}: expected an object")
-        try:
-            return cls(
-                attachment=attachment,
-                container_id=fields.container_id(raw["container_id"], f"{attachment}: container"),
-                ifname=fields.ifname(raw["ifname"], f"{attachment}: ifname"),
-                network_name=str(raw["network_name"]),
-                netns=str(raw["netns"]),
-                pod=raw.get("pod"),
-                vif=Vif.from_json(raw["vif"]),
-                attached=Attached.from_json(raw["attached"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValidationError(f"checkpoint entry {attachment}: {exc}") from exc
+    def to_json(self) -> dict[str, Any]: ...
 
 
-def _canonical(entry: Attachment) -> Attachment:
-    canonical = fields.attachment_id(entry.container_id, entry.ifname)
-    return (
-        entry if entry.attachment == canonical else dataclasses.replace(entry, attachment=canonical)
-    )
+E = TypeVar("E", bound=_Recorded)
 
 
-class StateFile:
-    """One of the agent's checkpoint files: a versioned object whose ``section`` maps ids to
-    entries. A damaged file stops the agent with a message (the operator decides: starting
-    empty would forget live pods); writes are atomic and group-committed, so changes made while
-    a write is in flight share the next one and a burst of ADDs pays a few fsyncs, not one each.
-    """
+class EntryStore(Generic[E]):
+    """Entries by attachment id, in one section of one state file."""
 
-    def __init__(self, path: Path, what: str, section: str, max_bytes: int) -> None:
+    def __init__(
+        self, path: Path, what: str, section: str, read: Callable[[str, Any], E], max_bytes: int
+    ) -> None:
+        self.file = StateFile(path, what, max_bytes)
         self.path = path
-        self._what, self._section, self._max = what, section, max_bytes
-        self._lock = asyncio.Lock()
-        self._changes = 0  # bumped by every change
-        self._written = 0  # the change count the file on disk reflects
+        self._section = section
+        self._read = read
+        self.entries: dict[str, E] = {}
 
-    def read(self) -> dict[str, Any]:
-        """The raw entries by id; empty when there is no file yet."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise ConfigError(f"agent.state_dir: cannot read {self.path}: {exc}") from exc
-        try:
-            body = doc.decode_versioned(text, self._what, self._max)
-            return doc.as_object(body.get(self._section, {}), f"{self._what}: {self._section}")
-        except ValidationError as exc:
-            raise ConfigError(
-                f"{self._what} {self.path} is damaged ({exc}); move it away to start empty"
-            ) from exc
-
-    def write(self, items: dict[str, Any]) -> None:
-        body = {"v": doc.SCHEMA_VERSION, self._section: items}
-        atomic_write(self.path, json.dumps(body, sort_keys=True).encode())
-
-    async def persist(self, snapshot: Callable[[], dict[str, Any]]) -> None:
-        """Return once the file holds the caller's change (``snapshot`` gives every entry)."""
-        self._changes += 1
-        mine = self._changes
-        async with self._lock:
-            if self._written >= mine:
-                return
-            covered, items = self._changes, snapshot()
-            await asyncio.to_thread(self.write, items)
-            self._written = covered
-
-
-class Checkpoint:
-    def __init__(self, state_dir: str) -> None:
-        self.file = StateFile(Path(state_dir) / FILE_NAME, "checkpoint", "attachments", MAX_FILE)
-        self.path = self.file.path
-        self.entries: dict[str, Attachment] = {}
-
-    def load(self) -> None:
-        migrated = 0
-        for key, raw in self.file.read().items():
+    def load(self) -> int:
+        """Read the file; returns how many entries were stored under another id than their
+        canonical one (rewritten under it now)."""
+        renamed = 0
+        for key, raw in self._raw_entries().items():
             try:
-                entry = _canonical(Attachment.from_json(key, raw))
+                entry = self._read(key, raw)
             except ValidationError as exc:
-                log.error("agent.checkpoint.bad_entry", entry=key, error=str(exc))
+                log.error("agent.checkpoint.bad_entry", file=str(self.path), error=str(exc))
                 continue
             self.entries[entry.attachment] = entry
-            migrated += entry.attachment != key
-        if migrated:
-            # Entries from before ``<container>:<ifname>`` ids: stored under the new ids now.
-            self.file.write(self._items())
-            log.info("agent.checkpoint.migrated", entries=migrated)
+            renamed += entry.attachment != key
+        if renamed:
+            self.file.write(self._body())
+            log.info("agent.checkpoint.migrated", file=str(self.path), entries=renamed)
+        return renamed
 
-    def ports(self) -> dict[str, str]:
-        """attachment -> the port id its VIF holds."""
-        return {key: entry.vif.port_id for key, entry in self.entries.items()}
+    def _raw_entries(self) -> dict[str, Any]:
+        try:
+            body = self.file.read()
+        except OSError as exc:
+            raise ConfigError(f"agent.state_dir: cannot read {self.path}: {exc}") from exc
+        except ValidationError as exc:
+            raise ConfigError(f"{exc}; move {self.path} away to start empty") from exc
+        if body is None:
+            return {}
+        try:
+            return doc.as_object(body.get(self._section, {}), f"{self.file.what}: section")
+        except ValidationError as exc:
+            raise ConfigError(f"{exc}; move {self.path} away to start empty") from exc
 
-    def get(self, attachment: str) -> Attachment | None:
+    def get(self, attachment: str) -> E | None:
         return self.entries.get(attachment)
 
-    async def put(self, entry: Attachment) -> None:
+    async def put(self, entry: E) -> None:
         self.entries[entry.attachment] = entry
-        await self.file.persist(self._items)
+        await self.file.persist(self._body)
 
     async def remove(self, attachment: str) -> None:
         if self.entries.pop(attachment, None) is not None:
-            await self.file.persist(self._items)
+            await self.file.persist(self._body)
 
-    def _items(self) -> dict[str, Any]:
-        return {key: entry.to_json() for key, entry in self.entries.items()}
+    def _body(self) -> dict[str, Any]:
+        return {self._section: {key: entry.to_json() for key, entry in self.entries.items()}}
+
+
+def attachments(state_dir: str) -> EntryStore[Attachment]:
+    path = Path(state_dir) / ATTACHMENTS_FILE
+    return EntryStore(
+        path, f"checkpoint {path}", "attachments", checkpoints.attachment_entry, 256 << 20
+    )
+
+
+def memifs(state_dir: str) -> EntryStore[MemifEntry]:
+    """Root-only, like the device plugin's checkpoint that holds the same secrets."""
+    path = Path(state_dir) / MEMIFS_FILE
+    return EntryStore(path, f"memif checkpoint {path}", "memifs", checkpoints.memif_entry, 64 << 20)

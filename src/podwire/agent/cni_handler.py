@@ -16,15 +16,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from podwire.agent import naming
-from podwire.agent.attach import Plugger, PlugSpec, planned
-from podwire.agent.binder import Binder, PortVanished
-from podwire.agent.checkpoint import Attachment, Checkpoint
-from podwire.agent.memif import MemifPlan, MemifService
-from podwire.agent.memif_state import MEMIF_IFNAME, MemifEntry
+from podwire.agent.attach import Attacher, addresses_of
+from podwire.agent.binder import PortVanished
+from podwire.agent.checkpoint import EntryStore
+from podwire.agent.memif import MEMIF_IFNAME, MemifPlan, MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
-from podwire.agent.ports import PortFilter
-from podwire.agent.vifsource import VifRequest, VifSource
+from podwire.agent.veth import Plugger, PlugSpec, planned
+from podwire.agent.vifsource import VifSource, vif_request
 from podwire.cni import spec
 from podwire.cni.request import (
     CniRequest,
@@ -33,13 +32,13 @@ from podwire.cni.request import (
     parse_request,
     valid_attachments,
 )
-from podwire.cni.result import Address, Attached, add_memif, render
+from podwire.cni.result import add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.netlink import NotANamespace, host_netns_files, is_netns, same_netns
 from podwire.schema import doc, fields
-from podwire.schema.ports import DesiredPort
+from podwire.schema.checkpoints import Attached, Attachment, MemifEntry
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
@@ -63,22 +62,20 @@ class CniHandler:
         self,
         settings: HandlerSettings,
         vifs: VifSource,
-        binder: Binder,
+        attacher: Attacher,
         plugger: Plugger,
-        checkpoint: Checkpoint,
+        checkpoint: EntryStore[Attachment],
         ready: ReadyCheck,
         pods: PodReleaser | None = None,
         metrics: AgentMetrics | None = None,
         memif: MemifService | None = None,
-        policy: PortFilter | None = None,
     ) -> None:
         self._settings = settings
         self._host_namespaces = host_netns_files(settings.host_netns)
         self._memif = memif
-        self._policy = policy
         self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
-        self._binder = binder
+        self._attacher = attacher
         self._plugger = plugger
         self._checkpoint = checkpoint
         self._ready = ready
@@ -163,7 +160,10 @@ class CniHandler:
         if req.pod is not None and self._pods is not None:
             self._pods.cancel(req.pod.namespace, req.pod.name)
         deadline = asyncio.get_running_loop().time() + self._settings.add_timeout
-        vif = existing.vif if existing is not None else await self._request_vif(req, deadline)
+        if existing is not None:
+            vif = existing.vif
+        else:
+            vif = await self._vifs.request(vif_request(req, req.attachment), deadline)
         requested = existing is None  # whether this ADD holds the VIF (and releases it)
         try:
             for attempt in range(MAX_VANISHED + 1):
@@ -174,29 +174,16 @@ class CniHandler:
                     if attempt == MAX_VANISHED:
                         raise
                     log.info("agent.cni.port_vanished", attachment=req.attachment, error=str(exc))
-                    vif = await self._request_vif(req, deadline, replaces=vif.port_id)
+                    again = vif_request(req, req.attachment, replaces=vif.port_id)
+                    vif = await self._vifs.request(again, deadline)
                     requested = True
             memif = await self._memif.attach(MemifPlan(req, deadline)) if self._memif else None
         except BaseException:
-            if self._policy is not None:
-                self._policy.forget(vif.port_id)
+            self._attacher.forget(vif.port_id)
             await self._rollback(req.attachment, vif if requested else None)
             raise
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
         return self._result(req, entry, memif)
-
-    def _enforce(
-        self, port: DesiredPort, attachment: str, deadline: float
-    ) -> asyncio.Future[None] | None:
-        if self._policy is None:
-            return None
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-        enforced = asyncio.ensure_future(
-            self._policy.enforce(port, naming.host_veth(attachment), remaining)
-        )
-        # A failure after the plug already failed is not the ADD's error: retrieved here.
-        enforced.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return enforced
 
     def _memif_of(self, attachment: str) -> MemifEntry | None:
         return self._memif.get(attachment) if self._memif else None
@@ -220,49 +207,39 @@ class CniHandler:
         except PodwireError as exc:
             log.warning("agent.cni.rollback_failed", attachment=attachment, error=str(exc))
 
-    async def _request_vif(
-        self, req: CniRequest, deadline: float, replaces: str | None = None
-    ) -> Vif:
-        conf = req.conf
-        vif_req = VifRequest(
-            req.attachment, conf.network, conf.project, conf.security_groups, req.pod, replaces
-        )
-        return await self._vifs.request(vif_req, deadline)
-
     async def _wire(self, req: CniRequest, vif: Vif, deadline: float) -> Attachment:
-        addresses = tuple(
-            Address(f"{ip.ip_address}/{ip.cidr.rpartition('/')[2]}", ip.gateway_ip)
-            for ip in vif.fixed_ips
-        )
         uplink = self._settings.nested_uplink
         if uplink and vif.vlan_id is not None:
-            # The subport is wired by the trunk's host (the hypervisor), not by this binder.
-            plug = PlugSpec(
-                req.attachment, req.netns, req.ifname, vif.mac_address, vif.mtu, "", addresses
-            )
-            entry = self._entry(req, vif, planned(plug, uplink))
-            await self._plugged_and_recorded(
-                entry, self._plugger.plug_nested(plug, uplink, vif.vlan_id)
-            )
-            return entry
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-        groups = vif.security_groups if self._policy is not None else None
-        port = await self._binder.wait_wired(vif.port_id, remaining, groups)
-        plan = self._binder.plan_for(port.network_id)
-        bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
-        mtu = min(port.mtu, vif.mtu)
+            return await self._wire_nested(req, vif, uplink, vif.vlan_id)
+        wiring = await self._attacher.wiring(vif, deadline)
         plug = PlugSpec(
-            req.attachment, req.netns, req.ifname, vif.mac_address, mtu, bridge, addresses
+            req.attachment,
+            req.netns,
+            req.ifname,
+            vif.mac_address,
+            wiring.mtu,
+            wiring.bridge,
+            wiring.addresses,
         )
         entry = self._entry(req, vif, planned(plug))
-        # Filtered from its first packet on: the rules go in force while the veth is made,
-        # and its host end comes up only after them.
-        enforced = self._enforce(port, req.attachment, deadline)
-        try:
-            await self._plugged_and_recorded(entry, self._plugger.plug(plug, enforced))
-        finally:
-            if enforced is not None:
-                enforced.cancel()  # a no-op once done; a plug that failed first stops it
+        await self._attacher.attach(
+            wiring.port,
+            naming.host_veth(req.attachment),
+            lambda gate: self._plugged_and_recorded(entry, self._plugger.plug(plug, gate)),
+            deadline,
+        )
+        return entry
+
+    async def _wire_nested(
+        self, req: CniRequest, vif: Vif, uplink: str, vlan_id: int
+    ) -> Attachment:
+        """The subport is wired by the trunk's host (the hypervisor), not by this binder."""
+        addresses = addresses_of(vif.fixed_ips)
+        plug = PlugSpec(
+            req.attachment, req.netns, req.ifname, vif.mac_address, vif.mtu, "", addresses
+        )
+        entry = self._entry(req, vif, planned(plug, uplink))
+        await self._plugged_and_recorded(entry, self._plugger.plug_nested(plug, uplink, vlan_id))
         return entry
 
     def _entry(self, req: CniRequest, vif: Vif, attached: Attached) -> Attachment:
@@ -301,10 +278,10 @@ class CniHandler:
         if self._memif is not None:
             await self._memif.detach(attachment)
         await self._plugger.unplug(attachment, entry.attached if entry else None)
-        if entry is not None and self._policy is not None:
+        if entry is not None:
             # Before the release: the controller may hand the port to this node's next ADD
             # at once, and a forget after that ADD enforced it would drop the new pod's rules.
-            self._policy.forget(entry.vif.port_id)
+            self._attacher.forget(entry.vif.port_id)
         await self._vifs.release(attachment, entry.vif if entry else None)
         await self._checkpoint.remove(attachment)
         self._metrics.attachments.set(len(self._checkpoint.entries))

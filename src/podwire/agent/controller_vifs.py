@@ -17,11 +17,10 @@ from urllib.parse import quote
 import aiohttp
 
 from podwire import keys
-from podwire.agent.vifsource import VifRequest
 from podwire.errors import ConfigError, PermanentError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.schema import doc, fields
-from podwire.schema.vif import Vif
+from podwire.schema.vif import Vif, VifRequest
 
 log = get_logger(__name__)
 

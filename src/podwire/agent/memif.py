@@ -24,14 +24,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from podwire.agent import checkpoint as checkpoints
 from podwire.agent import memif_master, naming
-from podwire.agent.binder import Binder
-from podwire.agent.memif_state import MEMIF_IFNAME, MemifCheckpoint, MemifEntry
+from podwire.agent.attach import Attacher, Gate, gate_open
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.ports import PortFilter
-from podwire.agent.vifsource import VifRequest, VifSource
+from podwire.agent.vifsource import VifSource, vif_request
 from podwire.cni.request import CniRequest
-from podwire.cni.result import Address
 from podwire.config import MemifSettings
 from podwire.deviceplugin import MemifInfo
 from podwire.errors import PodwireError
@@ -39,9 +37,12 @@ from podwire.files import atomic_write
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink, links, tap
 from podwire.schema import fields
+from podwire.schema.checkpoints import MemifEntry
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
+
+MEMIF_IFNAME = "memif0"  # the memif port's attachment: <container id>:memif0
 
 INFO_FILE = "memif.json"
 GRANT_LOOKUP_TIMEOUT = 5.0
@@ -71,21 +72,19 @@ class MemifService:
         binary: Path,
         grants: PodGrants,
         vifs: VifSource,
-        binder: Binder,
+        attacher: Attacher,
         host_nl: HostNetlink,
         state_dir: str,
         metrics: AgentMetrics | None = None,
-        port_filter: PortFilter | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics or AgentMetrics()
-        self._filter = port_filter
         self._binary = binary
         self._grants = grants
         self._vifs = vifs
-        self._binder = binder
+        self._attacher = attacher
         self._host = host_nl
-        self.checkpoint = MemifCheckpoint(state_dir)
+        self.checkpoint = checkpoints.memifs(state_dir)
         self._lock = asyncio.Lock()
 
     # -- ADD / DEL -----------------------------------------------------------------------
@@ -114,16 +113,10 @@ class MemifService:
                      by=served[0].attachment)  # fmt: skip
             return None
         vif_attachment = fields.attachment_id(req.container_id, MEMIF_IFNAME)
-        conf = req.conf
-        vif = await self._vifs.request(
-            VifRequest(vif_attachment, conf.network, conf.project, conf.security_groups, req.pod),
-            plan.deadline,
-        )
+        vif = await self._vifs.request(vif_request(req, vif_attachment), plan.deadline)
         try:
             entry = await self._wire(req, grant, vif_attachment, vif, plan.deadline)
         except BaseException:
-            if self._filter is not None:
-                self._filter.forget(vif.port_id)
             await self._vifs.release(vif_attachment, vif)
             raise
         log.info(
@@ -155,15 +148,7 @@ class MemifService:
     async def _wire(
         self, req: CniRequest, grant: MemifInfo, vif_attachment: str, vif: Vif, deadline: float
     ) -> MemifEntry:
-        loop = asyncio.get_running_loop()
-        groups = vif.security_groups if self._filter is not None else None
-        port = await self._binder.wait_wired(vif.port_id, max(0.0, deadline - loop.time()), groups)
-        plan = self._binder.plan_for(port.network_id)
-        bridge = plan.bridge if plan is not None else naming.bridge(port.network_id)
-        addresses = tuple(
-            Address(f"{ip.ip_address}/{ip.cidr.rpartition('/')[2]}", ip.gateway_ip)
-            for ip in vif.fixed_ips
-        )
+        wiring = await self._attacher.wiring(vif, deadline)
         entry = MemifEntry(
             attachment=req.attachment,
             vif_attachment=vif_attachment,
@@ -174,12 +159,17 @@ class MemifService:
             container_socket=grant.container_socket,
             secret=grant.secret,
             tap=tap_name(vif_attachment),
-            bridge=bridge,
-            mtu=min(port.mtu, vif.mtu),
-            addresses=addresses,
+            bridge=wiring.bridge,
+            mtu=wiring.mtu,
+            addresses=wiring.addresses,
         )
-        if self._filter is not None:  # keyed on the tap's name: in force before it exists
-            await self._filter.enforce(port, entry.tap, max(0.0, deadline - loop.time()))
+        # Keyed on the tap's name: in force before the master makes it.
+        return await self._attacher.attach(
+            wiring.port, entry.tap, lambda gate: self._serve(entry, gate), deadline
+        )
+
+    async def _serve(self, entry: MemifEntry, gate: Gate | None) -> MemifEntry:
+        await gate_open(gate)
         await asyncio.to_thread(_write_info, entry)
         try:
             entry = await self._start(entry)
@@ -205,8 +195,7 @@ class MemifService:
         if entry is None:
             return False
         await self._stop(entry)
-        if self._filter is not None:
-            self._filter.forget(entry.vif.port_id)
+        self._attacher.forget(entry.vif.port_id)
         await self._vifs.release(entry.vif_attachment, entry.vif)
         await self.checkpoint.remove(attachment)
         self._metrics.memifs.set(len(self.checkpoint.entries))

@@ -1,4 +1,5 @@
-"""The ``noop`` VIF source: a Neutron port per attachment, created and deleted by the agent.
+"""The ``vif_source = "neutron"`` source: a Neutron port per attachment, made and deleted by
+the agent.
 
 Slow (a port create is ~100 ms plus binding) but needs nothing besides Neutron; the port's
 name carries the attachment so a retried ADD finds the port an interrupted one created.
@@ -9,13 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from podwire.agent.vifsource import VifRequest
 from podwire.errors import PermanentError, RetryableError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient, NeutronNotFound, NeutronRequestError
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
 from podwire.schema import fields
-from podwire.schema.vif import DEVICE_OWNER, Vif
+from podwire.schema.vif import DEVICE_OWNER, Vif, VifRequest
 
 log = get_logger(__name__)
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podwire import keys
-from podwire.agent.attach import Plugger, is_nested
+from podwire.agent import checkpoint as checkpoints
+from podwire.agent.attach import Attacher
 from podwire.agent.binder import Binder, BinderSettings
-from podwire.agent.checkpoint import Checkpoint
+from podwire.agent.checkpoint import EntryStore
 from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
 from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.agent.memif import MemifService
@@ -24,9 +25,9 @@ from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.agent.podrelease import PodReleaser
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
-from podwire.agent.ports import PortFilter
 from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.taps import TapPorts
+from podwire.agent.veth import Plugger, is_nested
 from podwire.agent.vifsource import VifSource
 from podwire.cni.server import CniServer
 from podwire.config import Settings
@@ -39,6 +40,7 @@ from podwire.log import get_logger
 from podwire.memif import build as memif_build
 from podwire.netfilter import Nftables
 from podwire.netlink import HostNetlink, PodNetlink, tap
+from podwire.schema.checkpoints import Attachment
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
 from podwire.service.ops_http import OpsServer
@@ -68,6 +70,14 @@ class AgentParts:
     policy: PolicyEnforcer | None = None
     taps: TapPorts | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class NodeDataplane:
+    policy: PolicyEnforcer | None = None
+    attacher: Attacher | None = None
+    memif: MemifService | None = None
+    taps: TapPorts | None = None
 
 
 class Agent:
@@ -134,13 +144,8 @@ class Agent:
         stack.push_async_callback(_last_sweep, binder)  # runs before the heartbeat's revoke
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
         checkpoint = _load_checkpoint(agent.state_dir, vifs)
-        memif = policy = taps = None
-        if kernel is not None:
-            policy = self._policy(stack, etcd, binder)
-            memif = _memif_service(
-                self.settings, plugin, memif_binary, (vifs, binder, kernel[0]), self.metrics, policy
-            )
-            taps = self._taps(etcd, binder, kernel[0], policy)
+        node = self._dataplane(stack, etcd, binder, vifs, plugin, memif_binary, kernel)
+        memif, policy, taps = node.memif, node.policy, node.taps
         releaser = self._releaser(stack, plugin)
 
         watched = [heartbeat.health, binder.watcher.health, peers.watcher.health]
@@ -151,20 +156,19 @@ class Agent:
             return await _readiness(etcd, agent.host, heartbeat, binder, vifs, watched)
 
         handler = None
-        if kernel is not None:
+        if node.attacher is not None and kernel is not None:
             handler = CniHandler(
                 HandlerSettings(
                     agent.host, agent.cni_timeout, agent.nested_uplink, agent.host_netns
                 ),
                 vifs,
-                binder,
+                node.attacher,
                 Plugger(*kernel),
                 checkpoint,
                 ready,
                 releaser,
                 self.metrics,
                 memif,
-                policy,
             )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
         self.parts.memif, self.parts.policy, self.parts.taps = memif, policy, taps
@@ -187,7 +191,7 @@ class Agent:
             )
             self.parts.started.set()
 
-    async def _restore(self, tg: asyncio.TaskGroup, checkpoint: Checkpoint) -> None:
+    async def _restore(self, tg: asyncio.TaskGroup, checkpoint: EntryStore[Attachment]) -> None:
         """What was plugged before this start is known again, and keeps its rules: the
         desired ports listed, memif masters adopted, tap devices listed, then the first
         application of the rules, with all of them in it."""
@@ -212,12 +216,28 @@ class Agent:
         self._collect_stats(stack, plugin)
         return releaser
 
-    def _taps(
-        self, etcd: EtcdClient, binder: Binder, host_nl: HostNetlink, policy: PortFilter | None
-    ) -> TapPorts:
-        taps = TapPorts(etcd, self.settings.agent.host, host_nl, policy, self.metrics)
+    def _dataplane(
+        self,
+        stack: contextlib.AsyncExitStack,
+        etcd: EtcdClient,
+        binder: Binder,
+        vifs: VifSource,
+        plugin: DevicePlugin | None,
+        memif_binary: Path | None,
+        kernel: tuple[HostNetlink, PodNetlink] | None,
+    ) -> NodeDataplane:
+        """The parts that need the kernel: the port filter, the one attach pipeline, and the
+        port kinds beside the CNI's veths (memif taps, adopted tap devices)."""
+        if kernel is None:
+            return NodeDataplane()
+        policy = self._policy(stack, etcd, binder)
+        attacher = Attacher(binder, policy)
+        memif = _memif_service(
+            self.settings, plugin, memif_binary, (vifs, attacher, kernel[0]), self.metrics
+        )
+        taps = TapPorts(etcd, self.settings.agent.host, kernel[0], attacher, self.metrics)
         binder.devices = taps
-        return taps
+        return NodeDataplane(policy, attacher, memif, taps)
 
     def _policy(
         self, stack: contextlib.AsyncExitStack, etcd: EtcdClient, binder: Binder
@@ -254,7 +274,10 @@ async def _enforce_plugged(
 
 
 def _plugged_ports(
-    checkpoint: Checkpoint, memif: MemifService | None, binder: Binder, taps: TapPorts | None
+    checkpoint: EntryStore[Attachment],
+    memif: MemifService | None,
+    binder: Binder,
+    taps: TapPorts | None,
 ) -> list[tuple[DesiredPort, str]]:
     """The ports plugged before this start with their host interfaces: pod veths from the
     checkpoint, memif taps from the memif checkpoint (restored just before, so a memif whose
@@ -292,23 +315,21 @@ def _memif_service(
     settings: Settings,
     plugin: DevicePlugin | None,
     binary: Path | None,
-    parts: tuple[VifSource, Binder, HostNetlink],
+    parts: tuple[VifSource, Attacher, HostNetlink],
     metrics: AgentMetrics,
-    port_filter: PortFilter | None,
 ) -> MemifService | None:
     if plugin is None or binary is None:
         return None
-    vifs, binder, host_nl = parts
+    vifs, attacher, host_nl = parts
     return MemifService(
         settings.memif,
         binary,
         plugin.pod_memif,
         vifs,
-        binder,
+        attacher,
         host_nl,
         settings.agent.state_dir,
         metrics,
-        port_filter,
     )
 
 
@@ -353,13 +374,13 @@ async def _readiness(
     return await vifs.healthy()
 
 
-def _load_checkpoint(state_dir: str, vifs: VifSource) -> Checkpoint:
+def _load_checkpoint(state_dir: str, vifs: VifSource) -> EntryStore[Attachment]:
     """This node's attachments; a controller's listings settle its disputes with them (a port
     several records hold after a restore stays with the attachment the checkpoint names)."""
-    checkpoint = Checkpoint(state_dir)
+    checkpoint = checkpoints.attachments(state_dir)
     checkpoint.load()
     if isinstance(vifs, ControllerVifSource):
-        vifs.claims = checkpoint.ports
+        vifs.claims = lambda: {key: entry.vif.port_id for key, entry in checkpoint.entries.items()}
     return checkpoint
 
 

@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
+from podwire.agent.attach import Attacher, Gate, gate_open
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.ports import PortFilter
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PodwireError, RetryableError
 from podwire.etcd import EtcdClient
@@ -46,22 +46,12 @@ from podwire.netlink.monitor import (
 from podwire.netlink.nsexec import RtnlContext
 from podwire.netlink.rtnl import LinkState
 from podwire.schema import nodes as values
-from podwire.schema.ports import DesiredPort
+from podwire.schema.ports import DesiredPort, is_tap_name, tap_name
 
 log = get_logger(__name__)
 
-TAP_PREFIX = "tap"
-TAP_NAME_LENGTH = 14  # Nova's and os-vif's: "tap" + 11 characters of the port id
 ADOPT_TIMEOUT = 30.0  # for the port's rules to be in force
 RETRY = Backoff(0.2, 5.0)
-
-
-def tap_name(port_id: str) -> str:
-    return (TAP_PREFIX + port_id)[:TAP_NAME_LENGTH]
-
-
-def is_tap_name(name: str) -> bool:
-    return name.startswith(TAP_PREFIX) and len(name) == TAP_NAME_LENGTH
 
 
 @dataclass(frozen=True)
@@ -111,13 +101,13 @@ class TapPorts:
         etcd: EtcdClient,
         host: str,
         host_nl: HostNetlink,
-        port_filter: PortFilter | None,
+        attacher: Attacher,
         metrics: AgentMetrics | None = None,
     ) -> None:
         self._etcd = etcd
         self._host = host
         self._nl = host_nl
-        self._filter = port_filter
+        self._attacher = attacher
         self._metrics = metrics or AgentMetrics()
         self._wanted: dict[str, _Wanted] = {}  # port id -> desired value and bridge
         self._by_name: dict[str, str] = {}  # tap name -> port id
@@ -265,9 +255,13 @@ class TapPorts:
 
     async def _adopt(self, wanted: _Wanted, link: LinkState) -> None:
         port = wanted.port
-        if self._filter is not None:  # in force for the name before a frame can pass
-            await self._filter.enforce(port, link.name, ADOPT_TIMEOUT)
-        await self._nl.run_rtnl(_adopt_link, link.index, link.name, wanted.bridge, port.mtu)
+        deadline = asyncio.get_running_loop().time() + ADOPT_TIMEOUT
+
+        async def plug(gate: Gate | None) -> None:
+            await gate_open(gate)  # the device joins the bridge only with its rules in force
+            await self._nl.run_rtnl(_adopt_link, link.index, link.name, wanted.bridge, port.mtu)
+
+        await self._attacher.attach(port, link.name, plug, deadline)
         await self._report_wired(port.port_id)
         self._adopted[port.port_id] = _Adopted(link.index, wanted.bridge, port.mtu)
         seen = self._seen_at.get(link.name)
@@ -297,8 +291,7 @@ class TapPorts:
         if adopted is not None:
             released = await self._nl.run_rtnl(_release_link, name, adopted)
             log.info("agent.tap.released", port=port_id, interface=name, from_bridge=released)
-        if self._filter is not None:
-            self._filter.forget(port_id)
+        self._attacher.forget(port_id)
         await self._report_unwired(port_id)
         self._metrics.taps.set(len(self._adopted))
 

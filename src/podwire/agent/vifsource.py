@@ -1,17 +1,25 @@
 """Where the agent gets a pod's VIF: one narrow seam, two implementations.
 
 ``ControllerVifSource`` calls the controller's VIF API (pools, the normal path);
-``NeutronVifSource`` creates and deletes a Neutron port itself (the ``noop`` path, and the
-way to run without a controller). The CNI handler only sees this Protocol.
+``NeutronVifSource`` creates and deletes a Neutron port itself (``vif_source = "neutron"``:
+the way to run without a controller). The CNI handler only sees this Protocol.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from podwire.cni.request import CniRequest
 from podwire.schema.vif import Vif, VifRequest
 
-__all__ = ["VifRequest", "VifSource"]
+
+def vif_request(req: CniRequest, attachment: str, replaces: str | None = None) -> VifRequest:
+    """What a CNI ADD asks the source for, for one of its ports (the pod's, its memif's);
+    ``replaces``: the port it got before, which vanished before it was wired."""
+    conf = req.conf
+    return VifRequest(
+        attachment, conf.network, conf.project, conf.security_groups, req.pod, replaces
+    )
 
 
 class VifSource(Protocol):

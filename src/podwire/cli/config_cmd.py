@@ -1,4 +1,5 @@
-"""``podwire config check FILE``: a config validated exactly as the services read it.
+"""``podwire config check FILE``: a config validated exactly as the services read it;
+``podwire config reference``: every key, as docs/configuration.md lists it.
 
 For a ConfigMap or a config management run: every problem on a line of its own (not only the
 first, as a service's start-up reports), exit 2 when there is any, 0 and nothing when there is
@@ -12,6 +13,7 @@ import argparse
 import os
 import sys
 
+from podwire.cli.config_reference import render
 from podwire.config import config_problems
 
 
@@ -24,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--with-env", action="store_true", help="apply PODWIRE_* environment overrides too"
     )
     check.set_defaults(handler=run_check)
+    reference = verbs.add_parser(
+        "reference", help="print every setting with its type, default and meaning (Markdown)"
+    )
+    reference.set_defaults(handler=run_reference)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -31,3 +37,8 @@ def run_check(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"{args.file}: {problem}", file=sys.stderr)
     return 2 if problems else 0
+
+
+def run_reference(args: argparse.Namespace) -> int:
+    sys.stdout.write(render())
+    return 0

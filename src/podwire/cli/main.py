@@ -26,9 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
         deviceplugin_cmd,
         etcd_cmd,
         memif_cmd,
+        neutron_agent_cmd,
         pools_cmd,
         stack_cmd,
         status_cmd,
+        vm_cmd,
     )
 
     parser = argparse.ArgumentParser(prog="podwire", description=__doc__)
@@ -44,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         deviceplugin_cmd,
         etcd_cmd,
         memif_cmd,
+        neutron_agent_cmd,
+        vm_cmd,
         config_cmd,
     )
     for module in modules:

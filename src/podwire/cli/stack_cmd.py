@@ -39,6 +39,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=1,
         help="neutron-server processes on the same database, each a forwarder candidate",
     )
+    up.add_argument(
+        "--rpc",
+        action="store_true",
+        help="also a private RabbitMQ and neutron-rpc-server, for Neutron's DHCP and L3 agents"
+        " (stack.json: transport_url)",
+    )
     up.set_defaults(handler=_up)
     down = actions.add_parser("down", help="stop the stack running on a data dir")
     down.add_argument("--data-dir", required=True, type=Path)
@@ -60,6 +66,7 @@ def _up(args: argparse.Namespace) -> int:
         args.etcd_auth,
         etcd_members=args.etcd_members,
         neutron_servers=args.neutron_servers,
+        rpc=args.rpc,
     )
     stack = Stack(options)
 
@@ -73,7 +80,7 @@ def _up(args: argparse.Namespace) -> int:
             "data_dir",
             "ready_seconds",
         )
-        print(json.dumps({k: info[k] for k in shown}))
+        print(json.dumps({k: info[k] for k in (*shown, "transport_url") if k in info}))
         sys.stdout.flush()
 
     return stack.run(announce)

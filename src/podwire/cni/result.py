@@ -9,40 +9,9 @@ from __future__ import annotations
 
 import copy
 import ipaddress
-from dataclasses import asdict, dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Address:
-    address: str  # "10.0.0.5/24"
-    gateway: str | None
-
-
-@dataclass(frozen=True)
-class Attached:
-    host_ifname: str
-    host_mac: str
-    ifname: str
-    mac: str
-    mtu: int
-    sandbox: str
-    addresses: tuple[Address, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Attached:
-        return cls(
-            host_ifname=str(raw["host_ifname"]),
-            host_mac=str(raw["host_mac"]),
-            ifname=str(raw["ifname"]),
-            mac=str(raw["mac"]),
-            mtu=int(raw["mtu"]),
-            sandbox=str(raw["sandbox"]),
-            addresses=tuple(Address(str(a["address"]), a.get("gateway")) for a in raw["addresses"]),
-        )
+from podwire.schema.checkpoints import Address, Attached
 
 
 def render(attached: Attached, version: str, prev: dict[str, Any] | None) -> dict[str, Any]:

@@ -63,7 +63,8 @@ class CniServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            data = await asyncio.wait_for(self._read(reader), READ_TIMEOUT)
+            async with asyncio.timeout(READ_TIMEOUT):
+                data = await self._read(reader)
             try:
                 code, out = await self._dispatch(data)
             except Exception as exc:

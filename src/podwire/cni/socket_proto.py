@@ -8,8 +8,6 @@ parser: it is a pipe, not a second implementation of CNI.
 
 from __future__ import annotations
 
-import json
-
 from podwire.cni.request import MAX_CONFIG, MAX_CONFIG_EXTRA
 from podwire.cni.spec import DECODE_FAILURE, CniError
 from podwire.errors import ValidationError
@@ -39,16 +37,5 @@ def decode_request(data: bytes) -> tuple[dict[str, str], str]:
     return {k: v for k, v in env.items() if k in ENV_KEYS}, stdin
 
 
-def encode_request(env: dict[str, str], stdin: str) -> bytes:
-    return json.dumps({"env": env, "stdin": stdin}).encode()
-
-
 def encode_reply(code: int, stdout: str) -> bytes:
     return f"{code}\n".encode() + stdout.encode()
-
-
-def decode_reply(data: bytes) -> tuple[int, str]:
-    head, sep, rest = data.partition(b"\n")
-    if not sep or not head.isdigit():
-        raise ValueError("malformed reply from the podwire agent")
-    return int(head), rest.decode()

@@ -147,7 +147,7 @@ class ControllerApi:
         self.app.add_routes(routes)
 
     def _node(self, request: web.Request) -> str:
-        node = validate.segment(request.match_info["node"], "node")
+        node = fields.name(request.match_info["node"], "node")
         self.tokens.check_node(request, node)
         return node
 
@@ -182,9 +182,9 @@ class ControllerApi:
         self.tokens.check_admin(request)
         info = request.match_info
         key = PoolKey(
-            validate.segment(info["node"], "node"),
+            fields.name(info["node"], "node"),
             fields.project_id(info["project_id"], "project_id"),
-            validate.ident(info["network_id"], "network_id"),
+            fields.neutron_id(info["network_id"], "network_id"),
         )
         if key not in self.service.pool_keys():
             raise UnknownResource(f"no pool {key.to_json()}")
@@ -192,35 +192,37 @@ class ControllerApi:
 
     async def populate(self, request: web.Request) -> web.Response:
         self.tokens.check_admin(request)
-        body = validate.object_body(
-            await _json(request), {"nodes", "network", "project_id", "security_groups", "count"}
+        body = doc.closed_object(
+            await _json(request),
+            "body",
+            frozenset({"nodes", "network", "project_id", "security_groups", "count"}),
         )
         nodes = validate.nodes(body.get("nodes"))
         count = validate.count(body.get("count"))
         created = await self.service.populate(
             nodes,
-            validate.ref(body.get("network"), "network"),
+            fields.neutron_ref(body.get("network"), "network"),
             fields.optional(body.get("project_id"), "project_id", fields.project_id),
-            validate.security_groups(body.get("security_groups")),
+            validate.security_group_set(body.get("security_groups")),
             count,
         )
         return web.json_response({"created": created})
 
     async def free(self, request: web.Request) -> web.Response:
         self.tokens.check_admin(request)
-        body = validate.object_body(await _json(request), {"nodes"})
+        body = doc.closed_object(await _json(request), "body", frozenset({"nodes"}))
         freed = await self.service.free_nodes(validate.nodes(body.get("nodes")))
         return web.json_response({"freed": freed})
 
     async def delete_network(self, request: web.Request) -> web.Response:
         self.tokens.check_admin(request)
-        network_id = validate.ident(request.match_info["network_id"], "network_id")
+        network_id = fields.neutron_id(request.match_info["network_id"], "network_id")
         return web.json_response({"freed": await self.service.delete_network_pools(network_id)})
 
     async def remove_sg(self, request: web.Request) -> web.Response:
         self.tokens.check_admin(request)
-        sg_id = validate.ident(request.match_info["sg_id"], "sg_id")
-        network = validate.optional_ident(request.query.get("network_id"), "network_id")
+        sg_id = fields.neutron_id(request.match_info["sg_id"], "sg_id")
+        network = fields.optional(request.query.get("network_id"), "network_id", fields.neutron_id)
         moved = await self.service.remove_security_group(sg_id, network)
         return web.json_response({"moved": moved})
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from podwire.backoff import Backoff
 from podwire.config import Settings
 from podwire.controller.api import ControllerApi
-from podwire.controller.drivers import BaremetalDriver, NodeDrivers, NoopDriver, PortDriver
+from podwire.controller.drivers import BaremetalDriver, NodeDrivers, PortDriver, UnpooledDriver
 from podwire.controller.follow import MirrorFollower
 from podwire.controller.inuse import InUseStore
 from podwire.controller.leader import controller_election
@@ -61,9 +61,9 @@ class Controller:
         port_debug = settings.pool.port_debug
         self.nested = NestedDriver(self.neutron, port_debug, VlanAllocator())
         drivers: dict[str, PortDriver] = {
-            "neutron": BaremetalDriver(self.neutron, port_debug, settings.pool.binding_retries),
+            "baremetal": BaremetalDriver(self.neutron, port_debug, settings.pool.binding_retries),
             "nested": self.nested,
-            "noop": NoopDriver(self.neutron, port_debug, settings.pool.binding_retries),
+            "unpooled": UnpooledDriver(self.neutron, port_debug, settings.pool.binding_retries),
         }
         self.service = PoolService(
             settings.pool,
@@ -213,7 +213,8 @@ class Controller:
                 await asyncio.sleep(interval)
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), interval)
+                    async with asyncio.timeout(interval):
+                        await event.wait()
                 event.clear()
             try:
                 await job()

@@ -1,8 +1,8 @@
-"""How ports are made for a node: baremetal (bound to the node), nested (trunk subports), noop.
+"""How ports are made for a node: baremetal (bound to the node), nested (trunk subports),
+unpooled (a port per request).
 
 Each node gets one driver, chosen from its registration (the optional ``pod_driver`` field of
-its capabilities key) or the configured default; a mapping then names the pool behaviour that
-serves that pod driver, as operators may want e.g. nested pods without pooling.
+its capabilities key) or the configured default; drivers are registered under those names.
 """
 
 from __future__ import annotations
@@ -19,16 +19,11 @@ from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronAddressesExhausted
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
-from podwire.schema.nodes import parse_capabilities
+from podwire.schema.nodes import RENAMED_POD_DRIVERS, parse_capabilities
 from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)
 
-DEFAULT_POOL_FOR_DRIVER: Mapping[str, str] = {
-    "baremetal": "neutron",
-    "nested": "nested",
-    "noop": "noop",
-}
 AVAILABLE_NAME = "available-port"
 
 
@@ -100,10 +95,10 @@ class BaremetalDriver:
         await delete_ports(self._neutron, [v.port_id for v in vifs])
 
 
-class NoopDriver(BaremetalDriver):
+class UnpooledDriver(BaremetalDriver):
     """One port created per request and deleted on release: the baseline pools are measured by."""
 
-    name = "noop"
+    name = "unpooled"
     pooled = False
 
 
@@ -115,12 +110,10 @@ class NodeDrivers:
         etcd: EtcdClient,
         drivers: Mapping[str, PortDriver],
         default_driver: str,
-        pool_for_driver: Mapping[str, str] = DEFAULT_POOL_FOR_DRIVER,
     ) -> None:
         self._etcd = etcd
         self._drivers = drivers
-        self._default = default_driver
-        self._pool_for_driver = pool_for_driver
+        self._default = _current_name(default_driver)
         self._nodes: dict[str, PortDriver] = {}
 
     def cached(self, node: str) -> PortDriver | None:
@@ -129,14 +122,10 @@ class NodeDrivers:
     def all(self) -> list[PortDriver]:
         return list(self._drivers.values())
 
-    def by_name(self, name: str) -> PortDriver:
-        return self._drivers[name]
-
     async def for_node(self, node: str) -> PortDriver:
         driver = self._nodes.get(node)
         if driver is None:
-            pod_driver = await self._registered_driver(node)
-            driver = self._drivers[self._pool_for_driver.get(pod_driver, "neutron")]
+            driver = self._drivers[await self._registered_driver(node)]
             self._nodes[node] = driver
         return driver
 
@@ -153,3 +142,16 @@ class NodeDrivers:
             log.warning("controller.node.bad_capabilities", node=node, error=str(exc))
             return self._default
         return registered or self._default
+
+
+def _current_name(pod_driver: str) -> str:
+    renamed = RENAMED_POD_DRIVERS.get(pod_driver)
+    if renamed is None:
+        return pod_driver
+    log.warning(
+        "controller.config.deprecated",
+        key="pool.default_driver",
+        value=pod_driver,
+        use=renamed,
+    )
+    return renamed

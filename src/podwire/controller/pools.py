@@ -268,7 +268,7 @@ class Pools:
         self._recyclable.pop(port_id, None)
 
     def forget(self, port_id: str) -> None:
-        """Drop every trace of a port (it was deleted in Neutron or handed to noop)."""
+        """Drop every trace of a port (deleted in Neutron, or handed to the unpooled driver)."""
         self._recyclable.pop(port_id, None)
         self._vifs.pop(port_id, None)
         key = self._owner.pop(port_id, None)

@@ -82,7 +82,8 @@ class Refiller:
         """
         lock = self._locks[key]
         try:
-            await asyncio.wait_for(lock.acquire(), self._settings.populate_timeout)
+            async with asyncio.timeout(self._settings.populate_timeout):
+                await lock.acquire()
         except TimeoutError as exc:
             raise PoolNotReady(f"pool {key} is still being filled; retry later") from exc
         try:

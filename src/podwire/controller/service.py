@@ -263,7 +263,8 @@ class PoolService:
             raise
         if not got.done() and self._pools.unseen(key):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(got), UNSEEN_WAIT)
+                async with asyncio.timeout(UNSEEN_WAIT):
+                    await asyncio.shield(got)
         if not got.done():
             waiter.cancelled = True
             raise PoolNotReady(self._not_ready(key))

@@ -1,7 +1,8 @@
-"""Strict parsing of the admin API's bodies and path names; every error names the field.
+"""The admin API's own body fields (node lists, counts, security-group sets); every error
+names the field.
 
-Field rules come from ``podwire.schema.fields``; the VIF request body is the schema's own
-``VifRequest``.
+Every other field of the API is read with ``podwire.schema.fields``' rules directly, and the
+VIF request body is the schema's own ``VifRequest``.
 """
 
 from __future__ import annotations
@@ -9,35 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from podwire.errors import ValidationError
-from podwire.schema import doc, fields
-from podwire.schema.vif import security_groups as sg_list
+from podwire.schema import fields, vif
 
 MAX_POPULATE = 500
 MAX_NODES = 100
 
 
-def segment(value: Any, what: str) -> str:
-    return fields.name(value, what)
-
-
-def object_body(raw: Any, allowed: set[str]) -> dict[str, Any]:
-    return doc.closed_object(raw, "body", frozenset(allowed))
-
-
-def ref(value: Any, what: str) -> str:
-    return fields.neutron_ref(value, what)
-
-
-def ident(value: Any, what: str) -> str:
-    return fields.neutron_id(value, what)
-
-
-def optional_ident(value: Any, what: str) -> str | None:
-    return fields.optional(value, what, fields.neutron_id)
-
-
-def security_groups(value: Any) -> tuple[str, ...]:
-    return tuple(sorted(set(sg_list(value, "security_groups"))))
+def security_group_set(value: Any) -> tuple[str, ...]:
+    return tuple(sorted(set(vif.security_groups(value, "security_groups"))))
 
 
 def nodes(value: Any) -> list[str]:

@@ -20,9 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave it running until Ctrl-C")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="pwdemo-", dir="/tmp"))
+    work.chmod(0o711)  # the stack's RabbitMQ runs as its own user and must reach its dir
     started = time.perf_counter()
-    step(f"starting etcd + MariaDB + Neutron (podwire ml2 driver) in {work}")
-    proc, stack = start_background(work / "stack")
+    step(f"starting etcd + MariaDB + RabbitMQ + Neutron (podwire ml2 driver) in {work}")
+    proc, stack = start_background(work / "stack", extra=("--rpc",))  # Neutron's agents
     try:
         code = _run(stack, work, args.keep, args.pods)
     finally:

@@ -9,7 +9,6 @@ stopped by pid.
 from __future__ import annotations
 
 import asyncio
-import re
 import statistics
 import subprocess
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from podwire.demo import testpmd
+from podwire.demo.topology import ping_times
 from podwire.deviceplugin.kubelet_peer import KubeletPeer, allocate_request
 from podwire.deviceplugin.model import ENV_SECRET, ENV_SOCKET, PodName
 from podwire.errors import StackError
@@ -72,11 +72,11 @@ class KubeletThread:
             f'checkpoint = "{self.root / "memif-checkpoint.json"}"\n'
         )
 
-    def grant(self, pod: PodName, device: str) -> Grant:
+    def grant(self, pod: PodName, device: str) -> GrantedSocket:
         """Admit ``pod`` with one memif device, as kubelet does: Allocate, then PodResources."""
         return self.call(self._grant(pod, device))
 
-    async def _grant(self, pod: PodName, device: str) -> Grant:
+    async def _grant(self, pod: PodName, device: str) -> GrantedSocket:
         assert self.peer is not None
         async with asyncio.timeout(30):
             while self.peer.stub is None:  # the agent's plugin registers once it is up
@@ -86,7 +86,7 @@ class KubeletThread:
         self.peer.pods[pod] = [device]
         host_dir = container.mounts[0].host_path
         socket = Path(host_dir) / Path(container.envs[ENV_SOCKET]).name
-        return Grant(str(socket), container.envs[ENV_SECRET], host_dir)
+        return GrantedSocket(str(socket), container.envs[ENV_SECRET], host_dir)
 
     def stop(self) -> None:
         if self.peer is not None:
@@ -99,7 +99,7 @@ class KubeletThread:
 
 
 @dataclass(frozen=True)
-class Grant:
+class GrantedSocket:
     socket: str
     secret: str
     host_dir: str
@@ -132,14 +132,14 @@ def memif_ip(result: dict[str, Any]) -> tuple[str, str]:
 
 
 def ping_cnf(
-    grant: Grant, mac: str, client_netns: str, address: str, log: Path, count: int
+    grant: GrantedSocket, mac: str, client_netns: str, address: str, log: Path, count: int
 ) -> CnfFigures:
     cnf = testpmd.Testpmd.memif_client(grant.socket, grant.secret, mac, log=log)
     cnf.start()
     try:
         if not _answers_within(client_netns, address, 20.0):
             raise StackError(f"the memif CNF at {address} never answered (testpmd log: {log})")
-        samples = _ping_times(client_netns, address, count)
+        samples = ping_times(client_netns, address, count)
     finally:
         cnf.stop()
     if not samples:
@@ -153,13 +153,3 @@ def _answers_within(netns: str, address: str, seconds: float) -> bool:
         if subprocess.run(command, capture_output=True, check=False).returncode == 0:
             return True
     return False
-
-
-def _ping_times(netns: str, address: str, count: int) -> list[float]:
-    result = subprocess.run(
-        [*("ip", "netns", "exec", netns), "ping", "-n", "-c", str(count), "-i", "0.05", address],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return [float(ms) for ms in re.findall(r"time=([\d.]+) ms", result.stdout)]

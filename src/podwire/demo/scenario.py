@@ -14,14 +14,14 @@ from typing import Any
 
 from podwire import keys
 from podwire.config import EtcdSettings
-from podwire.demo import cnf, secgroups
+from podwire.demo import cnf, secgroups, vmstep
 from podwire.demo.pods import Pod, cni, cni_conf, new_pod
 from podwire.demo.services import Services
 from podwire.demo.topology import Topology, pings
 from podwire.deviceplugin.model import PodName
 from podwire.errors import StackError
 from podwire.etcd.client import EtcdClient
-from podwire.stack.client import neutron_connection
+from podwire.neutron.client import neutron_connection
 
 HOSTS = ("demo-node-1", "demo-node-2")
 CIDR = "10.88.0.0/24"
@@ -73,10 +73,13 @@ class Scenario:
         self.project = uuid.uuid4().hex
         self.pods: list[Pod] = []
         self.sockets: dict[str, str] = {}
+        self.netns: dict[str, str] = {}  # host -> its namespace
         self.confs: dict[str, dict[str, Any]] = {}
         self.figures = Figures()
         self.work = work
         self.memif_missing = cnf.missing()
+        self.vm_missing = vmstep.missing()
+        self.stack_dir = str(stack["data_dir"])
         self.kubelet: cnf.KubeletThread | None = None
 
     def run(self) -> Figures:
@@ -95,6 +98,7 @@ class Scenario:
         self.figures.pool_hits = self.services.metric("podwire_pool_hits_total")
         self._security_groups(network.id)
         self._memif_cnf(network.id, sg.id)
+        self._vm(network.id, sg.id)
         return self.figures
 
     def _start_hosts(self) -> None:
@@ -112,6 +116,11 @@ class Scenario:
         for index, (host, (netns, vtep)) in enumerate(zip(HOSTS, hosts, strict=True)):
             extra = memif_host if index == 0 else ""
             self.sockets[host] = self.services.start_agent(host, netns, vtep, extra)
+            self.netns[host] = netns
+        if self.vm_missing:
+            step(f"{self.vm_missing}: the VM step is skipped")
+        else:  # registered with Neutron by the time the VM's port is made
+            self.services.start_dhcp_agent(self.stack_dir, HOSTS[0], self.netns[HOSTS[0]])
 
     def _network(self) -> tuple[Any, Any]:
         network = self.neutron.network.create_network(name="demo-pods", project_id=self.project)
@@ -202,6 +211,31 @@ class Scenario:
         figures = cnf.ping_cnf(grant, mac, client.netns, address, self.work / "testpmd.log", 50)
         self.figures.more += figures.lines()
 
+    def _vm(self, network_id: str, sg_id: str) -> None:
+        if self.vm_missing:
+            self.figures.more += vmstep.VmFigures(skipped=self.vm_missing).lines()
+            return
+        step("VM: QEMU on host 1 on the tap it makes; its address from Neutron's DHCP agent")
+        self._wait_dhcp_agent(HOSTS[0])
+        client = next(p for p in self.pods if p.host == HOSTS[1])
+        figures = vmstep.run(
+            self.neutron,
+            self.project,
+            network_id,
+            sg_id,
+            (HOSTS[0], self.netns[HOSTS[0]]),
+            (client.netns, client.ip),
+            self.work,
+        )
+        self.figures.more += figures.lines()
+
+    def _wait_dhcp_agent(self, host: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(a.is_alive for a in self.neutron.network.agents(host=host)):
+            if time.monotonic() > deadline:
+                raise StackError(f"Neutron's DHCP agent of {host} is not alive after {timeout} s")
+            time.sleep(0.2)
+
     def _port_of(self, result: dict[str, Any]) -> str:
         mac = next(i["mac"] for i in result["interfaces"] if i.get("sandbox"))
         ports = list(self.neutron.network.ports(project_id=self.project, mac_address=mac))
@@ -275,6 +309,7 @@ class Scenario:
         """Remove everything the demo made; returns what could not be removed."""
         for pod in list(self.pods):
             cni("DEL", pod, self.confs[pod.host])
+        self.services.stop_dhcp_agent()
         if self.services.children.get("controller"):
             self.services.admin("POST", "/v1/pools/free", {"nodes": list(HOSTS)})
         for port in list(self.neutron.network.ports(project_id=self.project)):

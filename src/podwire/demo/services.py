@@ -70,6 +70,14 @@ class Services:
         self._wait(host, lambda: Path(socket_path).exists())
         return socket_path
 
+    def start_dhcp_agent(self, stack_dir: str, host: str, netns: str) -> None:
+        """Neutron's DHCP agent for ``host``, as ``podwire neutron-agent dhcp`` runs it."""
+        argv = [
+            *(sys.executable, "-m", "podwire.cli.main", "neutron-agent", "dhcp"),
+            *("--data-dir", stack_dir, "--host", host, "--netns", netns),
+        ]
+        self.children["dhcp-agent"] = procs.spawn(argv, self.work / "dhcp-agent.log")
+
     def _wait(self, name: str, ready: Any, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         proc = self.children[name]
@@ -103,7 +111,14 @@ class Services:
             if line.startswith(name) and not line.startswith("#")
         )
 
+    def stop_dhcp_agent(self) -> None:
+        """Before the ports go: a running DHCP agent would make its port again."""
+        proc = self.children.pop("dhcp-agent", None)
+        if proc is not None:
+            procs.stop_child(proc, timeout=60)
+
     def stop(self) -> None:
+        self.stop_dhcp_agent()
         for name in [n for n in self.children if n != "controller"] + ["controller"]:
             proc = self.children.pop(name, None)
             if proc is not None:

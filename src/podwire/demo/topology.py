@@ -6,6 +6,7 @@ directly; everything it creates carries one tag and is removed by ``destroy``.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -66,6 +67,17 @@ class Topology:
     def leftovers(self) -> list[str]:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         return [line.split()[0] for line in listed.splitlines() if line.startswith(self.tag)]
+
+
+def ping_times(netns: str, address: str, count: int) -> list[float]:
+    """The RTTs (ms) of ``count`` echoes, 50 ms apart; lost ones are missing."""
+    result = subprocess.run(
+        [*("ip", "netns", "exec", netns), "ping", "-n", "-c", str(count), "-i", "0.05", address],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [float(ms) for ms in re.findall(r"time=([\d.]+) ms", result.stdout)]
 
 
 def pings(netns: str, address: str) -> bool:

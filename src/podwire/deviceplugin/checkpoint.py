@@ -1,4 +1,5 @@
-"""The allocation checkpoint: one root-only JSON file, replaced atomically, group-committed.
+"""The allocation checkpoint: one root-only JSON file, replaced atomically, group-committed
+(``files.StateFile``, as the agent's own checkpoints).
 
 Kubelet forgets nothing across a plugin restart, so neither may we: an Allocate answer is only
 sent after the grant is durable here. Concurrent Allocate calls share one fsync (whoever holds
@@ -8,12 +9,9 @@ which keeps p99 low under a burst of pod starts.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,13 +23,13 @@ from podwire.deviceplugin.model import (
     PodName,
     valid_pod_name,
 )
-from podwire.errors import PermanentError, RetryableError
-from podwire.files import atomic_write
+from podwire.errors import PermanentError, RetryableError, ValidationError
+from podwire.files import StateFile
 from podwire.log import get_logger
+from podwire.schema.doc import SCHEMA_VERSION, NewerVersion
 
 log = get_logger(__name__)
 
-SCHEMA_VERSION = 1
 _MAX_BYTES = 64 * 1024 * 1024
 
 
@@ -56,23 +54,24 @@ class CheckpointData:
 
 class CheckpointStore:
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._lock = asyncio.Lock()
-        self._staged: CheckpointData | None = None
-        self._staged_gen = 0
-        self._written_gen = 0
-        self.writes = 0
+        self.file = StateFile(Path(path), f"checkpoint {path}", _MAX_BYTES)
+        self.path = self.file.path
+
+    @property
+    def writes(self) -> int:
+        return self.file.writes
 
     def load(self) -> CheckpointData | None:
         """Read the file; ``None`` when there is none yet (first start)."""
         try:
-            with self.path.open("rb") as stream:
-                raw = stream.read(_MAX_BYTES + 1)
-        except FileNotFoundError:
-            return None
+            body = self.file.read()
+        except NewerVersion as exc:
+            raise CheckpointIncompatible(str(exc)) from exc
+        except ValidationError as exc:
+            raise CheckpointCorrupt(str(exc)) from exc
         except OSError as exc:
             raise CheckpointCorrupt(f"checkpoint {self.path}: cannot read: {exc}") from exc
-        return parse(raw, str(self.path))
+        return None if body is None else parse(body, str(self.path))
 
     def quarantine(self) -> Path:
         """Move an untrusted file aside (kept for the operator) so a fresh one can be written."""
@@ -81,35 +80,19 @@ class CheckpointStore:
         return target
 
     def stage(self, data: CheckpointData) -> int:
-        self._staged = data
-        self._staged_gen += 1
-        return self._staged_gen
+        return self.file.stage(lambda: dump(data))
 
     async def flush(self, gen: int) -> None:
         """Return once a state at least as new as generation ``gen`` is on disk."""
-        async with self._lock:
-            if self._written_gen >= gen:
-                return
-            data, target_gen = self._staged, self._staged_gen
-            assert data is not None
-            try:
-                await asyncio.to_thread(self._write, data)
-            except OSError as exc:
-                raise CheckpointWriteError(
-                    f"checkpoint {self.path}: cannot write: {exc.strerror or exc}"
-                ) from exc
-            self._written_gen = target_gen
-            self.writes += 1
+        try:
+            await self.file.flush(gen)
+        except OSError as exc:
+            raise CheckpointWriteError(
+                f"checkpoint {self.path}: cannot write: {exc.strerror or exc}"
+            ) from exc
 
     async def save(self, data: CheckpointData) -> None:
         await self.flush(self.stage(data))
-
-    def _write(self, data: CheckpointData) -> None:
-        body = json.dumps(dump(data), separators=(",", ":"), sort_keys=True).encode()
-        parent = self.path.parent
-        if not parent.is_dir():
-            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(self.path, body)
 
 
 def dump(data: CheckpointData) -> dict[str, Any]:
@@ -132,28 +115,9 @@ def dump(data: CheckpointData) -> dict[str, Any]:
     }
 
 
-def parse(raw: bytes, where: str) -> CheckpointData:
-    """Validate every field: the file drives directory deletion, so nothing is taken on trust."""
-    if len(raw) > _MAX_BYTES:
-        raise CheckpointCorrupt(f"checkpoint {where}: larger than {_MAX_BYTES} bytes")
-    if not raw.strip():
-        raise CheckpointCorrupt(f"checkpoint {where}: file is empty (truncated?)")
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointCorrupt(
-            f"checkpoint {where}: not valid JSON ({exc}); the file is truncated or damaged"
-        ) from exc
-    if not isinstance(doc, dict):
-        raise CheckpointCorrupt(f"checkpoint {where}: top level must be a JSON object")
-    version = doc.get("v")
-    if version != SCHEMA_VERSION:
-        if isinstance(version, int) and not isinstance(version, bool) and version > 1:
-            raise CheckpointIncompatible(
-                f"checkpoint {where}: schema v={version} was written by a newer podwire;"
-                " refusing to overwrite it (upgrade podwire or move the file away)"
-            )
-        raise CheckpointCorrupt(f"checkpoint {where}: missing or unknown schema version 'v'")
+def parse(doc: dict[str, Any], where: str) -> CheckpointData:
+    """Validate every field: the file drives directory deletion, so nothing is taken on trust
+    (the file itself, its JSON and its version, ``StateFile.read`` checked)."""
     resource_name = _field(doc, "resource_name", str, where)
     memif_host_dir = _field(doc, "memif_host_dir", str, where)
     items = _field(doc, "allocations", list, where)
@@ -220,9 +184,3 @@ def _field(doc: dict[str, Any], key: str, kind: type, label: str) -> Any:
     if not isinstance(value, kind):
         raise CheckpointCorrupt(f"checkpoint {label}: {key!r} must be a {kind.__name__}")
     return value
-
-
-def make_data(
-    resource_name: str, memif_host_dir: str, allocations: Sequence[Allocation]
-) -> CheckpointData:
-    return CheckpointData(resource_name, memif_host_dir, tuple(allocations))

@@ -53,7 +53,6 @@ class KubeletPeer(RegistrationServicerBase, PodResourcesListerServicerBase):  # 
         self.pods: dict[PodName, list[str]] = {}
         self.get_enabled = True
         self.devices: list[Any] = []
-        self.device_updates = 0
         self._devices_changed = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
         self._podres_server: grpc.aio.Server | None = None
@@ -137,7 +136,6 @@ class KubeletPeer(RegistrationServicerBase, PodResourcesListerServicerBase):  # 
             async for response in stub.ListAndWatch(dp.Empty()):
                 async with self._devices_changed:
                     self.devices = list(response.devices)
-                    self.device_updates += 1
                     self._devices_changed.notify_all()
 
     async def wait_devices(self, predicate: Callable[[list[Any]], bool]) -> list[Any]:

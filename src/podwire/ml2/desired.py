@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from neutron.objects import trunk as trunk_objects
-from neutron_lib.api.definitions import portbindings
 from neutron_lib.plugins.ml2 import api
 
 from podwire.ml2.policy import address_pairs
@@ -86,7 +85,3 @@ def desired_port(
         port_security_enabled=bool(port.get("port_security_enabled", True)),
         allowed_address_pairs=address_pairs(port),
     )
-
-
-def host_of(port: dict[str, Any]) -> str:
-    return str(port.get(portbindings.HOST_ID) or "")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neutron.db import provisioning_blocks
 from neutron_lib.api.definitions import portbindings
-from neutron_lib.callbacks import resources
+from neutron_lib.callbacks import events, registry, resources
 from neutron_lib.db import api as db_api
 from neutron_lib.plugins.ml2 import api
 from oslo_config import cfg
@@ -28,6 +28,9 @@ from podwire.ml2.mlog import get_logger
 from podwire.ml2.policy_callbacks import PolicyJournal
 from podwire.ml2.policy_db import PolicySnapshot
 from podwire.ml2.trunk_driver import PodwireTrunkDriver
+
+if TYPE_CHECKING:
+    from podwire.ml2.worker import Worker
 
 log = get_logger(__name__)
 
@@ -46,15 +49,10 @@ def _segments(context: Any) -> list[binding.Segment]:
 
 class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
     def initialize(self) -> None:
-        # Imported here: neutron_sink pulls in the ML2 plugin machinery, which only a running
-        # neutron-server has fully set up.
-        from podwire.ml2.neutron_sink import NeutronPortStatus
-        from podwire.ml2.worker import Worker
-
         self.conf = options.register()
         self.cache = HostCache()
         self.trunk_driver = PodwireTrunkDriver.create()
-        etcd = EtcdSettings(
+        self.etcd = EtcdSettings(
             endpoints=list(self.conf.etcd_endpoints),
             ca_file=self.conf.etcd_ca_file,
             cert_file=self.conf.etcd_cert_file,
@@ -63,16 +61,32 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             password=self.conf.etcd_password,
             timeout=self.conf.etcd_timeout,
         )
-        etcd.validate()
+        self.etcd.validate()
+        self.journal = journal.SqlJournal(cfg.CONF.database.connection)
+        self.worker: Worker | None = None
+        PolicyJournal(self._kick_worker).subscribe()
+        # The worker (threads, an etcd channel, the forwarder's identity) belongs to the process
+        # that serves requests. The API's gunicorn worker builds the plugin and publishes
+        # AFTER_INIT itself; neutron-rpc-server builds it in a parent that then forks its RPC
+        # workers, each publishing AFTER_INIT: threads and gRPC channels do not survive a fork.
+        registry.subscribe(self._start_worker, resources.PROCESS, events.AFTER_INIT)
+
+    def _start_worker(self, _resource: str, _event: str, _trigger: Any, **_kwargs: Any) -> None:
+        if self.worker is not None:
+            return
+        # Imported here: neutron_sink pulls in the ML2 plugin machinery, which only a running
+        # neutron-server has fully set up.
+        from podwire.ml2.neutron_sink import NeutronPortStatus
+        from podwire.ml2.worker import Worker
+
         forwarder = ForwarderSettings(
             identity=f"{socket.gethostname()}:{os.getpid()}",
             lease_ttl=self.conf.election_ttl,
             batch_size=self.conf.forwarder_batch_size,
             poll_interval=self.conf.forwarder_poll_interval,
         )
-        self.journal = journal.SqlJournal(cfg.CONF.database.connection)
         self.worker = Worker(
-            etcd,
+            self.etcd,
             self.cache,
             self.journal,
             NeutronPortStatus(),
@@ -80,11 +94,14 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             journal_depth=self.journal.depth,
             policy=PolicySnapshot(cfg.CONF.database.connection),
         )
-        PolicyJournal(self.worker.kick).subscribe()
         self.worker.start()
         if not self.cache.synced.wait(self.conf.startup_sync_timeout):
             log.warning("ml2.driver.host_state_not_synced", timeout=self.conf.startup_sync_timeout)
-        log.info("ml2.driver.initialized", pid=os.getpid(), etcd=",".join(etcd.endpoints))
+        log.info("ml2.driver.initialized", pid=os.getpid(), etcd=",".join(self.etcd.endpoints))
+
+    def _kick_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.kick()
 
     @property
     def connectivity(self) -> str:
@@ -199,4 +216,4 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
         if any(bound_segment(level) is not None for level in levels) or any(
             port and port.get("security_groups") for port in ports
         ):
-            self.worker.kick()
+            self._kick_worker()

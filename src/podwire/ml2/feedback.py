@@ -17,7 +17,7 @@ from podwire.backoff import Backoff
 from podwire.errors import RetryableError
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
-from podwire.ml2.host_cache import Change, HostCache
+from podwire.ml2.host_cache import HostCache, StateChange
 from podwire.ml2.mlog import get_logger
 
 log = get_logger(__name__)
@@ -81,7 +81,7 @@ class Feedback:
     async def _follow(self) -> None:
         self.watcher = PrefixWatcher(self._client, self._prefix)
         async for batch in self.watcher.batches():
-            changes: list[Change] = []
+            changes: list[StateChange] = []
             for event in batch.events:
                 changes += self._cache.apply(event.kind, event.key, event.value)
             first = not self._cache.synced.is_set()
@@ -96,17 +96,17 @@ class Feedback:
 
     async def resync(self) -> None:
         """Bring Neutron in line with everything the cache knows."""
-        changes = [Change("host_down", host) for host in self._cache.dead_hosts()]
+        changes = [StateChange("host_down", host) for host in self._cache.dead_hosts()]
         for host, port in self._cache.wired_ports():
-            changes.append(Change("port_wired", host, port))
+            changes.append(StateChange("port_wired", host, port))
         await self._act(changes)
 
-    async def _act(self, changes: list[Change]) -> None:
+    async def _act(self, changes: list[StateChange]) -> None:
         async with self._lock:
             for change in changes:
                 await self._act_one(change)
 
-    async def _act_one(self, change: Change, attempt: int = 0) -> None:
+    async def _act_one(self, change: StateChange, attempt: int = 0) -> None:
         host, port = change.host, change.port_id
         try:
             if change.kind == "port_wired" and port is not None:
@@ -124,7 +124,7 @@ class Feedback:
             elif change.kind == "host_up":
                 log.info("ml2.feedback.host_up", host=host)
                 for _host, wired in self._cache.wired_ports(host):
-                    await self._act_one(Change("port_wired", host, wired))
+                    await self._act_one(StateChange("port_wired", host, wired))
         except RetryableError as exc:
             delay = RETRY.delay(attempt)
             log.error(
@@ -137,7 +137,7 @@ class Feedback:
             )
             self._spawn(self._retry(change, attempt + 1, delay))
 
-    async def _retry(self, change: Change, attempt: int, delay: float) -> None:
+    async def _retry(self, change: StateChange, attempt: int, delay: float) -> None:
         """Act again later; the sink re-reads the port, so a stale retry does no harm."""
         await asyncio.sleep(delay)
         if self._is_active():

@@ -159,7 +159,8 @@ class Forwarder:
             backoff.reset()
             if not self.backlog:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), settings.poll_interval)
+                    async with asyncio.timeout(settings.poll_interval):
+                        await self._wake.wait()
 
     async def _catch_up(self, lease: Lease, backoff: Backoff) -> None:
         """On taking the lead: send what is queued, then resync the policy keys (once)."""

@@ -32,7 +32,7 @@ class HostState:
 
 
 @dataclass(frozen=True)
-class Change:
+class StateChange:
     """What a state event means for Neutron; the feedback loop acts on these."""
 
     kind: Literal["port_wired", "port_unwired", "host_up", "host_down"]
@@ -84,7 +84,7 @@ class HostCache:
         with self._lock:
             return sorted(name for name, entry in self._hosts.items() if not entry.alive)
 
-    def apply(self, kind: Literal["put", "delete"], key: str, raw: bytes) -> list[Change]:
+    def apply(self, kind: Literal["put", "delete"], key: str, raw: bytes) -> list[StateChange]:
         """Fold one watch event in; returns what changed for Neutron (maybe nothing)."""
         parsed = keys.parse_state_key(key)
         if parsed is None:
@@ -109,14 +109,14 @@ class HostCache:
 
     def _apply(
         self, entry: _Host, host: str, what: str, name: str | None, raw: bytes | None, key: str
-    ) -> list[Change]:
+    ) -> list[StateChange]:
         if what == "alive":
             was = entry.alive
             if raw is not None:
                 values.parse_alive(raw, key)
             entry.alive = raw is not None
             if entry.alive != was:
-                return [Change("host_up" if entry.alive else "host_down", host)]
+                return [StateChange("host_up" if entry.alive else "host_down", host)]
             return []
         if what == "physnets":
             assert name is not None
@@ -137,13 +137,13 @@ class HostCache:
         if raw is None:
             if name in entry.ports:
                 entry.ports.discard(name)
-                return [Change("port_unwired", host, name)]
+                return [StateChange("port_unwired", host, name)]
             return []
         values.parse_port_state(raw, key)
         entry.ports.add(name)
-        return [Change("port_wired", host, name)]
+        return [StateChange("port_wired", host, name)]
 
-    def _apply_invalid(self, host: str, what: str, name: str | None) -> list[Change]:
+    def _apply_invalid(self, host: str, what: str, name: str | None) -> list[StateChange]:
         """An unreadable value counts as absent: never bind or go ACTIVE on a guess."""
         with self._lock:
             entry = self._hosts.setdefault(host, _Host())
@@ -155,8 +155,8 @@ class HostCache:
                 entry.capabilities = None
             elif what == "ports" and name is not None and name in entry.ports:
                 entry.ports.discard(name)
-                return [Change("port_unwired", host, name)]
+                return [StateChange("port_unwired", host, name)]
             elif what == "alive" and entry.alive:
                 entry.alive = False
-                return [Change("host_down", host)]
+                return [StateChange("host_down", host)]
             return []

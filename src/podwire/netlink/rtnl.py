@@ -23,7 +23,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-NLMSG_ERROR, NLMSG_DONE, NLMSG_OVERRUN = 2, 3, 4
+NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 NLM_F_DUMP = 0x300
 RTMGRP_LINK = 0x1

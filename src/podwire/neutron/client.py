@@ -102,16 +102,24 @@ def _error_type(exc: os_exc.HttpException) -> str:
     return str(error.get("type") or "") if isinstance(error, dict) else ""
 
 
+def neutron_connection(endpoint: str) -> Any:
+    """An openstacksdk connection to a noauth Neutron (the local stack's): the services' with
+    ``neutron.endpoint``, and the one the tests, the demo and the benchmarks talk through."""
+    import openstack
+
+    return openstack.connect(
+        auth_type="none",
+        network_endpoint_override=endpoint,
+        load_yaml_config=False,
+        load_envvars=False,
+    )
+
+
 def connect(settings: NeutronSettings) -> NeutronClient:
     import openstack
 
     if settings.endpoint:
-        conn = openstack.connect(
-            auth_type="none",
-            network_endpoint_override=settings.endpoint,
-            load_yaml_config=False,
-            load_envvars=False,
-        )
+        conn = neutron_connection(settings.endpoint)
     elif settings.cloud:
         try:
             conn = openstack.connect(cloud=settings.cloud)
@@ -235,10 +243,6 @@ class NeutronClient:
     @_translated("delete trunk subports")
     def delete_trunk_subports(self, trunk_id: str, port_ids: Iterable[str]) -> Any:
         return self._network.delete_trunk_subports(trunk_id, [{"port_id": p} for p in port_ids])
-
-    @_translated("list trunk subports")
-    def trunk_subports(self, trunk_id: str) -> list[dict[str, Any]]:
-        return list(self._network.get_trunk_subports(trunk_id)["sub_ports"])
 
     @_translated("list networks")
     def list_networks(self, **filters: Any) -> list[Any]:

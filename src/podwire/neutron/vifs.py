@@ -1,8 +1,8 @@
 """The one conversion of a Neutron port into podwire's VIF, with the network facts it needs.
 
-Both the controller (pooled ports) and the agent's ``noop`` source (a port per attachment)
-build VIFs here, so the two cannot drift apart: an unknown subnet is an error, SGs are sorted,
-the MAC is lower case and the vif type comes from the binding. The controller caches the
+Both the controller (pooled ports) and the agent's ``vif_source = "neutron"`` (a port per
+attachment) build VIFs here, so the two cannot drift apart: an unknown subnet is an error, SGs
+are sorted, the MAC is lower case and the vif type comes from the binding. The controller caches the
 network facts, so building a VIF for a pooled port costs no Neutron call.
 """
 

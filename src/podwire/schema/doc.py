@@ -83,6 +83,35 @@ def decode_versioned(raw: bytes | str, what: str, max_bytes: int = MAX_VALUE) ->
     return versioned(decode(raw, what, max_bytes), what)
 
 
+class NewerVersion(ValidationError):
+    """Written by a newer podwire: not damaged, but not this version's to read or overwrite."""
+
+
+def decode_document(raw: bytes, what: str, max_bytes: int) -> dict[str, Any]:
+    """A whole file podwire keeps (the agent's and the device plugin's checkpoints): one
+    versioned object. Each way a file goes wrong gets its own message, since the operator
+    decides from it whether to move the file away."""
+    if len(raw) > max_bytes:
+        raise fields.fail(what, f"larger than {max_bytes} bytes")
+    if not raw.strip():
+        raise fields.fail(what, "file is empty (truncated?)")
+    try:
+        value = decode(raw, what, max_bytes)
+    except ValidationError as exc:
+        raise ValidationError(f"{exc}; the file is truncated or damaged") from exc
+    if not isinstance(value, dict):
+        raise fields.fail(what, "top level must be a JSON object")
+    version = value.get("v")
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise NewerVersion(
+            f"{what}: schema v={version} was written by a newer podwire; refusing to overwrite"
+            " it (upgrade podwire or move the file away)"
+        )
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise fields.fail(what, "missing or unknown schema version 'v'")
+    return value
+
+
 def encode(body: dict[str, Any]) -> bytes:
     """Canonical bytes: sorted keys make equal values byte-equal (no-op writes are skipped)."""
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()

@@ -13,7 +13,10 @@ from typing import Any
 
 from podwire.schema import doc, fields
 
-POD_DRIVERS = ("baremetal", "nested", "noop")
+POD_DRIVERS = ("baremetal", "nested", "unpooled")
+# Earlier names of pod drivers, still accepted as the name they became (the controller logs that
+# a configured one is deprecated).
+RENAMED_POD_DRIVERS = {"noop": "unpooled"}
 MAX_LIST = 32
 
 
@@ -69,12 +72,18 @@ def vtep_value(ip: str) -> bytes:
     return doc.encode_versioned({"ip": ip})
 
 
+def pod_driver(value: Any, what: str) -> str:
+    """A pod driver's name; an earlier name is read as the one it became."""
+    name = fields.one_of(value, what, (*POD_DRIVERS, *RENAMED_POD_DRIVERS))
+    return RENAMED_POD_DRIVERS.get(name, name)
+
+
 def parse_capabilities(raw: bytes, what: str = "capabilities") -> Capabilities:
     obj = doc.Obj(doc.decode_versioned(raw, what), what)
     return Capabilities(
         frozenset(obj.req("vif_types", _vif_types)),
         frozenset(obj.req("network_types", _network_types)),
-        obj.maybe("pod_driver", lambda v, w: fields.one_of(v, w, POD_DRIVERS)),
+        obj.maybe("pod_driver", pod_driver),
     )
 
 

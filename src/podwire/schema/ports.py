@@ -22,6 +22,20 @@ VIF_VETH = "veth"
 VIF_VHOSTUSER = "vhostuser"
 PODWIRE_VIF_TYPES = (VIF_TAP, VIF_VETH, VIF_VHOSTUSER)
 
+# The host device of a port of vif type tap, as Nova and os-vif name it (and QEMU/libvirt and
+# podwire's interface driver make it): "tap" + the port id's first 11 characters.
+TAP_PREFIX = "tap"
+TAP_NAME_LENGTH = 14
+
+
+def tap_name(port_id: str) -> str:
+    return (TAP_PREFIX + port_id)[:TAP_NAME_LENGTH]
+
+
+def is_tap_name(name: str) -> bool:
+    return name.startswith(TAP_PREFIX) and len(name) == TAP_NAME_LENGTH
+
+
 MAX_FIXED_IPS = 32
 MAX_SECURITY_GROUPS = 64
 MAX_ADDRESS_PAIRS = 64
@@ -98,10 +112,6 @@ class DesiredPort:
         ``network:*``, DHCP and routers), which Neutron trusts: a router forwards frames
         whose addresses are other ports'."""
         return self.port_security_enabled and not self.device_owner.startswith("network:")
-
-    @property
-    def trunk_vlan(self) -> int | None:
-        return None if self.trunk is None else self.trunk.segmentation_id
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""Starting a stack in the background and connecting to it: shared by the demo and benches."""
+"""Starting a stack in the background: shared by the demo, the tests and the benches."""
 
 from __future__ import annotations
 
@@ -43,18 +43,6 @@ def stop_background(proc: subprocess.Popen[bytes], timeout: float = 90.0) -> int
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     return proc.wait(timeout=timeout)
-
-
-def neutron_connection(endpoint: str) -> Any:
-    """An openstacksdk connection to a noauth Neutron (the local stack's)."""
-    import openstack
-
-    return openstack.connect(
-        auth_type="none",
-        network_endpoint_override=endpoint,
-        load_yaml_config=False,
-        load_envvars=False,
-    )
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -1,4 +1,11 @@
-"""neutron.conf and ml2_conf.ini for the local stack (noauth, fake transport, ML2 + trunk)."""
+"""neutron.conf and ml2_conf.ini for the local stack (noauth, ML2 + trunk).
+
+Without an RPC bus the transport is ``fake:/`` (in-process only) and the DHCP notifications
+are off. With ``--rpc`` the same files serve the API under gunicorn and ``neutron-rpc-server``:
+the API casts to the DHCP agents and schedules networks onto them, the RPC server answers them.
+Neutron sets up its DHCP scheduler and agent notifiers only when ``rpc_workers`` is not 0, in
+the API too.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +22,14 @@ NEUTRON_CONF = """\
 core_plugin = ml2
 service_plugins = trunk
 auth_strategy = noauth
-transport_url = fake:/
-dhcp_agent_notification = False
+transport_url = {transport_url}
+dhcp_agent_notification = {dhcp_notification}
+# One RPC worker process (neutron-rpc-server, with --rpc) that also takes the agents' state
+# reports: a second process would be a second Neutron plugin (and ml2 worker) on 2 cores.
+rpc_workers = 1
+rpc_state_report_workers = 0
+# The RPC server keeps its command line (stale children are recognised by it).
+setproctitle = off
 allow_overlapping_ips = True
 host = {host}
 state_path = {state_path}
@@ -74,6 +87,7 @@ class NeutronConfig:
     vni_ranges: str = "1001:5000"
     etcd_user: str = ""
     etcd_password: str = ""
+    transport_url: str = ""  # empty: no RPC bus (fake:/, no DHCP notifications)
 
     def write(self) -> None:
         # Owner-only: neutron.conf may carry the etcd server user's password.
@@ -89,6 +103,8 @@ class NeutronConfig:
             "etcd_url": self.etcd_url,
             "vlan_ranges": self.vlan_ranges,
             "vni_ranges": self.vni_ranges,
+            "transport_url": self.transport_url or "fake:/",
+            "dhcp_notification": bool(self.transport_url),
             "etcd_auth": (
                 f"etcd_user = {self.etcd_user}\netcd_password = {self.etcd_password}\n"
                 if self.etcd_user
@@ -99,6 +115,11 @@ class NeutronConfig:
         (self.config_dir / "neutron.conf").chmod(0o600)
         (self.config_dir / "ml2_conf.ini").write_text(ML2_CONF.format(**values))
         shutil.copyfile(_api_paste_ini(), self.config_dir / "api-paste.ini")
+
+    def config_args(self) -> list[str]:
+        """The same files on a command line (neutron-rpc-server, which parses argv)."""
+        files = ("neutron.conf", "ml2_conf.ini")
+        return [arg for name in files for arg in ("--config-file", str(self.config_dir / name))]
 
     def environ(self) -> dict[str, str]:
         """What the WSGI shim reads to find this configuration."""

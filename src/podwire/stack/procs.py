@@ -21,19 +21,32 @@ from pathlib import Path
 from podwire.errors import StackError
 
 
-def _with_parent_death_signal(argv: Sequence[str]) -> list[str]:
+def _with_parent_death_signal(argv: Sequence[str], user: str | None) -> list[str]:
+    """``argv`` under setpriv: the parent-death signal, and the user to run as if any.
+
+    One setpriv does both, the signal set after the user change: the kernel clears a
+    parent-death signal when a process's credentials change.
+    """
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
+    if not setpriv:
+        if user:
+            raise StackError("setpriv (util-linux) is needed to run a child as another user")
+        return list(argv)
+    as_user = ["--reuid", user, "--regid", user, "--init-groups"] if user else []
+    return [setpriv, *as_user, "--pdeathsig", "TERM", "--", *argv]
 
 
 def spawn(
-    argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+    argv: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    user: str | None = None,
 ) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
         try:
             return subprocess.Popen(
-                _with_parent_death_signal(argv),
+                _with_parent_death_signal(argv, user),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -1,5 +1,8 @@
 """``podwire stack up/down``: run etcd, MariaDB and Neutron as one supervised unit.
 
+With ``--rpc`` the unit also holds a private RabbitMQ (with its own epmd) and
+``neutron-rpc-server``, which Neutron's agents (``podwire neutron-agent``) talk to.
+
 The supervisor holds an exclusive ``flock`` on ``DIR/stack.lock`` for its whole life: that lock,
 not the presence of ``stack.json``, says whether a stack runs on a data dir. A ``stack.json``
 without a lock holder is what a crashed run leaves behind; its children (matched by their exact
@@ -29,11 +32,17 @@ from podwire.stack import etcd_auth, etcd_server, procs
 from podwire.stack.mariadb import MariaDB
 from podwire.stack.netutil import http_ok, pick_port, wait_until
 from podwire.stack.neutron_conf import NeutronConfig
+from podwire.stack.rabbitmq import RabbitMQ
 
 log = get_logger(__name__)
 
 STACK_JSON = "stack.json"
 SCHEMA_MARKER = "neutron-schema.done"
+RPC_SERVER = "rpc-server"
+# The queues neutron-rpc-server consumes: the agents' calls and their state reports.
+RPC_QUEUES = ("q-plugin", "q-reports-plugin")
+# Stopped in this order: the servers before the bus, the bus before the stores.
+STOP_ORDER = ("neutron", "rpc", "rabbitmq", "epmd", "etcd", "mariadb")
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,7 @@ class StackOptions:
     etcd_auth: bool = False
     etcd_members: int = 1  # 1, 3 or 5: a cluster on loopback
     neutron_servers: int = 1  # neutron-server processes on the same database
+    rpc: bool = False  # RabbitMQ + neutron-rpc-server, for Neutron's agents
 
 
 class StopRequested(Exception):
@@ -62,7 +72,7 @@ class Stack:
         _prepare_data_dir(self.data_dir)
         with _exclusive_lock(self.data_dir):
             _clean_stale(self.data_dir)
-            previous_signals = _install_signal_handlers()
+            previous_signals = install_stop_handlers()
             try:
                 info = self._start()
                 on_ready(info)
@@ -72,7 +82,7 @@ class Stack:
             finally:
                 self._stop_all()
                 (self.data_dir / STACK_JSON).unlink(missing_ok=True)
-                _restore_signal_handlers(previous_signals)
+                restore_signal_handlers(previous_signals)
 
     def _start(self) -> dict[str, Any]:
         started = time.monotonic()
@@ -80,6 +90,7 @@ class Stack:
         members = self.options.etcd_members
         etcds = etcd_server.cluster(self.data_dir, ports, members)
         endpoints = [member.client_url for member in etcds]
+        rabbit = self._start_rabbitmq(ports) if self.options.rpc else None
         mariadb = MariaDB(self.data_dir)
         mariadb.check_paths()
         mariadb.ensure_initialized(self.logs / "mariadb-install.log")
@@ -95,8 +106,19 @@ class Stack:
         neutron_ports = {
             name: pick_port(ports.get(name, 0)) for name in _neutron_names(self.options)
         }
+        transport_url = rabbit.transport_url if rabbit else ""
+        etcd_urls = ",".join(endpoints)
+        configs = {
+            name: self._neutron_config(name, mariadb.url, etcd_urls, server, transport_url)
+            for name in neutron_ports
+        }
+        if rabbit:
+            self._spawn_rpc_server(configs["neutron"])
         for name, port in neutron_ports.items():
-            self._start_neutron(name, mariadb.url, ",".join(endpoints), port, server)
+            self._start_neutron(name, configs[name], port)
+        if rabbit:
+            self._wait_ready("rabbitmq", rabbit.ready)
+            self._wait_ready(RPC_SERVER, lambda: rabbit.consumed(RPC_QUEUES))
         neutron_urls = [f"http://127.0.0.1:{port}/" for port in neutron_ports.values()]
         info = {
             "etcd": endpoints[0],
@@ -104,8 +126,13 @@ class Stack:
             "etcd_auth": server is not None,
             "neutron": neutron_urls[0],
             "neutron_servers": neutron_urls,
+            **({"transport_url": rabbit.transport_url} if rabbit else {}),
             "data_dir": str(self.data_dir),
-            "ports": {**etcd_server.port_entries(etcds), **neutron_ports},
+            "ports": {
+                **etcd_server.port_entries(etcds),
+                **neutron_ports,
+                **(_rabbitmq_ports(rabbit) if rabbit else {}),
+            },
             "pids": {"supervisor": os.getpid(), **{n: p.pid for n, p in self.children.items()}},
             "cmdlines": {
                 "supervisor": procs.cmdline(os.getpid()),
@@ -117,6 +144,29 @@ class Stack:
         log.info("stack.ready", data_dir=self.data_dir, seconds=info["ready_seconds"])
         return info
 
+    def _start_rabbitmq(self, ports: dict[str, int]) -> RabbitMQ:
+        """epmd, then the broker, which boots (~10 s) while the rest of the stack starts."""
+        rabbit = RabbitMQ(
+            self.data_dir,
+            amqp_port=pick_port(ports.get("rabbitmq", 0)),
+            dist_port=pick_port(ports.get("rabbitmq_dist", 0)),
+            epmd_port=pick_port(ports.get("epmd", 0)),
+        )
+        rabbit.prepare()
+        env = {**os.environ, **rabbit.environ()}
+        self._spawn("epmd", rabbit.epmd_argv(), env=env, user="rabbitmq")
+        self._wait_ready("epmd", rabbit.epmd_ready)
+        self._spawn("rabbitmq", rabbit.argv(), env=env, user="rabbitmq")
+        return rabbit
+
+    def _spawn_rpc_server(self, config: NeutronConfig) -> None:
+        """neutron-rpc-server on the first server's config: the WSGI app starts no RPC workers."""
+        binary = Path(sys.executable).parent / "neutron-rpc-server"
+        if not binary.exists():
+            raise StackError(f"{binary} not found: the neutron package is not installed here")
+        argv = [str(binary), *config.config_args(), "--log-file", str(self.logs / "rpc-server.log")]
+        self._spawn(RPC_SERVER, argv)
+
     def _etcd_server_user(self, etcd_url: str) -> etcd_auth.Credentials | None:
         """With --etcd-auth: auth on, and the user neutron-server's ml2 driver runs as."""
         if self.options.etcd_auth:
@@ -127,16 +177,16 @@ class Stack:
             )
         return None
 
-    def _start_neutron(
+    def _neutron_config(
         self,
         name: str,
         db_url: str,
         etcd_url: str,
-        port: int,
         server: etcd_auth.Credentials | None,
-    ) -> None:
-        """One neutron-server (``neutron``, ``neutron-2``, ...): its own config dir, state,
-        log and ``host`` (the forwarder's identity), the same database and etcd."""
+        transport_url: str,
+    ) -> NeutronConfig:
+        """One neutron-server's (``neutron``, ``neutron-2``, ...) files: its own config dir,
+        state, log and ``host`` (the forwarder's identity), the same database and etcd."""
         config = NeutronConfig(
             config_dir=self.data_dir / name.replace("neutron", "neutron-etc", 1),
             state_path=self.data_dir / name,
@@ -147,8 +197,12 @@ class Stack:
             host="podwire-stack" if name == "neutron" else f"podwire-stack-{name}",
             etcd_user=server.user if server else "",
             etcd_password=server.password if server else "",
+            transport_url=transport_url,
         )
         config.write()
+        return config
+
+    def _start_neutron(self, name: str, config: NeutronConfig, port: int) -> None:
         argv = [
             sys.executable, "-m", "gunicorn",
             "--no-control-socket",
@@ -178,16 +232,23 @@ class Stack:
             raise StackError(f"creating the Neutron schema failed; see {log_path}")
         marker.touch()
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> None:
         log.info("stack.start", service=name)
-        self.children[name] = procs.spawn(argv, self.logs / f"{name}.out", env)
+        self.children[name] = procs.spawn(argv, self.logs / f"{name}.out", env, user)
 
     def _wait_ready(self, name: str, check: Callable[[], bool]) -> None:
         proc = self.children[name]
         wait_until(check, name, self.options.ready_timeout, alive=lambda: proc.poll() is None)
 
     def _wait(self) -> int:
-        """Serve until a service is gone: every etcd member, every neutron-server, or MariaDB.
+        """Serve until a service is gone: every etcd member, every neutron-server, MariaDB, or
+        (with --rpc) the broker, its epmd or the RPC server.
 
         One member or server of several may die (a failover test kills them): that is logged
         and the rest keeps serving.
@@ -198,14 +259,14 @@ class Stack:
                 if proc.poll() is not None and name not in reported:
                     reported.add(name)
                     log.error("stack.child_exited", service=name, code=proc.returncode)
-            for kind in ("mariadb", "etcd", "neutron"):
+            for kind in STOP_ORDER:
                 kin = [name for name in self.children if _kind(name) == kind]
                 if kin and all(name in reported for name in kin):
                     return 1
             time.sleep(0.5)
 
     def _stop_all(self) -> None:
-        for kind in ("neutron", "etcd", "mariadb"):
+        for kind in STOP_ORDER:
             for name in [n for n in self.children if _kind(n) == kind]:
                 proc = self.children.pop(name)
                 procs.stop_child(proc, timeout=30)
@@ -213,8 +274,21 @@ class Stack:
 
 
 def _kind(child: str) -> str:
-    """``etcd-2`` -> ``etcd``, ``neutron-2`` -> ``neutron``."""
+    """``etcd-2`` -> ``etcd``, ``neutron-2`` -> ``neutron``, ``rpc-server`` -> ``rpc``."""
     return child.split("-", 1)[0]
+
+
+def _stop_rank(child: str) -> int:
+    kind = _kind(child)
+    return STOP_ORDER.index(kind) if kind in STOP_ORDER else len(STOP_ORDER)
+
+
+def _rabbitmq_ports(rabbit: RabbitMQ) -> dict[str, int]:
+    return {
+        "rabbitmq": rabbit.amqp_port,
+        "rabbitmq_dist": rabbit.dist_port,
+        "epmd": rabbit.epmd_port,
+    }
 
 
 def _neutron_names(options: StackOptions) -> list[str]:
@@ -256,7 +330,9 @@ def _clean_stale(data_dir: Path) -> None:
     if info is None:
         return
     cmdlines: dict[str, str] = info.get("cmdlines", {})
-    for name, pid in info.get("pids", {}).items():
+    pids: dict[str, int] = info.get("pids", {})
+    for name in sorted(pids, key=_stop_rank):
+        pid = pids[name]
         if name != "supervisor" and procs.terminate(pid, cmdlines.get(name, "\0"), timeout=30):
             log.warning("stack.stale_child_stopped", service=name, pid=pid)
     (data_dir / STACK_JSON).unlink(missing_ok=True)
@@ -310,13 +386,14 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise StopRequested(signal.Signals(signum).name)
 
 
-def _install_signal_handlers() -> dict[int, Any]:
+def install_stop_handlers() -> dict[int, Any]:
+    """SIGTERM and SIGINT raise ``StopRequested`` in the main thread."""
     previous: dict[int, Any] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, _raise_stop)
     return previous
 
 
-def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+def restore_signal_handlers(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)

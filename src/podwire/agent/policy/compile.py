@@ -8,8 +8,8 @@ Layout (docs/security-groups.md has the picture):
   neighbour advertisements only for those addresses, no DHCP server replies, router
   advertisements or redirects. At the bridge's forward hook, where both
   ports are known, the frame gets a mark: the id of the sending port's policy in the low 16
-  bits, the receiving port's in the high 16 bits. The kernel has no bridge conntrack
-  (DESIGN §11).
+  bits, the receiving port's in the high 16 bits. The kernel has no bridge conntrack (``ct``
+  is refused in the bridge family; docs/security-groups.md).
 - ``inet podwire``: br_netfilter passes bridged IPv4/IPv6 through the inet forward hook with
   conntrack, but names the bridge there, not the port; the mark says which policies. Two
   verdict map lookups jump to the policy chain of the sender (egress) and of the receiver

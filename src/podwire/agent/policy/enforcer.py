@@ -113,7 +113,6 @@ class PolicyEnforcer:
         self._listed = asyncio.Event()
         self._adopted = asyncio.Event()
         self.synced = asyncio.Event()
-        self.last_apply_seconds = 0.0
 
     # -- running -------------------------------------------------------------------------
 
@@ -156,11 +155,10 @@ class PolicyEnforcer:
         generation = self._request()
         async with self._changed:
             try:
-                remaining = max(0.0, deadline - loop.time())
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: max(self._done, self._failed) >= generation),
-                    remaining,
-                )
+                async with asyncio.timeout_at(deadline):
+                    await self._changed.wait_for(
+                        lambda: max(self._done, self._failed) >= generation
+                    )
             except TimeoutError as exc:
                 raise PolicyNotApplied(
                     f"security groups of port {port.port_id} not in force after {within:.0f} s"
@@ -176,7 +174,8 @@ class PolicyEnforcer:
 
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(known), within)
+                async with asyncio.timeout(within):
+                    await self._changed.wait_for(known)
             except TimeoutError:
                 missing = sorted(set(port.security_groups) - set(self.store.groups))
                 log.warning(
@@ -264,8 +263,11 @@ class PolicyEnforcer:
         if expiry is None:
             await self._dirty.wait()
             return
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+        # arrives as the event is set, and this loop would then never end.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._dirty.wait(), max(0.0, expiry - time.monotonic()))
+            async with asyncio.timeout(max(0.0, expiry - time.monotonic())):
+                await self._dirty.wait()
 
     def _port_policies(self) -> list[PortPolicy]:
         return [PortPolicy(e.port, e.ifname) for _, e in sorted(self._ports.items())]
@@ -335,7 +337,6 @@ class PolicyEnforcer:
         self._policy_ids = compiled.policy_ids
         self.enforced = compiled.enforced
         seconds = time.perf_counter() - started
-        self.last_apply_seconds = seconds
         self._metrics.policy_applies.labels(kind).inc()
         self._metrics.policy_seconds.observe(seconds)
         self._metrics.policy_ports.set(compiled.enforced)

@@ -1,0 +1,1 @@
+"""The ``podwire`` interface driver: Neutron's DHCP and L3 agents' ports on podwire networks."""
