@@ -23,6 +23,7 @@ SECTIONS = [
     "ml2_bench",
     "policy_bench",
     "controller_bench",
+    "pool_sync_bench",  # samples: ports deleted and ports re-addressed (10-100 each)
     "heal_bench",  # before recovery_bench: its controller lists every port of the stack
     "recovery_bench",
     "cni_bench",

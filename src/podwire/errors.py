@@ -11,6 +11,8 @@ class PodwireError(Exception):
     """Base of every error podwire raises on purpose."""
 
     retryable = False
+    # What kind of failure it is, for programs (the VIF API's "cause"); words are the message.
+    cause = "error"
 
 
 class RetryableError(PodwireError):
@@ -26,13 +28,19 @@ class PermanentError(PodwireError):
 class ConfigError(PermanentError):
     """A setting is missing, unknown or has a bad value; the message names the key."""
 
+    cause = "config"
+
 
 class ValidationError(PermanentError):
     """An input from outside (etcd value, request body, CNI input) is malformed."""
 
+    cause = "bad_request"
+
 
 class EtcdUnavailable(RetryableError):
     """etcd could not be reached or did not answer in time."""
+
+    cause = "etcd_unavailable"
 
 
 class EtcdCompacted(RetryableError):
@@ -45,6 +53,8 @@ class EtcdCompacted(RetryableError):
 
 class NotLeader(RetryableError):
     """This process lost (or never had) the leadership a fenced write required."""
+
+    cause = "not_leader"
 
 
 class StackError(PermanentError):

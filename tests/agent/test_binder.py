@@ -10,7 +10,7 @@ import pytest
 
 from podwire import keys
 from podwire.agent import naming
-from podwire.agent.binder import Binder, BinderSettings
+from podwire.agent.binder import Binder, BinderSettings, PortVanished
 from podwire.agent.peers import PeerTracker
 from podwire.etcd import EtcdClient
 from podwire.netlink import HostNetlink
@@ -210,3 +210,32 @@ async def _gone(etcd: EtcdClient, key: str) -> bool:
 
 async def _no_link(ns: str, name: str) -> bool:
     return name not in links_in(ns)
+
+
+async def test_a_wired_port_is_ready_even_when_no_time_is_left(
+    bound: tuple[Binder, str, str], etcd: EtcdClient
+) -> None:
+    """An ADD whose VIF request used up its deadline still gets a port that is wired (it once
+    failed with "still has security groups [X] ..., not [X]", the same lists)."""
+    binder, _, host = bound
+    port, net = _ids()
+    await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:07", _ip()))
+    await binder.wait_wired(port, 10)
+    assert (await binder.wait_wired(port, 0.0, [])).port_id == port
+    await etcd.delete(keys.node_port(host, port))
+
+
+async def test_a_port_whose_desired_key_went_is_reported_vanished_at_once(
+    bound: tuple[Binder, str, str], etcd: EtcdClient
+) -> None:
+    binder, _, host = bound
+    port, net = _ids()
+    await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:08", _ip()))
+    await binder.wait_wired(port, 10)
+    waiting = asyncio.ensure_future(binder.wait_wired(port, 60, ["not-its-group"]))
+    await asyncio.sleep(0.1)
+    await etcd.delete(keys.node_port(host, port))
+    with pytest.raises(PortVanished, match="deleted or unbound in Neutron"):
+        await asyncio.wait_for(waiting, 10)
+    with pytest.raises(PortVanished):  # and for an ADD that asks only now
+        await binder.wait_wired(port, 60)

@@ -53,11 +53,17 @@ async def test_bad_env_and_config_get_spec_codes_and_create_nothing(
         "CNI_IFNAME": "eth0",
     }
     conf = agent.conf(vxnet.id)
-    for what, override, code in _env_cases(pod):
+    hosts = [
+        ("the host's netns", {"CNI_NETNS": f"/run/netns/{agent.netns}"}, spec.INVALID_ENV),
+        ("the agent's own netns", {"CNI_NETNS": "/proc/self/ns/net"}, spec.INVALID_ENV),
+    ]
+    for what, override, code in _env_cases(pod) + hosts:
         call = await acni(plugin, "ADD", conf, extra_env={**good, **override})
         assert call.code == code, (what, call.stdout)
         error = call.json
         assert error["code"] == code and error["msg"], what
+        if "netns" in what and what.startswith("the "):
+            assert "the host's own network namespace" in error["msg"], error
 
     config_cases = [
         ("not json", "{oops", spec.DECODE_FAILURE),

@@ -74,7 +74,7 @@ async def test_pods_and_rules_changed_by_packed_elements_end_where_text_does(
     new = compile_ruleset(_inputs([*range(1, 21), 21, 22][2:], 2000)).ruleset
     change = ruleset.change(base, new)
     assert change is not None and change.elements_only
-    assert {c.set_name for c in change.elements} >= {"ports", "src4", "src6", "src_mac"}
+    assert {c.set_name for c in change.elements} >= {"ports", "src4", "src6", "src_mac", "nd6"}
     assert any(c.verb == "delete" for c in change.elements)
     for item in change.elements:
         assert bodies(item)  # packed, not handed to libnftables

@@ -156,8 +156,10 @@ async def controllers(etcd: EtcdClient) -> AsyncIterator[Callable[..., Awaitable
 
 
 def pooled_ports(running: Running, key: Any) -> set[str]:
-    """Port ids free in one pool of a running controller, whatever their SG group."""
-    return {p for _, ports in running.service.pools.groups(key) for p in ports}
+    """Port ids free in one pool of a running controller, whatever their SG group, also
+    those not in the forwarder's mirror yet."""
+    pools = running.service.pools
+    return {p for _, ports in pools.groups(key) for p in ports} | set(pools.unseen(key))
 
 
 async def _bound(ctl: Controller) -> bool:

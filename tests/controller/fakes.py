@@ -105,7 +105,7 @@ class FakeNeutron:
     async def network(self, name_or_id: str, project_id: str | None) -> NetworkInfo:
         return self.networks_known[name_or_id]
 
-    async def check_security_groups(self, sgs: Iterable[str]) -> None:
+    async def check_security_groups(self, sgs: Iterable[str], project_id: str | None) -> None:
         return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 from podwire.config import PoolSettings
 from podwire.controller.pools import PoolKey, Pools, Taken, Waiter, sg_key
@@ -116,3 +117,79 @@ def test_refill_count_and_batches() -> None:
     assert refill_count(0, 30, settings) == 35
     assert refill_count(0, 0, PoolSettings(min=5, batch=10, max=6)) == 6
     assert batches(25, 10) == [10, 10, 5]
+
+
+class _Mirror:
+    """What the forwarder's mirror shows (the follower's map), set by the test."""
+
+    def __init__(self) -> None:
+        self.ports: dict[str, tuple[PoolKey, Vif]] = {}
+
+    def current(self, port_id: str) -> tuple[PoolKey, Vif] | None:
+        return self.ports.get(port_id)
+
+
+def test_a_port_the_mirror_does_not_show_is_counted_but_never_taken() -> None:
+    mirror = _Mirror()
+    pools = Pools(mirror=mirror)
+    port = vif()
+    pools.add(KEY, [port])
+    assert pools.size(KEY) == 1 and pools.unseen(KEY) == [port.port_id]
+    assert pools.take(KEY, ()) is None
+    served: list[Taken] = []
+    pools.wait(KEY, Waiter((), served.append))
+    now = replace(port, fixed_ips=[FixedIp("10.0.0.9", "s", "10.0.0.0/24", "10.0.0.1")])
+    mirror.ports[port.port_id] = (KEY, now)
+    assert pools.seen(KEY, now)
+    assert [t.vif for t in served] == [now]  # the waiter gets it as the mirror shows it
+    assert pools.size(KEY) == 0 and pools.unseen(KEY) == []
+
+
+def test_a_pooled_port_is_taken_as_the_mirror_shows_it_now() -> None:
+    mirror = _Mirror()
+    pools = Pools(mirror=mirror)
+    port = vif("sg1")
+    mirror.ports[port.port_id] = (KEY, port)
+    pools.add(KEY, [port])
+    readdressed = replace(
+        port,
+        fixed_ips=[FixedIp("10.0.0.77", "s", "10.0.0.0/24", "10.0.0.1")],
+        security_groups=["sg2"],
+    )
+    assert pools.seen(KEY, readdressed)
+    assert not pools.seen(KEY, readdressed)  # the same value again changes nothing
+    assert pools.groups(KEY) == [(("sg2",), [port.port_id])]
+    taken = pools.take(KEY, ("sg2",))
+    assert taken is not None and taken.vif == readdressed and not taken.sg_update
+
+
+def test_a_port_the_mirror_shows_on_another_node_leaves_its_pool() -> None:
+    mirror = _Mirror()
+    pools = Pools(mirror=mirror)
+    port, moved = vif(), vif()
+    mirror.ports[port.port_id] = (KEY, port)
+    other = KEY._replace(node="node-2")
+    mirror.ports[moved.port_id] = (other, moved)
+    pools.add(KEY, [port, moved])  # the moved one is not pooled here at all
+    assert pools.size(KEY) == 1 and not pools.known(moved.port_id)
+    assert pools.seen(other, port)
+    assert pools.size(KEY) == 0 and not pools.known(port.port_id)
+
+
+def test_subports_are_taken_as_they_came() -> None:
+    """A trunk subport is wired by the trunk's host: no node's mirror entry shows it."""
+    pools = Pools(mirror=_Mirror())
+    sub = replace(vif(), vlan_id=7)
+    pools.add(KEY, [sub])
+    taken = pools.take(KEY, ())
+    assert taken is not None and taken.vif == sub
+
+
+def test_unseen_ports_go_first_when_a_pool_shrinks() -> None:
+    mirror = _Mirror()
+    pools = Pools(mirror=mirror)
+    seen, unseen = vif(), vif()
+    mirror.ports[seen.port_id] = (KEY, seen)
+    pools.add(KEY, [seen, unseen])
+    assert pools.take_surplus(KEY, 1) == [unseen]
+    assert pools.size(KEY) == 1 and not pools.known(unseen.port_id)

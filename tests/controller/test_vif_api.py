@@ -113,7 +113,8 @@ async def test_tokens_and_bad_input_change_nothing(
             404,
             "security groups",
         ),
-        (json.dumps({**body, "project_id": "ab" * 16}).encode(), 404, "project"),
+        # another project than the network's: it may not use it (a tenant check, not "unknown")
+        (json.dumps({**body, "project_id": "ab" * 16}).encode(), 403, "project"),
         # Regressions: a trailing newline passed "$"-anchored patterns; deep nesting was a 500.
         (json.dumps({**body, "attachment": "c:eth0\n"}).encode(), 400, "attachment"),
         (json.dumps({**body, "network": network.id + "\n"}).encode(), 400, "network"),

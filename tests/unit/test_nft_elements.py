@@ -31,6 +31,22 @@ def test_concatenated_interval_has_a_closing_key_per_field() -> None:
     )
 
 
+def test_nd_targets_are_raw_128_bit_payloads_in_network_order() -> None:
+    """A ``typeof`` key of ``iifname . ether saddr . @th,64,128``: the bytes nft sends for
+    ``"pwp1" . 02:00:00:00:00:01 . 0xfe80...01`` (``nft --debug=netlink``)."""
+    exact = layout("typeof iifname . ether saddr . @th,64,128;")
+    got = pack(exact, '"pwp1" . 02:00:00:00:00:01 . 0xfe800000000000000000000000000001')
+    address = socket.inet_pton(socket.AF_INET6, "fe80::1")
+    assert got.key == b"pwp1" + b"\0" * 12 + bytes.fromhex("020000000001") + b"\0\0" + address
+    ranged = layout("typeof iifname . ether saddr . @th,64,128; flags interval;")
+    low, high = (f"0x{n:032x}" for n in (0x20010DB8 << 96, (0x20010DB9 << 96) - 1))
+    got = pack(ranged, f'"pwp1" . 02:00:00:00:00:01 . {low}-{high}')
+    assert got.key_end is not None
+    assert got.key_end[-16:] == socket.inet_pton(
+        socket.AF_INET6, "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"
+    )
+
+
 def test_maps_carry_marks_in_host_order_and_verdicts_by_chain() -> None:
     assert pack(layout("type ifname : mark;"), '"pwp1" : 101') == Packed(
         b"pwp1" + b"\0" * 12, value=(101).to_bytes(4, sys.byteorder)
@@ -65,6 +81,8 @@ def test_ports_and_protocols_are_big_endian_ranges_in_whole_registers() -> None:
         ("type inet_proto . inet_service;", "6"),  # a field missing
         ("type mark : verdict;", "1 : accept"),
         ("type mark : verdict;", "1"),
+        ("typeof ip saddr;", "10.0.0.1"),  # an expression podwire's sets do not use
+        ("typeof iifname . @th,64,128;", '"pwp1" . 0x1' + "0" * 32),  # wider than 128 bits
     ],
 )
 def test_what_is_not_podwires_is_refused_before_anything_is_sent(spec: str, element: str) -> None:

@@ -7,6 +7,7 @@ group or remote group denies; ``change`` from a ruleset to itself is empty.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import random
@@ -168,6 +169,33 @@ def test_port_security_off_is_not_enforced() -> None:
     compiled = compile_ruleset(PolicyInputs({}, {}, {}, [off]))
     assert compiled.enforced == 0
     assert compiled.ruleset.sets[("bridge", "ports")].elements == frozenset()
+
+
+def test_a_port_may_advertise_exactly_the_ipv6_addresses_it_may_send_from() -> None:
+    """The ND target sets hold the port's IPv6 sources (link-local, pairs, prefixes) as
+    integers, keyed like ``src6``/``src6net``; IPv4 gives none."""
+    item = _port()
+    pair = AddressPair("fd00:7::/64", "fa:16:3e:00:00:99")
+    v6 = FixedIp("fd00:1::5", "s6", "fd00:1::/64", None)
+    port = dataclasses.replace(
+        item.port, fixed_ips=(*item.port.fixed_ips, v6), allowed_address_pairs=(pair,)
+    )
+    sets = compile_ruleset(PolicyInputs({}, {}, {}, [PortPolicy(port, item.ifname)])).ruleset.sets
+
+    def addresses(name: str) -> set[str]:
+        return {e.rsplit(" . ", 1)[1] for e in sets[("bridge", name)].elements}
+
+    def integer(address: str) -> str:
+        return f"0x{int(ipaddress.IPv6Address(address)):032x}"
+
+    assert addresses("nd6") == {integer(a) for a in addresses("src6")}
+    assert addresses("src6") == {"fd00:1::5", "fe80::f816:3eff:fe00:1", "fe80::f816:3eff:fe00:99"}
+    net = ipaddress.IPv6Network("fd00:7::/64")
+    assert addresses("nd6net") == {
+        f"{integer(str(net.network_address))}-{integer(str(net.broadcast_address))}"
+    }
+    heads = {e.rsplit(" . ", 1)[0] for e in sets[("bridge", "nd6net")].elements}
+    assert heads == {f'"{item.ifname}" . fa:16:3e:00:00:99'}
 
 
 junk = st.recursive(

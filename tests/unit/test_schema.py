@@ -151,15 +151,39 @@ def test_vif_round_trip(port: DesiredPort) -> None:
     ifname=ifnames,
     sgs=st.lists(uuids, max_size=5),
     pod=st.none() | st.builds(PodRef, st.text(max_size=10), st.text(max_size=10)),
+    replaces=st.none() | uuids,
 )
 def test_vif_request_round_trip(
-    container: str, ifname: str, sgs: list[str], pod: PodRef | None
+    container: str, ifname: str, sgs: list[str], pod: PodRef | None, replaces: str | None
 ) -> None:
     pod = None if pod is None else PodRef(*(_printable(v) for v in (pod.namespace, pod.name)))
     request = VifRequest(
-        fields.attachment_id(container, ifname), "net", None, tuple(sorted(set(sgs))), pod
+        fields.attachment_id(container, ifname),
+        "net",
+        None,
+        tuple(sorted(set(sgs))),
+        pod,
+        replaces,
     )
-    assert VifRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
+    body = request.to_json()
+    assert ("replaces" in body) == (replaces is not None)  # older controllers refuse it
+    assert VifRequest.from_json(json.loads(json.dumps(body))) == request
+
+
+@settings(max_examples=examples(50), deadline=None)
+@given(port=desired_ports, other=uuids, which=st.sampled_from(["port_id", "network_id"]))
+def test_in_use_records_whose_ids_disagree_are_refused(
+    port: DesiredPort, other: str, which: str
+) -> None:
+    vif = Vif(port.port_id, port.network_id, "ab", port.mac_address, port.mtu, list(port.fixed_ips))
+    raw = records.InUseValue("ab", vif).encode()
+    assert records.parse_in_use(raw, "in use").vif == vif
+    edited = json.loads(raw)
+    if edited[which] == other:
+        return
+    edited[which] = other
+    with pytest.raises(ValidationError, match=f"{which} differs from the VIF's"):
+        records.parse_in_use(json.dumps(edited).encode(), "in use")
 
 
 def _printable(value: str) -> str:

@@ -31,9 +31,16 @@ from podwire.schema.ports import DesiredPort, parse_desired_port
 
 log = get_logger(__name__)
 
+REMEMBER_REMOVED = 4096  # ports whose desired key went away, kept for ADDs still to ask
+
 
 class PortNotWired(RetryableError):
     """The port is not wired on this host (yet): the forwarder has not sent it, or it failed."""
+
+
+class PortVanished(PortNotWired):
+    """The port's desired key went away before it was wired (Neutron deleted or unbound it):
+    waiting cannot help, another port can."""
 
 
 class PortNotWiredPermanent(PermanentError):
@@ -75,6 +82,7 @@ class Binder:
         self._desired: dict[str, bytes] = {}
         self.wired: dict[str, DesiredPort] = {}
         self.failed: dict[str, str] = {}
+        self.removed: dict[str, None] = {}  # desired key deleted (oldest first), until put again
         self._plans: dict[str, NetworkPlan] = {}  # network id -> plumbing ensured on the host
         self._peers: set[str] = set()
         self._kernel = asyncio.Lock()
@@ -127,6 +135,7 @@ class Binder:
             port_id = parsed[1]
             if event.kind == "put":
                 self._desired[port_id] = event.value
+                self.removed.pop(port_id, None)
                 await self._bind(port_id, event.value)
             else:
                 self._desired.pop(port_id, None)
@@ -174,6 +183,9 @@ class Binder:
         port = self.wired.get(port_id)
         # First: if etcd fails here nothing has changed yet, so the replayed delete redoes it all.
         await self._etcd.delete(keys.state_port(self._settings.host, port_id))
+        self.removed[port_id] = None
+        if len(self.removed) > REMEMBER_REMOVED:
+            del self.removed[next(iter(self.removed))]
         await self._set(port_id, None, None)
         if self.devices is not None:
             self.devices.unbound(port_id)
@@ -260,11 +272,13 @@ class Binder:
     ) -> DesiredPort:
         """The wired port, once it is; PortNotWired after ``within`` seconds. With
         ``security_groups``, once its desired value carries exactly those: a pooled port the
-        controller moved to other groups is enforced with the new ones, never the old."""
+        controller moved to other groups is enforced with the new ones, never the old.
+        PortVanished at once when the port's desired key was deleted (before or while
+        waiting): the ADD asks for another port instead of waiting for this one."""
         wanted = None if security_groups is None else set(security_groups)
 
         def ready() -> bool:
-            if port_id in self.failed:
+            if port_id in self.failed or port_id in self.removed:
                 return True
             port = self.wired.get(port_id)
             return port is not None and (wanted is None or set(port.security_groups) == wanted)
@@ -274,20 +288,29 @@ class Binder:
                 async with asyncio.timeout(within):
                     await self._changed.wait_for(ready)
             except TimeoutError as exc:
-                if port_id in self.wired and wanted is not None:
-                    raise PortNotWired(
-                        f"port {port_id} still has security groups"
-                        f" {sorted(self.wired[port_id].security_groups)} on host"
-                        f" {self._settings.host}, not {sorted(wanted)}, after {within:.0f} s"
-                    ) from exc
-                raise PortNotWired(
-                    f"port {port_id} is not wired on host {self._settings.host} after"
-                    f" {within:.0f} s: its binding has not reached etcd (is the ml2 forwarder"
-                    " running?)"
-                ) from exc
+                if not ready():  # it may have come while the time-out took the lock back
+                    raise self._not_wired(port_id, within, wanted) from exc
             if port_id in self.wired:
                 return self.wired[port_id]
+            if port_id in self.removed:
+                raise PortVanished(
+                    f"port {port_id} was deleted or unbound in Neutron before it was wired on"
+                    f" host {self._settings.host}"
+                )
             raise PortNotWiredPermanent(f"port {port_id} cannot be wired: {self.failed[port_id]}")
+
+    def _not_wired(self, port_id: str, within: float, wanted: set[str] | None) -> PortNotWired:
+        host = self._settings.host
+        if port_id in self.wired and wanted is not None:
+            return PortNotWired(
+                f"port {port_id} still has security groups"
+                f" {sorted(self.wired[port_id].security_groups)} on host {host}, not"
+                f" {sorted(wanted)}, after {within:.0f} s"
+            )
+        return PortNotWired(
+            f"port {port_id} is not wired on host {host} after {within:.0f} s: its binding"
+            " has not reached etcd (is the ml2 forwarder running?)"
+        )
 
     def plan_for(self, network_id: str) -> NetworkPlan | None:
         return self._plans.get(network_id)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from podwire.agent import naming
 from podwire.agent.attach import Attacher, addresses_of
+from podwire.agent.binder import PortVanished
 from podwire.agent.checkpoint import EntryStore
 from podwire.agent.memif import MEMIF_IFNAME, MemifPlan, MemifService
 from podwire.agent.metrics import AgentMetrics
@@ -35,7 +36,7 @@ from podwire.cni.result import add_memif, render
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger
-from podwire.netlink import NotANamespace, is_netns
+from podwire.netlink import NotANamespace, host_netns_files, is_netns, same_netns
 from podwire.schema import doc, fields
 from podwire.schema.checkpoints import Attached, Attachment, MemifEntry
 from podwire.schema.vif import Vif
@@ -43,6 +44,9 @@ from podwire.schema.vif import Vif
 log = get_logger(__name__)
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+# Ports an ADD replaces after they vanished before being wired (deleted or unbound in
+# Neutron): more in one ADD means someone is deleting the pool's ports as it hands them out.
+MAX_VANISHED = 3
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class HandlerSettings:
     host: str
     add_timeout: float = 60.0
     nested_uplink: str = ""  # nested mode: VIFs with a vlan_id become VLANs of this interface
+    host_netns: str = ""  # the host's namespace by name (simulated hosts); "": the agent's own
 
 
 class CniHandler:
@@ -66,6 +71,7 @@ class CniHandler:
         memif: MemifService | None = None,
     ) -> None:
         self._settings = settings
+        self._host_namespaces = host_netns_files(settings.host_netns)
         self._memif = memif
         self._metrics = metrics or AgentMetrics()
         self._vifs = vifs
@@ -145,6 +151,12 @@ class CniHandler:
                 spec.INVALID_ENV,
                 f"CNI_NETNS {req.netns} does not exist or is not a network namespace",
             )
+        if any(same_netns(req.netns, host) for host in self._host_namespaces):
+            raise CniError(
+                spec.INVALID_ENV,
+                f"CNI_NETNS {req.netns} is the host's own network namespace, not a pod's: a"
+                " pod (hostNetwork pods included) is never given a podwire port there",
+            )
         if req.pod is not None and self._pods is not None:
             self._pods.cancel(req.pod.namespace, req.pod.name)
         deadline = asyncio.get_running_loop().time() + self._settings.add_timeout
@@ -152,12 +164,23 @@ class CniHandler:
             vif = existing.vif
         else:
             vif = await self._vifs.request(vif_request(req, req.attachment), deadline)
+        requested = existing is None  # whether this ADD holds the VIF (and releases it)
         try:
-            entry = await self._wire(req, vif, deadline)
+            for attempt in range(MAX_VANISHED + 1):
+                try:
+                    entry = await self._wire(req, vif, deadline)
+                    break
+                except PortVanished as exc:
+                    if attempt == MAX_VANISHED:
+                        raise
+                    log.info("agent.cni.port_vanished", attachment=req.attachment, error=str(exc))
+                    again = vif_request(req, req.attachment, replaces=vif.port_id)
+                    vif = await self._vifs.request(again, deadline)
+                    requested = True
             memif = await self._memif.attach(MemifPlan(req, deadline)) if self._memif else None
         except BaseException:
             self._attacher.forget(vif.port_id)
-            await self._rollback(req.attachment, vif if existing is None else None)
+            await self._rollback(req.attachment, vif if requested else None)
             raise
         log.info("agent.cni.added", attachment=req.attachment, port=vif.port_id)
         return self._result(req, entry, memif)

@@ -1,14 +1,16 @@
 """The VIF source that asks the podwire controller (docs/vif-api.md) for a pooled port.
 
 503 + ``Retry-After`` means "no port ready yet": retried until the ADD's deadline, then the
-runtime gets "try again" (11). 4xx answers are permanent and their message is passed on,
-because it names what to fix (network, project, SG, token).
+runtime gets "try again" (11). An answer the controller marks ``"retryable": false`` (the 4xx:
+unknown or foreign network or SG, ambiguous name, network down or without subnet, subnet full,
+physnet not served) is permanent and its message is passed on (code 7), because it names what
+to fix; a refused token is a configuration error of this node.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -59,6 +61,9 @@ class ControllerVifSource:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._retry_delay = retry_delay
         self._session: aiohttp.ClientSession | None = None
+        # attachment -> port id of this node's checkpoint: settles the controller's disputes
+        # (a port several attachments hold after a restore: the checkpoint's keeps it).
+        self.claims: Callable[[], Mapping[str, str]] | None = None
 
     @property
     def _base(self) -> str:
@@ -109,7 +114,7 @@ class ControllerVifSource:
                     return _vif(payload)
                 raise _error(resp, payload)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ControllerUnavailable(f"controller at {self._base}: {exc}") from exc
+            raise _unreachable(self._base, exc, self._timeout.total) from exc
 
     async def release(self, attachment: str, vif: Vif | None) -> None:
         if not nameable(attachment):
@@ -127,7 +132,7 @@ class ControllerVifSource:
                     return
                 raise _error(resp, await _json(resp))
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ControllerUnavailable(f"controller at {url}: {exc}") from exc
+            raise _unreachable(url, exc, self._timeout.total) from exc
 
     async def attachments(self) -> dict[str, Vif]:
         return await self._on_any(self._list)
@@ -142,15 +147,44 @@ class ControllerVifSource:
                 if resp.status != 200:
                     raise _error(resp, payload)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ControllerUnavailable(f"controller at {self._base}: {exc}") from exc
+            raise _unreachable(self._base, exc, self._timeout.total) from exc
         items = payload.get("attachments")
         if not isinstance(items, dict):
             raise ControllerUnavailable("controller: 'attachments' missing from the answer")
         # Keys in canonical form, so records from before the ``<container>:<ifname>`` ids match.
-        return {
+        found = {
             fields.attachment(key, "controller attachment"): Vif.from_json(value)
             for key, value in items.items()
         }
+        for attachment in await self._settle(payload.get("disputed")):
+            found.pop(attachment, None)
+        return found
+
+    async def _settle(self, disputed: Any) -> list[str]:
+        """Release the attachments of a disputed port that the checkpoint does not name
+        (the one it names keeps the port); returns them. Nothing when the checkpoint names
+        none of them: then the runtime's DEL or GC decides."""
+        if not isinstance(disputed, dict) or not disputed or self.claims is None:
+            return []
+        claims = self.claims()
+        released = []
+        for port_id, attachments in disputed.items():
+            if not isinstance(attachments, list):
+                continue
+            named = [a for a in attachments if isinstance(a, str) and claims.get(a) == port_id]
+            if not named:
+                continue
+            for attachment in attachments:
+                if attachment not in named and nameable(attachment):
+                    log.warning(
+                        "agent.vif.duplicate_released",
+                        port=port_id,
+                        attachment=attachment,
+                        kept=named,
+                    )
+                    await self._delete(attachment)
+                    released.append(attachment)
+        return released
 
     async def healthy(self) -> tuple[bool, str]:
         try:
@@ -177,15 +211,35 @@ def _vif(payload: dict[str, Any]) -> Vif:
         raise ControllerUnavailable(f"controller sent a malformed VIF: {exc}") from exc
 
 
+# The controller's causes that say this node's token is wrong (not the request).
+TOKEN_CAUSES = frozenset({"unauthorized", "wrong_node"})
+
+
 def _error(resp: aiohttp.ClientResponse, payload: dict[str, Any]) -> Exception:
+    """The controller's answer as podwire's error: ``retryable`` (or a 5xx, 408, 429 from
+    whatever answered) is worth a retry, anything else is permanent and its message says what
+    to fix (docs/vif-api.md names the causes)."""
     message = str(payload.get("error") or resp.reason or "no message")
-    if resp.status in (401, 403):
+    cause = payload.get("cause")
+    if resp.status == 401 or (resp.status == 403 and cause in (None, *TOKEN_CAUSES)):
         return ConfigError(f"controller refused agent.token (HTTP {resp.status}): {message}")
-    if resp.status >= 500 or resp.status in (408, 429):
+    retryable = payload.get("retryable")
+    if retryable is True or (
+        retryable is None and (resp.status >= 500 or resp.status in (408, 429))
+    ):
         return ControllerUnavailable(
             f"controller: HTTP {resp.status}: {message}", _retry_after(resp)
         )
     return ControllerRefused(f"controller: HTTP {resp.status}: {message}", resp.status)
+
+
+def _unreachable(url: str, exc: BaseException, timeout: float | None) -> ControllerUnavailable:
+    """A transport failure, named: a time-out has no message of its own."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        detail = f"no answer within {timeout:.0f} s" if timeout else "no answer in time"
+    else:
+        detail = str(exc) or type(exc).__name__
+    return ControllerUnavailable(f"controller at {url}: {detail}")
 
 
 def nameable(attachment: str) -> bool:

@@ -37,6 +37,9 @@ class NeutronVifSource:
     async def request(self, req: VifRequest, deadline: float) -> Vif:
         network = await self._network(req.network, req.project_id)
         port = await self._existing(req.attachment)
+        if port is not None and str(port.id) == req.replaces:  # unbound: not ours to wire now
+            await asyncio.to_thread(self._client.delete_port, str(port.id))
+            port = None
         if port is None:
             port = await self._create(req, network)
         subnets = await asyncio.to_thread(self._client.list_subnets, network_id=network.id)

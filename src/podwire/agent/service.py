@@ -19,6 +19,7 @@ from podwire.agent.attach import Attacher
 from podwire.agent.binder import Binder, BinderSettings
 from podwire.agent.checkpoint import EntryStore
 from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
+from podwire.agent.controller_vifs import ControllerVifSource
 from podwire.agent.embedded_plugin import EmbeddedPlugin
 from podwire.agent.memif import MemifService
 from podwire.agent.metrics import AgentMetrics
@@ -143,8 +144,7 @@ class Agent:
         )
         stack.push_async_callback(_last_sweep, binder)  # runs before the heartbeat's revoke
         peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
-        checkpoint = checkpoints.attachments(agent.state_dir)
-        checkpoint.load()
+        checkpoint = _load_checkpoint(agent.state_dir, vifs)
         node = self._dataplane(stack, etcd, binder, vifs, plugin, memif_binary, kernel)
         memif, policy, taps = node.memif, node.policy, node.taps
         releaser = self._releaser(stack, plugin)
@@ -162,7 +162,9 @@ class Agent:
         handler = None
         if node.attacher is not None and kernel is not None:
             handler = CniHandler(
-                HandlerSettings(agent.host, agent.cni_timeout, agent.nested_uplink),
+                HandlerSettings(
+                    agent.host, agent.cni_timeout, agent.nested_uplink, agent.host_netns
+                ),
                 vifs,
                 node.attacher,
                 Plugger(*kernel),
@@ -384,6 +386,16 @@ async def _readiness(
     return await vifs.healthy()
 
 
+def _load_checkpoint(state_dir: str, vifs: VifSource) -> EntryStore[Attachment]:
+    """This node's attachments; a controller's listings settle its disputes with them (a port
+    several records hold after a restore stays with the attachment the checkpoint names)."""
+    checkpoint = checkpoints.attachments(state_dir)
+    checkpoint.load()
+    if isinstance(vifs, ControllerVifSource):
+        vifs.claims = lambda: {key: entry.vif.port_id for key, entry in checkpoint.entries.items()}
+    return checkpoint
+
+
 async def _default_vifs(settings: Settings) -> VifSource:
     agent = settings.agent
     if agent.vif_source == "neutron":
@@ -391,8 +403,6 @@ async def _default_vifs(settings: Settings) -> VifSource:
         from podwire.neutron.client import connect
 
         return NeutronVifSource(connect(settings.neutron), agent.host)
-    from podwire.agent.controller_vifs import ControllerVifSource
-
     return ControllerVifSource(agent.controller_url, agent.host, agent.token)
 
 

@@ -13,10 +13,13 @@ from podwire.cni.request import CniRequest
 from podwire.schema.vif import Vif, VifRequest
 
 
-def vif_request(req: CniRequest, attachment: str) -> VifRequest:
-    """What a CNI ADD asks the source for, for one of its ports (the pod's, its memif's)."""
+def vif_request(req: CniRequest, attachment: str, replaces: str | None = None) -> VifRequest:
+    """What a CNI ADD asks the source for, for one of its ports (the pod's, its memif's);
+    ``replaces``: the port it got before, which vanished before it was wired."""
     conf = req.conf
-    return VifRequest(attachment, conf.network, conf.project, conf.security_groups, req.pod)
+    return VifRequest(
+        attachment, conf.network, conf.project, conf.security_groups, req.pod, replaces
+    )
 
 
 class VifSource(Protocol):

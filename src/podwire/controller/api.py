@@ -1,7 +1,8 @@
 """The controller's HTTP face: VIF API (node tokens), admin API (admin token), OpenAPI, ops.
 
-Errors leave as JSON ``{"error": ...}`` with one status per error kind; retryable ones carry
-``"retryable": true`` and ``Retry-After`` so agents back off (and may try another controller).
+Errors leave as JSON ``{"error": <message>, "retryable": <bool>, "cause": <kind>}`` with one
+status per error kind; retryable ones carry ``Retry-After`` so agents back off (and may try
+another controller).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from aiohttp import web
 from podwire import __version__
 from podwire.config import ControllerSettings
 from podwire.controller import openapi, validate
-from podwire.controller.errors import Forbidden, NodeNotAlive, Unauthorized, UnknownResource
+from podwire.controller.errors import Forbidden, Unauthorized, UnknownResource, Unusable
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService, PoolSnapshot
 from podwire.errors import PermanentError, PodwireError, ValidationError
@@ -38,7 +39,7 @@ def _status(exc: PodwireError) -> int:
         (Unauthorized, 401),
         (Forbidden, 403),
         (UnknownResource, 404),
-        (NodeNotAlive, 409),
+        (Unusable, 409),
         (NeutronNotFound, 404),
         (ValidationError, 400),
     ):
@@ -49,18 +50,32 @@ def _status(exc: PodwireError) -> int:
     return 400 if isinstance(exc, PermanentError) else 500
 
 
+def error_response(status: int, message: str, cause: str, retryable: bool = False) -> web.Response:
+    """The one shape of every failure (docs/vif-api.md): message, retryable, cause."""
+    body: dict[str, Any] = {"error": message or cause, "retryable": retryable, "cause": cause}
+    headers = {"Retry-After": "1"} if retryable else {}
+    return web.json_response(body, status=status, headers=headers)
+
+
+# aiohttp's own refusals (no such route, wrong method, a body over the limit) in that shape.
+_HTTP_CAUSES = {404: "no_such_path", 405: "method_not_allowed", 413: "body_too_large"}
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except PodwireError as exc:
-        status = _status(exc)
-        body: dict[str, Any] = {"error": str(exc)}
-        headers = {}
-        if exc.retryable:
-            body["retryable"] = True
-            headers["Retry-After"] = "1"
-        return web.json_response(body, status=status, headers=headers)
+        return error_response(_status(exc), str(exc), exc.cause, exc.retryable)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(
+            413, f"request body is larger than {MAX_BODY} bytes", _HTTP_CAUSES[413]
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        cause = _HTTP_CAUSES.get(exc.status, "bad_request")
+        return error_response(exc.status, f"{request.method} {request.path}: {exc.reason}", cause)
 
 
 class Tokens:
@@ -105,6 +120,7 @@ def _pool_json(pool: PoolSnapshot) -> dict[str, Any]:
         "waiting": pool.waiting,
         "sizing": pool.target.to_json(),
         "groups": [{"security_groups": list(sgs), "ports": ports} for sgs, ports in pool.groups],
+        "unseen": pool.unseen,
     }
 
 
@@ -150,7 +166,12 @@ class ControllerApi:
     async def list_vifs(self, request: web.Request) -> web.Response:
         node = self._node(request)
         vifs = self.service.node_attachments(node)
-        return web.json_response({"attachments": {a: v.to_json() for a, v in vifs.items()}})
+        return web.json_response(
+            {
+                "attachments": {a: v.to_json() for a, v in vifs.items()},
+                "disputed": self.service.disputed(node),
+            }
+        )
 
     async def list_pools(self, request: web.Request) -> web.Response:
         self.tokens.check_admin(request)

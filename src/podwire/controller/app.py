@@ -16,9 +16,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from podwire.backoff import Backoff
 from podwire.config import Settings
 from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, PortDriver, UnpooledDriver
+from podwire.controller.follow import MirrorFollower
 from podwire.controller.inuse import InUseStore
 from podwire.controller.leader import controller_election
 from podwire.controller.liveness import Liveness
@@ -33,9 +35,11 @@ from podwire.controller.sweeper import NodeSweeper
 from podwire.errors import PodwireError
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.log import get_logger
-from podwire.neutron.client import NeutronClient
+from podwire.neutron.client import NeutronClient, NeutronUnavailable
 
 log = get_logger(__name__)
+
+NEUTRON_PROBE = 5.0  # seconds between the leader's Neutron probes (readiness names an outage)
 
 
 class Controller:
@@ -71,6 +75,7 @@ class Controller:
         )
         self.sweeper = NodeSweeper(self.service, self.neutron)
         self.mirror = MirrorFacts(etcd)
+        self.follower: MirrorFollower | None = None  # the current term's
         self.api = ControllerApi(
             self.service, settings.controller, self.ready, self.metrics.registry
         )
@@ -79,10 +84,14 @@ class Controller:
         self.recovery: RecoveryReport | None = None  # the last one, for tests and operators
 
     async def ready(self) -> tuple[bool, str]:
+        """Ready only on the serving leader (the Service routes agents to it); Neutron's
+        trouble is named, but keeps the leader ready: warm pools serve without Neutron."""
+        neutron = self.neutron.problem()
+        note = f"neutron: {neutron}" if neutron else ""
         if self.service.serving:
-            return True, "leader, pools recovered"
+            return True, "leader, pools recovered" + (f"; {note}" if note else "")
         if self.leadership.is_leader:
-            return False, "leader, recovering pools"
+            return False, "leader, recovering pools" + (f": {note}" if note else "")
         if self.leadership.losses:
             return False, "standby: leadership was lost, campaigning again"
         return False, "standby or recovering"
@@ -107,11 +116,14 @@ class Controller:
             await self.stop()
 
     async def _term(self, _lease: Lease) -> None:
-        self.service.reset()
-        self.nested.vlans.clear()
-        report = self.recovery = await recover(self.service, self.neutron, self.nested, self.etcd)
+        follower = self.follower = MirrorFollower(self.etcd)
+        report = self.recovery = await self._recover(follower)
         try:
             async with asyncio.TaskGroup() as group:
+                group.create_task(follower.run(self.service))
+                group.create_task(self._watch_neutron())
+                # The recovered ports are handed out once the mirror shows them.
+                await follower.synced.wait()
                 group.create_task(self.service.run_background())
                 if report.source == "etcd":
                     group.create_task(self._verify(report))
@@ -129,6 +141,37 @@ class Controller:
                 log.info("controller.serving", term=self.leadership.terms, source=report.source)
         finally:
             self.service.serving = False
+
+    async def _recover(self, follower: MirrorFollower) -> RecoveryReport:
+        """Recovery, repeated with backoff while Neutron is away: the term (and the lease)
+        is kept, so an outage of Neutron alone is no reason to elect anyone again."""
+        backoff = Backoff(0.5, 10.0)
+        while True:
+            self.service.reset(follower)
+            self.nested.vlans.clear()
+            try:
+                return await recover(self.service, self.neutron, self.nested, self.etcd)
+            except NeutronUnavailable as exc:
+                delay = backoff.next()
+                log.warning("controller.recovery.retry", error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
+
+    async def _watch_neutron(self) -> None:
+        """Probe Neutron now and then, so readiness names an outage also while nothing
+        else asks Neutron anything; logs each change."""
+        was: str | None = None
+        while True:
+            await asyncio.sleep(NEUTRON_PROBE)
+            with contextlib.suppress(PodwireError):  # the problem is what NeutronOps keeps
+                await self.neutron.probe()
+            now = self.neutron.problem()
+            if (now is None) != (was is None):
+                report = log.info if now is None else log.warning
+                report(
+                    "controller.neutron.back" if now is None else "controller.neutron.away",
+                    problem=now,
+                )
+            was = now
 
     async def _verify(self, report: RecoveryReport) -> None:
         """Retried until Neutron answers: until then leftovers simply wait."""

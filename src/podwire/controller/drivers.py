@@ -17,6 +17,7 @@ from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
+from podwire.neutron.client import NeutronAddressesExhausted
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
 from podwire.schema.nodes import RENAMED_POD_DRIVERS, parse_capabilities
 from podwire.schema.vif import DEVICE_OWNER, Vif
@@ -67,9 +68,28 @@ class BaremetalDriver:
 
     async def create(self, key: PoolKey, sgs: SgKey, count: int, network: NetworkInfo) -> list[Vif]:
         """Only ports whose binding succeeded (see ``bindings``): possibly fewer than asked."""
-        ports = await self._neutron.create_ports(port_bodies(key, sgs, count, self._port_debug))
+        bodies = port_bodies(key, sgs, count, self._port_debug)
+        try:
+            ports = await self._neutron.create_ports(bodies)
+        except NeutronAddressesExhausted:
+            if count == 1:
+                raise
+            ports = await self._one_by_one(bodies)  # a bulk create is all or nothing
         bound = await settle_bindings(self._neutron, key.node, ports, self._binding_retries)
         return [port_to_vif(port, network) for port in bound]
+
+    async def _one_by_one(self, bodies: list[dict[str, Any]]) -> list[Any]:
+        """As many of the ports as the subnets still have addresses for (at least one)."""
+        made: list[Any] = []
+        for body in bodies:
+            try:
+                made += await self._neutron.create_ports([body])
+            except NeutronAddressesExhausted:
+                if not made:
+                    raise
+                break
+        log.info("pool.addresses_short", network=bodies[0]["network_id"], created=len(made))
+        return made
 
     async def delete(self, key: PoolKey, vifs: list[Vif]) -> None:
         await delete_ports(self._neutron, [v.port_id for v in vifs])

@@ -1,4 +1,10 @@
-"""Controller errors; the API maps each to one HTTP status."""
+"""Controller errors; the API maps each to one HTTP status and names its ``cause``.
+
+Every answer the VIF API gives on failure is ``{"error": <message>, "retryable": <bool>,
+"cause": <one of the names below>}`` (docs/vif-api.md has the table): the message says what is
+wrong in words an operator can act on, ``retryable`` whether the same request may succeed
+later, ``cause`` what kind of failure it is, for programs (the agent maps it to a CNI code).
+"""
 
 from __future__ import annotations
 
@@ -8,22 +14,90 @@ from podwire.errors import PermanentError, RetryableError
 class PoolNotReady(RetryableError):
     """No port could be handed out now (pool empty, refill failed or still running)."""
 
+    cause = "pool_empty"
+
 
 class NotServing(RetryableError):
     """This controller is not the leader or has not finished recovery."""
+
+    cause = "not_serving"
 
 
 class UnknownResource(PermanentError):
     """A network, project or security group the request names does not exist (HTTP 404)."""
 
+    cause = "unknown"
+
+
+class UnknownNetwork(UnknownResource):
+    cause = "unknown_network"
+
+
+class UnknownSecurityGroup(UnknownResource):
+    cause = "unknown_security_group"
+
 
 class Forbidden(PermanentError):
     """The caller's token does not allow this (HTTP 403)."""
+
+    cause = "wrong_node"
+
+
+class NetworkNotAllowed(Forbidden):
+    """The request's project may not use the network: another project's, not shared."""
+
+    cause = "network_not_allowed"
+
+
+class SecurityGroupNotAllowed(Forbidden):
+    """A security group of the request is not its project's."""
+
+    cause = "security_group_not_allowed"
 
 
 class Unauthorized(PermanentError):
     """No token or an unknown token (HTTP 401)."""
 
+    cause = "unauthorized"
 
-class NodeNotAlive(PermanentError):
-    """The node has no live agent, so ports for it could not bind (HTTP 409)."""
+
+class Unusable(PermanentError):
+    """What the request names exists but no port can be made from it (HTTP 409)."""
+
+    cause = "unusable"
+
+
+class NodeNotAlive(Unusable):
+    """The node has no live agent, so ports for it could not bind."""
+
+    cause = "node_not_alive"
+
+
+class NetworkAmbiguous(Unusable):
+    """Several networks the project may use carry the name the request gives."""
+
+    cause = "network_ambiguous"
+
+
+class NetworkDown(Unusable):
+    """The network is administratively down (``admin_state_up`` false)."""
+
+    cause = "network_down"
+
+
+class NetworkWithoutSubnet(Unusable):
+    """The network has no subnet: a pod would get a port without any address."""
+
+    cause = "network_without_subnet"
+
+
+class SubnetFull(Unusable):
+    """Neutron has no free address left in the network's subnets."""
+
+    cause = "subnet_full"
+
+
+class PhysnetNotServed(Unusable):
+    """The network's physical network is not mapped by the node's agent."""
+
+    cause = "physnet_not_served"

@@ -9,7 +9,7 @@ refill that skips it.
 from __future__ import annotations
 
 from podwire import keys
-from podwire.controller.errors import NodeNotAlive
+from podwire.controller.errors import NodeNotAlive, PhysnetNotServed
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
@@ -61,6 +61,22 @@ class Liveness:
 
     def noted_dead(self, node: str) -> bool:
         return node in self._dead
+
+    async def require_physnet(self, node: str, network: str, physnet: str) -> None:
+        """Refuses a flat or VLAN network whose physical network the node's agent does not map
+        (ml2 would fail every binding of it there): one range read of its physnets."""
+        items, _ = await self._etcd.get_prefix(keys.state_node_prefix(node) + "physnets/")
+        served = set()
+        for kv in items:
+            parsed = keys.parse_state_key(kv.key)
+            if parsed is not None and parsed[1] == "physnets" and parsed[2]:
+                served.add(parsed[2])
+        if physnet not in served:
+            raise PhysnetNotServed(
+                f"network {network} is on physical network {physnet!r}, which node {node} does"
+                f" not serve (its agent maps {sorted(served) or 'none'}): add it to"
+                " agent.physnet_mappings on that node or use another network"
+            )
 
 
 def no_agent(node: str) -> str:

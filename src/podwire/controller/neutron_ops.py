@@ -8,16 +8,33 @@ Network and security group facts are cached: they are needed per request, but ch
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from podwire.controller.errors import UnknownResource
+from podwire.controller.errors import (
+    NetworkAmbiguous,
+    NetworkDown,
+    NetworkNotAllowed,
+    NetworkWithoutSubnet,
+    SecurityGroupNotAllowed,
+    UnknownNetwork,
+    UnknownSecurityGroup,
+)
 from podwire.controller.metrics import ControllerMetrics
 from podwire.errors import PodwireError
-from podwire.neutron.client import NeutronClient, PortSummary
+from podwire.neutron.client import (
+    NeutronClient,
+    NeutronNotFound,
+    NeutronUnavailable,
+    PortSummary,
+)
 from podwire.neutron.vifs import NetworkInfo
 
 T = TypeVar("T")
+SLOW_CALL = 5.0  # seconds without an answer before readiness names Neutron
+UUID_LIKE = re.compile(r"[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
 SUBPORT_OWNER = "trunk:subport"
 
 
@@ -37,15 +54,42 @@ class NeutronOps:
         self._client = client
         self._metrics = metrics
         self._networks: dict[str, NetworkInfo] = {}
-        self._known_sgs: set[str] = set()
+        self._sg_owners: dict[str, tuple[str, bool]] = {}  # group -> (project, shared)
+        self._calls = 0
+        self._inflight: dict[int, tuple[str, float]] = {}  # call -> (op, started)
+        self._failure: str | None = None  # the last call's outage, until one answers
 
     async def _call(self, op: str, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         self._metrics.neutron_calls.labels(op).inc()
+        self._calls += 1
+        ticket = self._calls
+        self._inflight[ticket] = (op, time.monotonic())
         try:
-            return await asyncio.to_thread(func, *args, **kwargs)
-        except PodwireError:
+            result = await asyncio.to_thread(func, *args, **kwargs)
+        except PodwireError as exc:
             self._metrics.neutron_errors.labels(op).inc()
+            # Neutron refusing a request still answers; only an outage is a problem.
+            self._failure = str(exc) if isinstance(exc, NeutronUnavailable) else None
             raise
+        finally:
+            del self._inflight[ticket]
+        self._failure = None
+        return result
+
+    def problem(self) -> str | None:
+        """What readiness says of Neutron: a call unanswered for long, or the last call's
+        outage; None while it answers."""
+        now = time.monotonic()
+        waiting = [(now - started, op) for op, started in self._inflight.values()]
+        slow = max(waiting, default=(0.0, ""))
+        if slow[0] > SLOW_CALL:
+            return f"no answer for {slow[0]:.0f} s ({slow[1]})"
+        return self._failure
+
+    async def probe(self) -> None:
+        """One cheap call, so a controller that needs nothing of Neutron now still knows
+        whether it answers (readiness names it)."""
+        await self._call("probe", self._client.list_networks, limit=1)
 
     # --- cached lookups -------------------------------------------------------------------
 
@@ -53,16 +97,49 @@ class NeutronOps:
         return self._networks.get(network_id)
 
     async def network(self, name_or_id: str, project_id: str | None) -> NetworkInfo:
+        """The network a request names, if its project may use it (its own or a shared one;
+        without a project, any) and a port on it can work; cached once it passed.
+
+        Raises UnknownNetwork (none by that id, or none of that name the project may use),
+        NetworkNotAllowed (that id is another project's, not shared), NetworkAmbiguous
+        (several of that name), NetworkDown, NetworkWithoutSubnet."""
         cached = self._networks.get(name_or_id)
         if cached is not None:
-            return _visible(cached, project_id, name_or_id)
-        raw = await self._call("find_network", self._client.find_network, name_or_id)
+            return _allowed(cached, project_id, name_or_id)
+        if UUID_LIKE.fullmatch(name_or_id):
+            raw = await self._network_by_id(name_or_id)
+            if raw is not None:
+                _allowed(NetworkInfo.from_neutron(raw, []), project_id, name_or_id)
+        else:
+            raw = await self._network_by_name(name_or_id, project_id)
         if raw is None:
-            raise UnknownResource(f"network {name_or_id!r} does not exist")
+            scope = f" in project {project_id}" if project_id else ""
+            raise UnknownNetwork(
+                f"network {name_or_id!r} does not exist{scope}: fix 'network' (or 'project')"
+                " in the CNI network config"
+            )
         subnets = await self._call("list_subnets", self._client.list_subnets, network_id=raw.id)
-        info = NetworkInfo.from_neutron(raw, subnets)
+        info = _usable(NetworkInfo.from_neutron(raw, subnets), name_or_id)
         self._networks[info.id] = info
-        return _visible(info, project_id, name_or_id)
+        return info
+
+    async def _network_by_id(self, network_id: str) -> Any | None:
+        try:
+            return await self._call("get_network", self._client.get_network, network_id)
+        except NeutronNotFound:
+            return None
+
+    async def _network_by_name(self, name: str, project_id: str | None) -> Any | None:
+        found = await self._call("list_networks", self._client.list_networks, name=name)
+        usable = [n for n in found if _may_use(project_id, str(n.project_id or ""), n.is_shared)]
+        if len(usable) > 1:
+            ids = ", ".join(sorted(str(n.id) for n in usable))
+            raise NetworkAmbiguous(
+                f"network name {name!r} is ambiguous: {len(usable)} networks"
+                f"{' project ' + project_id + ' may use' if project_id else ''} carry it"
+                f" ({ids}): name the network by its id in the CNI network config"
+            )
+        return usable[0] if usable else None
 
     async def networks(self, network_ids: Iterable[str]) -> dict[str, NetworkInfo]:
         """Several networks in two listings (recovery must not pay one call per port)."""
@@ -78,20 +155,35 @@ class NeutronOps:
     def forget_network(self, network_id: str) -> None:
         self._networks.pop(network_id, None)
 
-    async def check_security_groups(self, sgs: Iterable[str]) -> None:
-        missing = sorted(set(sgs) - self._known_sgs)
-        if not missing:
-            return
-        found = await self._call(
-            "list_security_groups", self._client.list_security_groups, id=missing
-        )
-        self._known_sgs.update(str(sg.id) for sg in found)
-        unknown = [sg for sg in missing if sg not in self._known_sgs]
+    async def check_security_groups(self, sgs: Iterable[str], project_id: str | None) -> None:
+        """Every group must exist and, with ``project_id``, be that project's (or shared):
+        the controller acts with admin rights, so Neutron would not refuse another
+        project's group. Raises UnknownSecurityGroup or SecurityGroupNotAllowed."""
+        wanted = sorted(set(sgs))
+        missing = [sg for sg in wanted if sg not in self._sg_owners]
+        if missing:
+            found = await self._call(
+                "list_security_groups", self._client.list_security_groups, id=missing
+            )
+            for sg in found:
+                self._sg_owners[str(sg.id)] = (str(sg.project_id or ""), bool(sg.is_shared))
+        unknown = [sg for sg in wanted if sg not in self._sg_owners]
         if unknown:
-            raise UnknownResource(f"security groups do not exist: {', '.join(unknown)}")
+            raise UnknownSecurityGroup(
+                f"security groups do not exist: {', '.join(unknown)}: fix 'securityGroups'"
+                " in the CNI network config"
+            )
+        if project_id is None:
+            return
+        foreign = [sg for sg in wanted if not _may_use(project_id, *self._sg_owners[sg])]
+        if foreign:
+            raise SecurityGroupNotAllowed(
+                f"security groups {', '.join(foreign)} belong to another project than"
+                f" {project_id}: use groups of the pod's project in 'securityGroups'"
+            )
 
     def forget_security_group(self, sg_id: str) -> None:
-        self._known_sgs.discard(sg_id)
+        self._sg_owners.pop(sg_id, None)
 
     # --- plain calls ----------------------------------------------------------------------
 
@@ -137,7 +229,28 @@ async def delete_ports(neutron: PortOps, port_ids: list[str], concurrency: int =
             raise result
 
 
-def _visible(info: NetworkInfo, project_id: str | None, ref: str) -> NetworkInfo:
-    if project_id and project_id != info.project_id and not info.shared:
-        raise UnknownResource(f"network {ref!r} does not exist in project {project_id!r}")
+def _may_use(project_id: str | None, owner: str, shared: bool) -> bool:
+    return project_id is None or owner == project_id or shared
+
+
+def _allowed(info: NetworkInfo, project_id: str | None, ref: str) -> NetworkInfo:
+    if not _may_use(project_id, info.project_id, info.shared):
+        raise NetworkNotAllowed(
+            f"network {ref!r} belongs to another project and is not shared: project"
+            f" {project_id} may not use it (fix 'network' or 'project' in the CNI network config)"
+        )
+    return info
+
+
+def _usable(info: NetworkInfo, ref: str) -> NetworkInfo:
+    """Refuses what would attach a pod that cannot talk: a down network, no subnet."""
+    name = f"network {ref!r}" if ref == info.id else f"network {ref!r} ({info.id})"
+    if not info.admin_up:
+        raise NetworkDown(
+            f"{name} is administratively down (admin_state_up false): set it up in Neutron"
+        )
+    if not info.subnets:
+        raise NetworkWithoutSubnet(
+            f"{name} has no subnet, so a pod would get no address: add a subnet in Neutron"
+        )
     return info

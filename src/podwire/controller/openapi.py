@@ -17,8 +17,14 @@ def _resp(description: str, schema: dict[str, Any] | None = None) -> dict[str, A
 _ERRORS = {
     "400": _resp("malformed body or names", _ERR),
     "401": _resp("missing or unknown token", _ERR),
-    "403": _resp("token of another node", _ERR),
+    "403": _resp("token of another node; network or security group of another project", _ERR),
     "404": _resp("unknown network, project or security group", _ERR),
+    "409": _resp(
+        "no port can work: network name ambiguous, network down or without subnet, subnet"
+        " full, physnet not served, node without a live agent",
+        _ERR,
+    ),
+    "413": _resp("body over 64 KiB", _ERR),
     "503": _resp("not ready; retry (Retry-After header)", _ERR),
 }
 _NODE = {"name": "node", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -44,7 +50,11 @@ def document(version: str) -> dict[str, Any]:
             "schemas": {
                 "Error": {
                     "type": "object",
-                    "properties": {"error": {"type": "string"}, "retryable": {"type": "boolean"}},
+                    "properties": {
+                        "error": {"type": "string"},
+                        "retryable": {"type": "boolean"},
+                        "cause": {"type": "string"},
+                    },
                 },
                 "VifRequest": {
                     "type": "object",
@@ -55,6 +65,7 @@ def document(version: str) -> dict[str, Any]:
                         "project_id": {"type": "string", "nullable": True},
                         "security_groups": ids,
                         "pod": {"type": "object"},
+                        "replaces": {"type": "string"},
                     },
                 },
                 "Populate": {

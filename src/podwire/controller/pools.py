@@ -3,6 +3,14 @@
 Everything that talks to Neutron or etcd lives elsewhere; this module only decides *which*
 port goes where, so its rules (exact SG match first, reuse of the least recently refreshed
 group, first-come-first-served waiters, recyclable ports, max size) can be unit tested exactly.
+
+With a ``MirrorView`` (the controller's copy of the ml2 forwarder's mirror in etcd), a port is
+handed out only in the state the mirror shows: a port whose binding the mirror does not show
+yet waits, *unseen*, counted in its pool's size but never taken; a port the mirror shows
+changed (re-addressed, other groups) is taken as it is now; one the mirror shows on another
+node is not pooled here. The agent wires a port from that same mirror entry, so a port handed
+out is one its node can wire. (Trunk subports are wired by the trunk's host, not from a node's
+entry: they are taken as they came.)
 """
 
 from __future__ import annotations
@@ -54,9 +62,17 @@ class Waiter:
 class _Pool:
     groups: OrderedDict[SgKey, list[str]] = field(default_factory=OrderedDict)
     waiters: deque[Waiter] = field(default_factory=deque)
+    unseen: dict[str, None] = field(default_factory=dict)  # in arrival order
 
     def size(self) -> int:
-        return sum(len(ports) for ports in self.groups.values())
+        return sum(len(ports) for ports in self.groups.values()) + len(self.unseen)
+
+
+class MirrorView(Protocol):
+    """What the ml2 forwarder's mirror in etcd shows of a port of ours, as its controller has
+    read it: its pool and its VIF now, None while it shows no binding of it."""
+
+    def current(self, port_id: str) -> tuple[PoolKey, Vif] | None: ...
 
 
 class PoolsView(Protocol):
@@ -66,6 +82,7 @@ class PoolsView(Protocol):
     def size(self, key: PoolKey) -> int: ...
     def waiting(self, key: PoolKey) -> int: ...
     def groups(self, key: PoolKey) -> list[tuple[SgKey, list[str]]]: ...
+    def unseen(self, key: PoolKey) -> list[str]: ...
     def vif(self, port_id: str) -> Vif | None: ...
     def recyclable(self) -> dict[str, PoolKey]: ...
     def known(self, port_id: str) -> bool: ...
@@ -83,8 +100,13 @@ class Pools:
     and cannot miss a path that moves ports.
     """
 
-    def __init__(self, on_size: Callable[[PoolKey, int], None] = _ignore_size) -> None:
+    def __init__(
+        self,
+        on_size: Callable[[PoolKey, int], None] = _ignore_size,
+        mirror: MirrorView | None = None,
+    ) -> None:
         self._on_size = on_size
+        self._mirror = mirror  # None: every port is taken as it was added (unit tests)
         self._pools: dict[PoolKey, _Pool] = {}
         self._vifs: dict[str, Vif] = {}
         self._owner: dict[str, PoolKey] = {}
@@ -107,6 +129,11 @@ class Pools:
         """The SG groups, least recently refreshed first (the order reuse picks from)."""
         pool = self._pools.get(key)
         return [(sgs, list(ports)) for sgs, ports in pool.groups.items()] if pool else []
+
+    def unseen(self, key: PoolKey) -> list[str]:
+        """Ports of the pool waiting for the mirror to show their binding."""
+        pool = self._pools.get(key)
+        return list(pool.unseen) if pool else []
 
     def vif(self, port_id: str) -> Vif | None:
         return self._vifs.get(port_id)
@@ -169,14 +196,56 @@ class Pools:
         """
         pool = self._pools.setdefault(key, _Pool())
         for vif in vifs:
-            group = sg_key(vif.security_groups)
-            self._vifs[vif.port_id] = vif
-            self._owner[vif.port_id] = key
-            pool.groups.setdefault(group, []).append(vif.port_id)
-            pool.groups.move_to_end(group, last=not oldest)
+            mirrored = self._current(key, vif)
+            if mirrored is None:
+                self._vifs[vif.port_id] = vif
+                self._owner[vif.port_id] = key
+                pool.unseen[vif.port_id] = None
+            elif mirrored[0] != key:  # bound elsewhere now: not a port of this pool
+                self.forget(vif.port_id)
+            else:
+                self._group(key, pool, mirrored[1], oldest)
         self._serve_waiters(key, pool)
         self._on_size(key, pool.size())
         return pool.size()
+
+    def _current(self, key: PoolKey, vif: Vif) -> tuple[PoolKey, Vif] | None:
+        """The port as the mirror shows it; a trunk subport (nested: it has a VLAN) is wired
+        by the trunk's host, so no node's entry shows it and it is taken as it came."""
+        if self._mirror is None or vif.vlan_id is not None:
+            return key, vif
+        return self._mirror.current(vif.port_id)
+
+    def _group(self, key: PoolKey, pool: _Pool, vif: Vif, oldest: bool) -> None:
+        group = sg_key(vif.security_groups)
+        self._vifs[vif.port_id] = vif
+        self._owner[vif.port_id] = key
+        pool.groups.setdefault(group, []).append(vif.port_id)
+        pool.groups.move_to_end(group, last=not oldest)
+
+    def seen(self, key: PoolKey, vif: Vif) -> bool:
+        """The mirror shows this port (anew, or changed): an unseen port of ``key`` may be
+        taken now, a free one is taken as it is now, one pooled under another key leaves
+        its pool. Returns whether a free port of this pool was affected."""
+        owner = self._owner.get(vif.port_id)
+        if owner is None:
+            if vif.port_id in self._vifs:  # in use or recycling: its release re-reads it
+                self._vifs[vif.port_id] = vif
+            return False
+        if owner != key:
+            self.forget(vif.port_id)
+            return True
+        pool = self._pools[key]
+        if vif.port_id in pool.unseen:
+            del pool.unseen[vif.port_id]
+        elif self._vifs.get(vif.port_id) == vif:
+            return False
+        else:
+            self._ungroup(pool, vif.port_id)
+        self._group(key, pool, vif, oldest=False)
+        self._serve_waiters(key, pool)
+        self._on_size(key, pool.size())
+        return True
 
     def _serve_waiters(self, key: PoolKey, pool: _Pool) -> None:
         while self._has_waiters(pool):
@@ -206,12 +275,17 @@ class Pools:
         pool = self._pools.get(key) if key else None
         if key is None or pool is None:
             return
+        pool.unseen.pop(port_id, None)
+        self._ungroup(pool, port_id)
+        self._on_size(key, pool.size())
+
+    @staticmethod
+    def _ungroup(pool: _Pool, port_id: str) -> None:
         for sgs, ports in list(pool.groups.items()):
             if port_id in ports:
                 ports.remove(port_id)
             if not ports:
                 del pool.groups[sgs]
-        self._on_size(key, pool.size())
 
     def take_surplus(self, key: PoolKey, count: int) -> list[Vif]:
         """Remove up to ``count`` free ports, least recently refreshed groups first (the
@@ -220,6 +294,10 @@ class Pools:
         if pool is None:
             return []
         taken: list[Vif] = []
+        for port_id in list(pool.unseen)[:count]:  # of no use until the mirror shows them
+            del pool.unseen[port_id]
+            self._owner.pop(port_id, None)
+            taken.append(self._vifs.pop(port_id))
         for sgs in list(pool.groups):
             ports = pool.groups[sgs]
             while ports and len(taken) < count:
@@ -239,6 +317,7 @@ class Pools:
         for waiter in pool.waiters:
             waiter.cancelled = True
         port_ids = [p for ports in pool.groups.values() for p in ports]
+        port_ids += list(pool.unseen)
         port_ids += [p for p, k in self._recyclable.items() if k == key]
         vifs = [self._vifs[p] for p in port_ids if p in self._vifs]
         for port_id in port_ids:
@@ -263,6 +342,10 @@ class Pools:
                     pool.groups.setdefault((), []).append(port_id)
             if () in pool.groups:
                 pool.groups.move_to_end((), last=False)
+            for port_id in pool.unseen:  # they stay unseen: the mirror shows the change next
+                if sg_id in self._vifs[port_id].security_groups:
+                    self._vifs[port_id] = _with_sgs(self._vifs[port_id], [])
+                    moved.append(self._vifs[port_id])
         return moved
 
 

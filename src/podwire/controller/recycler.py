@@ -18,7 +18,7 @@ from podwire.controller.neutron_ops import PortOps
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
 from podwire.log import get_logger
-from podwire.neutron.vifs import binding_failed
+from podwire.neutron.vifs import binding_failed, is_bound
 
 log = get_logger(__name__)
 
@@ -65,11 +65,12 @@ async def recycle_once(
 async def _current_sgs(
     neutron: PortOps, port_ids: list[str]
 ) -> tuple[dict[str, list[str]], set[str]]:
-    """SGs by port, and the ports whose binding has failed meanwhile (deleted, not reused)."""
+    """SGs by port, and the ports whose binding has failed or gone meanwhile (deleted, not
+    reused: no agent could wire them)."""
     current: dict[str, list[str]] = {}
     failed: set[str] = set()
     for start in range(0, len(port_ids), LIST_CHUNK):
         ports = await neutron.list_ports(id=port_ids[start : start + LIST_CHUNK])
         current.update({str(p.id): list(p.security_group_ids or []) for p in ports})
-        failed.update(str(p.id) for p in ports if binding_failed(p))
+        failed.update(str(p.id) for p in ports if binding_failed(p) or not is_bound(p))
     return current, failed

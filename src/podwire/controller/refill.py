@@ -130,5 +130,19 @@ class Refiller:
             vifs = await driver.create(key, sgs, count, network)
             if vifs:
                 self.sizer.bulk_created(time.monotonic() - started)
-        self._pools.add(key, vifs)
-        return vifs
+        keep, surplus = self._fit(key, vifs)
+        self._pools.add(key, keep)
+        if surplus:
+            # The pool filled up while Neutron made them (recycled ports came back meanwhile).
+            log.info("pool.max_surplus", key=key, deleted=len(surplus), max=self._settings.max)
+            await driver.delete(key, surplus)
+        return keep
+
+    def _fit(self, key: PoolKey, vifs: list[Vif]) -> tuple[list[Vif], list[Vif]]:
+        """The ports there is room for under ``pool.max`` now (waiters take theirs at once),
+        and the rest."""
+        if not self._settings.max:
+            return vifs, []
+        room = self._settings.max - self._pools.size(key) + self._pools.waiting(key)
+        room = max(room, 0)
+        return vifs[:room], vifs[room:]

@@ -11,19 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from podwire.config import PoolSettings
 from podwire.controller.drivers import NodeDrivers, PortDriver
-from podwire.controller.errors import NotServing, PoolNotReady
+from podwire.controller.errors import NotServing, PoolNotReady, SubnetFull
 from podwire.controller.inuse import InUse, InUseStore
 from podwire.controller.liveness import Liveness, no_agent
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pools import (
+    MirrorView,
     PoolKey,
     Pools,
     PoolsView,
@@ -37,10 +38,15 @@ from podwire.controller.refill import Refiller
 from podwire.controller.sizing import Target
 from podwire.errors import PodwireError, ValidationError
 from podwire.log import get_logger
+from podwire.neutron.client import NeutronAddressesExhausted
 from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import PodRef, Vif, VifRequest
 
 log = get_logger(__name__)
+
+# How long a request whose pool holds only ports the mirror does not show yet waits for them
+# once its refill is done: the forwarder writes within milliseconds while it runs.
+UNSEEN_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class PoolSnapshot:
     waiting: int
     groups: list[tuple[SgKey, list[str]]]
     target: Target
+    unseen: list[str]  # counted in size: bound by Neutron, not in the forwarder's mirror yet
 
 
 class PoolService:
@@ -80,17 +87,23 @@ class PoolService:
         self._store = store
         self._metrics = metrics
         self._pool_gauges: dict[PoolKey, Any] = {}
+        self._mirror: MirrorView | None = None
         self._pools = self._new_pools()
         self._refiller = Refiller(self._pools, settings, metrics, liveness)
         self._attachments: dict[tuple[str, str], InUse] = {}
-        self._pending: dict[tuple[str, str], asyncio.Future[Vif]] = {}
+        # One lock per attachment with requests or releases under way: they are served in
+        # arrival order (asyncio's locks are first come, first served).
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._lock_users: dict[tuple[str, str], int] = {}
+        # Ports several in-use records hold (a restored or hand-edited etcd): port -> records.
+        self._disputed: dict[str, set[tuple[str, str]]] = {}
         self._background: set[asyncio.Future[Any]] = set()
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
         self.released = asyncio.Event()  # set by every release: the recycler's wake-up
 
     def _new_pools(self) -> Pools:
-        return Pools(self._pool_size_changed)
+        return Pools(self._pool_size_changed, self._mirror)
 
     def _pool_size_changed(self, key: PoolKey, size: int) -> None:
         gauge = self._pool_gauges.get(key)
@@ -126,31 +139,38 @@ class PoolService:
     # --- VIF API ---------------------------------------------------------------------------
 
     async def request(self, node: str, req: VifRequest) -> Vif:
+        """The attachment's VIF. Requests and releases of one attachment are served one at a
+        time in arrival order, so a release that arrives after a request undoes it, and one
+        that arrives before it leaves the request to hold the port."""
         self._check_serving()
         ident = (node, req.attachment)
         known = self._attachments.get(ident)
-        if known is not None:
+        if known is not None and not _replacing(req, known):
             return known.vif
-        pending = self._pending.get(ident)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Vif] = asyncio.get_running_loop().create_future()
-        self._pending[ident] = future
+        async with self._serialised(ident):
+            self._check_serving()
+            known = self._attachments.get(ident)
+            if known is not None and not _replacing(req, known):
+                return known.vif
+            return await self._request(node, req)
+
+    @contextlib.asynccontextmanager
+    async def _serialised(self, ident: tuple[str, str]) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(ident, asyncio.Lock())
+        self._lock_users[ident] = self._lock_users.get(ident, 0) + 1
         try:
-            vif = await self._request(node, req)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # a failure nobody else awaited is not an "unretrieved" one
-            raise
+            async with lock:
+                yield
         finally:
-            self._pending.pop(ident, None)
-        future.set_result(vif)
-        return vif
+            self._lock_users[ident] -= 1
+            if not self._lock_users[ident]:
+                del self._lock_users[ident], self._locks[ident]
 
     async def _request(self, node: str, req: VifRequest) -> Vif:
         network = await self._neutron.network(req.network, req.project_id)
-        await self._neutron.check_security_groups(req.security_groups)
-        key = PoolKey(node, req.project_id or network.project_id, network.id)
+        project = req.project_id or network.project_id
+        await self._neutron.check_security_groups(req.security_groups, project)
+        key = PoolKey(node, project, network.id)
         driver = await self._drivers.for_node(node)
         if driver.pooled:
             vif = await self._from_pool(key, req.security_groups, driver, network)
@@ -158,15 +178,30 @@ class PoolService:
             vif = await self._create_one(key, req.security_groups, driver, network)
         record = InUse(node, req.attachment, key, vif)
         try:
-            await self._store.put(record)
+            await self._store.put(record)  # over a vanished port's record, when it replaces one
         except BaseException:
             await self._undo_take(driver, key, vif)
             raise
+        vanished = self._attachments.get((node, req.attachment))
         self._attachments[(node, req.attachment)] = record
         self._attachments_changed()
+        if vanished is not None:
+            await self._vanished(driver, vanished)
         if self._settings.port_debug:
             self._spawn(self._name_port(vif.port_id, req))
         return vif
+
+    async def _vanished(self, driver: PortDriver, record: InUse) -> None:
+        """The agent could not wire this port (its desired key went away): recycled, the
+        recycler drops it if Neutron no longer has it bound and pools it again if it does."""
+        log.info("pool.port_vanished", node=record.node, port=record.vif.port_id)
+        if driver.pooled:
+            self._pools.release(record.key, record.vif.port_id)
+            self.released.set()
+        else:
+            self._pools.forget(record.vif.port_id)
+            with contextlib.suppress(PodwireError):
+                await driver.delete(record.key, [record.vif])
 
     async def _create_one(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
@@ -195,6 +230,9 @@ class PoolService:
     async def _wait_for_port(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
     ) -> Taken:
+        if network.physnet is not None:  # a miss costs Neutron calls anyway; this is one read
+            name = f"{network.name} ({network.id})" if network.name else network.id
+            await self._liveness.require_physnet(key.node, name, network.physnet)
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
         waiter = Waiter(wanted, got.set_result)
         self._pools.wait(key, waiter)
@@ -216,16 +254,32 @@ class PoolService:
         except PodwireError as exc:
             if not got.done():
                 waiter.cancelled = True
-                raise PoolNotReady(f"pool {tuple(key)} could not be filled: {exc}") from exc
+                failure = _refill_failure(key, network, exc)
+                if failure is exc:
+                    raise
+                raise failure from exc
         except BaseException:
             waiter.cancelled = True
             raise
+        if not got.done() and self._pools.unseen(key):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(UNSEEN_WAIT):
+                    await asyncio.shield(got)
         if not got.done():
             waiter.cancelled = True
-            if self._liveness.noted_dead(key.node):
-                raise PoolNotReady(f"pool {tuple(key)} is empty: {no_agent(key.node)}")
-            raise PoolNotReady(f"pool {tuple(key)} has no port ready yet; retry")
+            raise PoolNotReady(self._not_ready(key))
         return got.result()
+
+    def _not_ready(self, key: PoolKey) -> str:
+        if self._liveness.noted_dead(key.node):
+            return f"pool {tuple(key)} is empty: {no_agent(key.node)}"
+        unseen = len(self._pools.unseen(key))
+        if unseen:
+            return (
+                f"pool {tuple(key)}: the bindings of its {unseen} new ports have not reached"
+                f" etcd after {UNSEEN_WAIT:.0f} s (is the ml2 forwarder running?); retry"
+            )
+        return f"pool {tuple(key)} has no port ready yet; retry"
 
     async def _apply_sgs(self, taken: Taken) -> Vif:
         if not taken.sg_update:
@@ -258,20 +312,50 @@ class PoolService:
 
     async def release(self, node: str, attachment: str) -> None:
         self._check_serving()
-        record = self._attachments.get((node, attachment))
-        if record is None:
+        ident = (node, attachment)
+        if ident not in self._attachments and ident not in self._locks:
             return
-        await self._store.delete(node, attachment)
-        if self._attachments.pop((node, attachment), None) is None:
-            return  # a concurrent release of the same attachment already handled it
-        self._attachments_changed()
-        driver = await self._drivers.for_node(node)
-        if driver.pooled:
-            self._pools.release(record.key, record.vif.port_id)
-            self.released.set()
-        else:
-            self._pools.forget(record.vif.port_id)
-            await driver.delete(record.key, [record.vif])
+        async with self._serialised(ident):
+            record = self._attachments.get(ident)
+            if record is None:
+                return
+            await self._store.delete(node, attachment)
+            del self._attachments[ident]
+            self._attachments_changed()
+            if self._still_held(ident, record):
+                return
+            driver = await self._drivers.for_node(node)
+            if driver.pooled:
+                self._pools.release(record.key, record.vif.port_id)
+                self.released.set()
+            else:
+                self._pools.forget(record.vif.port_id)
+                await driver.delete(record.key, [record.vif])
+
+    def _still_held(self, ident: tuple[str, str], record: InUse) -> bool:
+        """Whether another record still holds the released record's port (a dispute): then
+        the port stays with it and goes back to no pool."""
+        holders = self._disputed.get(record.vif.port_id)
+        if holders is None:
+            return False
+        holders.discard(ident)
+        log.warning(
+            "controller.inuse.duplicate_dropped",
+            port=record.vif.port_id,
+            dropped=f"{ident[0]}/{ident[1]}",
+            kept=sorted(f"{n}/{a}" for n, a in holders),
+        )
+        if len(holders) <= 1:
+            del self._disputed[record.vif.port_id]
+        return bool(holders)
+
+    def disputed(self, node: str) -> dict[str, list[str]]:
+        """This node's ports held by several attachments: port -> attachments."""
+        return {
+            port_id: sorted(att for n, att in holders if n == node)
+            for port_id, holders in self._disputed.items()
+            if any(n == node for n, _ in holders)
+        }
 
     def node_attachments(self, node: str) -> dict[str, Vif]:
         return {att: r.vif for (n, att), r in self._attachments.items() if n == node}
@@ -308,15 +392,18 @@ class PoolService:
                 self._group = None
                 await self.drain()
 
-    def reset(self) -> None:
+    def reset(self, mirror: MirrorView | None = None) -> None:
         """Forget a past term's pools and attachments; the next term recovers them afresh.
 
         Another controller may have led meanwhile and handed out what this one still holds
-        in memory, so nothing of the old term is trusted.
+        in memory, so nothing of the old term is trusted. ``mirror``: the new term's view of
+        the forwarder's mirror, which decides in what state a port is handed out.
         """
+        self._mirror = mirror
         self._pools = self._new_pools()
         self._refiller = Refiller(self._pools, self._settings, self._metrics, self._liveness)
         self._attachments.clear()
+        self._disputed.clear()
         self._attachments_changed()
 
     async def _background_refill(
@@ -339,13 +426,41 @@ class PoolService:
     # --- state API: recovery, recycling, the sweeper and the admin API --------------------
 
     async def adopt_in_use(self) -> set[str]:
-        """Load the in-use attachments from etcd into this term; returns their port ids."""
+        """Load the in-use attachments from etcd into this term; returns their port ids.
+
+        A port held by several records (a restored or hand-edited etcd) is *disputed*: all
+        its records are kept, none of their releases puts it back in a pool while another
+        holds it, and the node's agent settles it (the attachment its checkpoint names keeps
+        the port, it releases the others: ``GET .../vifs`` lists the disputes)."""
         records, _ = await self._store.load()
+        holders: dict[str, set[tuple[str, str]]] = {}
         for record in records:
             self._attachments[(record.node, record.attachment)] = record
             self._pools.adopt(record.key, record.vif)
+            holders.setdefault(record.vif.port_id, set()).add((record.node, record.attachment))
+        self._disputed = {port: held for port, held in holders.items() if len(held) > 1}
+        for port_id, held in sorted(self._disputed.items()):
+            log.warning(
+                "controller.inuse.duplicate",
+                port=port_id,
+                records=sorted("/".join(h) for h in held),
+            )
         self._attachments_changed()
         return {record.vif.port_id for record in records}
+
+    def port_seen(self, key: PoolKey, vif: Vif) -> None:
+        """The mirror shows a port of ours bound (anew or changed): see ``Pools.seen``."""
+        if self._pools.seen(key, vif):
+            log.debug("pool.port_current", key=key, port=vif.port_id)
+
+    def port_gone(self, port_id: str, node: str) -> None:
+        """The mirror no longer shows the port bound to ``node`` (deleted, unbound, moved):
+        a free or recycling port of that node is forgotten; an in-use one stays its pod's
+        until released (its agent learns of it from the same mirror)."""
+        key = self._pools.pool_of(port_id) or self._pools.recyclable().get(port_id)
+        if key is not None and key.node == node:
+            self._pools.forget(port_id)
+            log.info("pool.port_gone", key=key, port=port_id)
 
     def in_use_ports(self) -> set[str]:
         return {record.vif.port_id for record in self._attachments.values()}
@@ -383,6 +498,7 @@ class PoolService:
             waiting=self._pools.waiting(key),
             groups=self._pools.groups(key),
             target=self._refiller.sizer.target(key, time.monotonic()),
+            unseen=self._pools.unseen(key),
         )
 
     def recyclable(self) -> dict[str, PoolKey]:
@@ -435,7 +551,7 @@ class PoolService:
         self._check_serving()
         sgs = sg_key(security_groups)
         network = await self._neutron.network(network_ref, project_id)
-        await self._neutron.check_security_groups(sgs)
+        await self._neutron.check_security_groups(sgs, project_id or network.project_id)
         nodes = list(nodes)
         for node in nodes:  # all before any port is made: a refused populate changes nothing
             await self._liveness.require(node)
@@ -516,6 +632,25 @@ class PoolService:
                 raise result
         log.info("pool.sg_removed", sg=sg_id, network=network_id, ports=len(moved))
         return len(moved)
+
+
+def _refill_failure(key: PoolKey, network: NetworkInfo, exc: PodwireError) -> PodwireError:
+    """What a request whose pool could not be filled is told: retry only when it may help."""
+    if isinstance(exc, NeutronAddressesExhausted):
+        cidrs = ", ".join(sorted(s.cidr for s in network.subnets.values()))
+        return SubnetFull(
+            f"network {network.name or network.id} ({network.id}) has no free address in its"
+            f" subnets ({cidrs}): free addresses or add a subnet in Neutron ({exc})"
+        )
+    if not exc.retryable:
+        return exc
+    return PoolNotReady(f"pool {tuple(key)} could not be filled: {exc}")
+
+
+def _replacing(req: VifRequest, known: InUse) -> bool:
+    """Whether the request asks for another port than the one the attachment holds (it
+    vanished before its node wired it)."""
+    return req.replaces is not None and req.replaces == known.vif.port_id
 
 
 def _log_refill_failure(refill: asyncio.Future[int]) -> None:

@@ -98,7 +98,9 @@ class Election:
             return None
         self.lease = lease
         self.terms += 1
-        self._backoff.reset()
+        # No backoff reset here: a term that ends at once (a dependency of the term is down)
+        # must wait longer each time, not re-elect every 0.2 s; ``lead`` resets it after a
+        # term that lasted.
         log.info("etcd.election.elected", key=self.key, lease=hex(lease.id))
         return lease
 

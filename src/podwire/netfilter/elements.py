@@ -7,7 +7,8 @@ on a cold CPU); packed here, the same batch is a few hundred bytes built in micr
 kernel does the same work either way, and the batch is one transaction just the same.
 
 Only what podwire's sets hold is encoded: interface names, MACs, IPv4/IPv6 addresses, marks,
-protocols, ports, ICMP types and codes, and verdicts; interval sets only when concatenated (one
+protocols, ports, ICMP types and codes, ND targets (a ``typeof`` key of a raw payload) and
+verdicts; interval sets only when concatenated (one
 element with a closing key). Anything else raises ``Unencodable`` and goes through libnftables.
 """
 
@@ -62,15 +63,22 @@ class _Layout:
     interval: bool
 
 
+# The expressions a ``typeof`` declaration may name, as the type each one loads.
+_TYPEOF = {"iifname": "ifname", "ether saddr": "ether_addr", "@th,64,128": "integer128"}
+
+
 def layout(spec: str) -> _Layout:
     """The key types, data type and interval flag of a set declaration body."""
     parts = [part.strip() for part in spec.split(";") if part.strip()]
-    declared = [p for p in parts if p.startswith("type ")]
+    declared = [p for p in parts if p.startswith(("type ", "typeof "))]
     flags = [p for p in parts if p.startswith("flags ")]
-    others = [p for p in parts if not p.startswith(("type ", "flags "))]
+    others = [p for p in parts if not p.startswith(("type ", "typeof ", "flags "))]
     if len(declared) != 1 or others:
         raise Unencodable(f"set declaration {spec!r}")
-    typed = declared[0].removeprefix("type ")
+    if declared[0].startswith("typeof "):
+        typed = _typeof(declared[0].removeprefix("typeof "), spec)
+    else:
+        typed = declared[0].removeprefix("type ")
     key_text, _, data = typed.partition(" : ")
     key = tuple(t.strip() for t in key_text.split(" . "))
     interval = any("interval" in f for f in flags)
@@ -82,6 +90,16 @@ def layout(spec: str) -> _Layout:
     if "verdict" in key or (interval and len(key) == 1):
         raise Unencodable(f"set declaration {spec!r}")
     return _Layout(key, data.strip() or None, interval)
+
+
+def _typeof(expressions: str, spec: str) -> str:
+    """A ``typeof`` key as the types it loads (only the expressions podwire's sets use)."""
+    if " : " in expressions:
+        raise Unencodable(f"set declaration {spec!r}")
+    kinds = [_TYPEOF.get(e.strip()) for e in expressions.split(" . ")]
+    if None in kinds:
+        raise Unencodable(f"set declaration {spec!r}")
+    return " . ".join(k for k in kinds if k)
 
 
 def pack(item: _Layout, element: str) -> Packed:
@@ -118,6 +136,7 @@ _WIDTH = {
     "icmp_code": 1,
     "icmpv6_type": 1,
     "icmpv6_code": 1,
+    "integer128": 16,  # a raw 128-bit payload (an ND target), big-endian as loaded
 }
 
 
@@ -134,12 +153,10 @@ def _field(kind: str, text: str, interval: bool) -> tuple[bytes, bytes]:
         return (_mac(text),) * 2
     if kind in ("ipv4_addr", "ipv6_addr"):
         return _address(kind, text, interval)
-    low, high = _number_range(text, interval)
+    width = _WIDTH[kind]
+    low, high = _number_range(text, interval, 1 << (8 * width))
     if kind == "mark":  # host byte order, as meta mark loads it
         return struct.pack("=I", low), struct.pack("=I", high)
-    width = _WIDTH[kind]
-    if high >= 1 << (8 * width):
-        raise Unencodable(f"{kind} {text!r} is out of range")
     return low.to_bytes(width, "big"), high.to_bytes(width, "big")
 
 
@@ -181,7 +198,7 @@ def _address(kind: str, text: str, interval: bool) -> tuple[bytes, bytes]:
     return low.packed, high.packed
 
 
-def _number_range(text: str, interval: bool) -> tuple[int, int]:
+def _number_range(text: str, interval: bool, bound: int) -> tuple[int, int]:
     first, sep, last = text.partition("-")
     if sep and not interval:
         raise Unencodable(f"range {text!r} in a set without intervals")
@@ -190,8 +207,8 @@ def _number_range(text: str, interval: bool) -> tuple[int, int]:
         high = int(last, 0) if sep else low
     except ValueError as exc:
         raise Unencodable(f"number {text!r}") from exc
-    if not 0 <= low <= high < 2**32:
-        raise Unencodable(f"number {text!r}")
+    if not 0 <= low <= high < bound:
+        raise Unencodable(f"number {text!r} is out of range")
     return low, high
 
 

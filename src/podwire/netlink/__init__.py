@@ -6,6 +6,22 @@ switches namespaces.
 """
 
 from podwire.netlink.errors import NetlinkFailure, NotANamespace
-from podwire.netlink.nsexec import HostNetlink, PodNetlink, is_netns, netns_path
+from podwire.netlink.nsexec import (
+    HostNetlink,
+    PodNetlink,
+    host_netns_files,
+    is_netns,
+    netns_path,
+    same_netns,
+)
 
-__all__ = ["HostNetlink", "NetlinkFailure", "NotANamespace", "PodNetlink", "is_netns", "netns_path"]
+__all__ = [
+    "HostNetlink",
+    "NetlinkFailure",
+    "NotANamespace",
+    "PodNetlink",
+    "host_netns_files",
+    "is_netns",
+    "netns_path",
+    "same_netns",
+]

@@ -63,6 +63,22 @@ def is_netns(path: str) -> bool:
     return target.st_dev == own.st_dev and target.st_ino != 0
 
 
+def same_netns(path: str, other: str) -> bool:
+    """Whether two namespace files name one namespace (the same nsfs inode)."""
+    try:
+        first, second = os.stat(path), os.stat(other)
+    except OSError:
+        return False
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+
+
+def host_netns_files(host_netns: str) -> tuple[str, ...]:
+    """The namespaces no pod may be plugged into: the agent's own, the host's that
+    ``agent.host_netns`` names, and init's (where readable: not in every container)."""
+    named = (netns_path(host_netns),) if host_netns else ()
+    return (*named, "/proc/self/ns/net", "/proc/1/ns/net")
+
+
 def setns(fd: int) -> None:
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         code = ctypes.get_errno()

@@ -27,9 +27,13 @@ R = TypeVar("R")
 class NeutronUnavailable(RetryableError):
     """Neutron did not answer, or answered with a server-side error."""
 
+    cause = "neutron_unavailable"
+
 
 class NeutronRequestError(PermanentError):
     """Neutron refused the request as invalid (4xx)."""
+
+    cause = "neutron_refused"
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -38,6 +42,19 @@ class NeutronRequestError(PermanentError):
 
 class NeutronNotFound(NeutronRequestError):
     """The resource does not exist (404)."""
+
+    cause = "not_found"
+
+
+class NeutronAddressesExhausted(NeutronRequestError):
+    """No free address in the network's subnets (Neutron's IpAddressGenerationFailure, a 409
+    that waiting does not fix: addresses come back only when someone frees them)."""
+
+    cause = "subnet_full"
+
+
+# Neutron's 409s that are about the request, not a race a retry resolves.
+_PERMANENT_CONFLICTS = {"IpAddressGenerationFailure": NeutronAddressesExhausted}
 
 
 def _translated(what: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -67,9 +84,22 @@ def _from_http(exc: os_exc.HttpException, what: str) -> Exception:
     message = f"neutron {what}: HTTP {status}: {detail}"
     if status == 404:
         return NeutronNotFound(message, status)
+    permanent = _PERMANENT_CONFLICTS.get(_error_type(exc)) if status == 409 else None
+    if permanent is not None:
+        return permanent(message, status)
     if status in (409, 429) or status >= 500 or status == 0:
         return NeutronUnavailable(message)
     return NeutronRequestError(message, status)
+
+
+def _error_type(exc: os_exc.HttpException) -> str:
+    """The ``type`` of Neutron's error body (``{"NeutronError": {"type": ...}}``), or ""."""
+    try:
+        body = exc.response.json() if exc.response is not None else {}
+    except ValueError:
+        return ""
+    error = body.get("NeutronError") if isinstance(body, dict) else None
+    return str(error.get("type") or "") if isinstance(error, dict) else ""
 
 
 def neutron_connection(endpoint: str) -> Any:

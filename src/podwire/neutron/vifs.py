@@ -34,6 +34,9 @@ class NetworkInfo:
     network_type: str
     segmentation_id: int | None
     subnets: dict[str, Subnet]
+    name: str = ""
+    admin_up: bool = True
+    physnet: str | None = None  # flat and VLAN networks: the physical network they are on
 
     @classmethod
     def from_neutron(cls, network: Any, subnets: list[Any]) -> NetworkInfo:
@@ -47,6 +50,9 @@ class NetworkInfo:
             subnets={
                 str(s.id): Subnet(str(s.id), str(s.cidr), s.gateway_ip or None) for s in subnets
             },
+            name=str(getattr(network, "name", None) or ""),
+            admin_up=getattr(network, "is_admin_state_up", True) is not False,
+            physnet=getattr(network, "provider_physical_network", None) or None,
         )
 
 

@@ -36,8 +36,11 @@ class InUseValue:
 def parse_in_use(raw: bytes, what: str) -> InUseValue:
     obj = doc.Obj(doc.decode_versioned(raw, what), what)
     vif = obj.req("vif", lambda v, w: Vif.from_json(v, w))
-    if obj.req("network_id", fields.uuid) != vif.network_id:
-        raise ValidationError(f"{what}: network_id differs from the VIF's")
+    # The ids are written twice (readable at a glance in etcd): a record whose copies
+    # disagree was edited by hand or damaged, and no one can say which port it holds.
+    for name in ("port_id", "network_id"):
+        if obj.req(name, fields.uuid) != getattr(vif, name):
+            raise ValidationError(f"{what}: {name} differs from the VIF's")
     return InUseValue(obj.req("project_id", fields.project_id), vif)
 
 

@@ -7,8 +7,10 @@ rejected before anything is wired with it. docs/vif-api.md describes the endpoin
 - ``POST /v1/nodes/{node}/vifs`` with ``Authorization: Bearer <token of that node>`` and body
   ``VifRequest.to_json()``: ``{"attachment": "<container_id>:<ifname>", "network": "<network id
   or name>", "project_id": "<id or null>", "security_groups": ["<sg id>", ...],
-  "pod": {"namespace": "...", "name": "...", "uid": "..."} or null}``
-  -> 200 ``{"vif": Vif.to_json()}``; idempotent: the same attachment gets the same VIF again.
+  "pod": {"namespace": "...", "name": "...", "uid": "..."} or null, "replaces": "<port id>"
+  (optional)}``
+  -> 200 ``{"vif": Vif.to_json()}``; idempotent: the same attachment gets the same VIF again,
+  unless ``replaces`` names its port (which vanished before it was wired): then another one.
   -> 503 ``{"error": "...", "retryable": true}`` with ``Retry-After: <s>`` when no port is ready.
   -> 400 malformed body or bad names, 401 missing/unknown token, 403 token of another node,
   404 unknown network/project/SG, 409 node without a live agent: ``{"error": "<message>"}``.
@@ -46,15 +48,21 @@ class VifRequest:
     project_id: str | None
     security_groups: tuple[str, ...]
     pod: PodRef | None = None
+    # The port of this attachment's VIF that vanished before its node wired it (its desired
+    # key was deleted: Neutron deleted or unbound it): hand out another one instead.
+    replaces: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "attachment": self.attachment,
             "network": self.network,
             "project_id": self.project_id,
             "security_groups": list(self.security_groups),
             "pod": None if self.pod is None else self.pod.to_json(),
         }
+        if self.replaces is not None:  # only then: controllers before it refuse the field
+            body["replaces"] = self.replaces
+        return body
 
     @classmethod
     def from_json(cls, raw: Any, what: str = "body") -> VifRequest:
@@ -68,10 +76,13 @@ class VifRequest:
                 sorted(set(security_groups(obj.value.get("security_groups"), what)))
             ),
             pod=obj.maybe("pod", _pod),
+            replaces=obj.maybe("replaces", fields.uuid),
         )
 
 
-REQUEST_FIELDS = frozenset({"attachment", "network", "project_id", "security_groups", "pod"})
+REQUEST_FIELDS = frozenset(
+    {"attachment", "network", "project_id", "security_groups", "pod", "replaces"}
+)
 
 
 def security_groups(value: Any, what: str) -> tuple[str, ...]:

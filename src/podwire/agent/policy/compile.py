@@ -5,7 +5,8 @@ Layout (docs/security-groups.md has the picture):
 - ``bridge podwire``: every frame a port with port security sends is checked at the bridge's
   prerouting hook, where ``iifname`` is the port itself: its MAC, its (MAC, IP) pairs from
   fixed IPs and allowed address pairs (IPv4, IPv6 with the MACs' link-local addresses, ARP),
-  no DHCP server replies or router advertisements. At the bridge's forward hook, where both
+  neighbour advertisements only for those addresses, no DHCP server replies, router
+  advertisements or redirects. At the bridge's forward hook, where both
   ports are known, the frame gets a mark: the id of the sending port's policy in the low 16
   bits, the receiving port's in the high 16 bits. The kernel has no bridge conntrack (``ct``
   is refused in the bridge family; docs/security-groups.md).
@@ -175,6 +176,7 @@ def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy], ids: dict[GroupSe
         NftChain("bridge", "prerouting", ("iifname @ports goto port_security",), hook_pre)
     )
     ruleset.add_chain(NftChain("bridge", "port_security", _port_security_rules()))
+    ruleset.add_chain(NftChain("bridge", "nd_target", _nd_target_rules()))
     hook_fwd = "type filter hook forward priority -200; policy accept;"
     ruleset.add_chain(
         NftChain(
@@ -204,6 +206,13 @@ def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy], ids: dict[GroupSe
         ruleset.add_set(NftSet("bridge", name, spec, elements))
 
 
+# The target address of a neighbour solicitation or advertisement (RFC 4861 4.3, 4.4: after
+# type, code, checksum and 32 bits of flags). nft 1.0.6 (Debian 12) has no name for it and
+# will not compare a raw payload with an ``ipv6_addr`` key, so the ND sets
+# are declared by ``typeof`` and hold the addresses as 128-bit integers, the same bytes.
+ND_TARGET = "@th,64,128"
+ND_KEY = f"typeof iifname . ether saddr . {ND_TARGET};"
+
 # The bridge sets that hold a port's own elements, with their declarations.
 PORT_SETS = {
     "ports": "type ifname : verdict;",
@@ -212,6 +221,10 @@ PORT_SETS = {
     "src4net": f"type ifname . ether_addr . ipv4_addr; {INTERVAL}",
     "src6": "type ifname . ether_addr . ipv6_addr;",
     "src6net": f"type ifname . ether_addr . ipv6_addr; {INTERVAL}",
+    # The addresses a port may advertise (its IPv6 sources): an ND target outside them is
+    # another node's address, which an advertisement with Override would take over.
+    "nd6": ND_KEY,
+    "nd6net": f"{ND_KEY} {INTERVAL}",
 }
 
 
@@ -263,7 +276,13 @@ def _port_security_rules() -> tuple[str, ...]:
         "iifname . ether saddr != @src_mac counter drop",
         "udp sport 67 udp dport 68 counter drop",  # a DHCP server in a pod
         "udp sport 547 udp dport 546 counter drop",
-        "icmpv6 type nd-router-advert counter drop",  # router advertisements from a pod
+        # a pod is no router: no advertisements, no redirects
+        "icmpv6 type { nd-router-advert, nd-redirect } counter drop",
+        # advertisements, and DAD probes (the address a node is about to take), only for
+        # the port's own addresses; a solicitation that resolves a neighbour names the
+        # neighbour's address, and its source is checked below like any other
+        "icmpv6 type nd-neighbor-advert jump nd_target",
+        "ip6 saddr :: icmpv6 type nd-neighbor-solicit jump nd_target",
         "ether type ip iifname . ether saddr . ip saddr @src4 return",
         "ether type ip iifname . ether saddr . ip saddr @src4net return",
         "ether type ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 return",
@@ -273,6 +292,15 @@ def _port_security_rules() -> tuple[str, ...]:
         "ether type arp iifname . arp saddr ether . arp saddr ip @src4 return",
         "ether type arp iifname . arp saddr ether . arp saddr ip @src4net return",
         "ether type arp arp saddr ip 0.0.0.0 return",  # ARP probes (address conflict detection)
+        "counter drop",
+    )
+
+
+def _nd_target_rules() -> tuple[str, ...]:
+    """Returns to port_security when the ND target is one of the sender's addresses."""
+    return (
+        f"iifname . ether saddr . {ND_TARGET} @nd6 return",
+        f"iifname . ether saddr . {ND_TARGET} @nd6net return",
         "counter drop",
     )
 
@@ -291,7 +319,7 @@ def _sources(item: PortPolicy) -> PortElements:
     for mac, address in pairs:
         net = ipaddress.ip_network(address, strict=False)
         spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
-    out: dict[str, set[str]] = {name: set() for name in ("src4", "src4net", "src6", "src6net")}
+    out: dict[str, set[str]] = {name: set() for name in PORT_SETS if name != "ports"}
     out["src_mac"] = {f'"{item.ifname}" . {mac}' for mac in macs}
     cls = {4: ipaddress.IPv4Address, 6: ipaddress.IPv6Address}
     for (mac, version), found in spans.items():
@@ -301,7 +329,16 @@ def _sources(item: PortPolicy) -> PortElements:
                 out[f"src{version}"].add(head + str(cls[version](span[0])))
             else:
                 out[f"src{version}net"].add(head + intervals.address_text(span, version))
+            if version == 6:
+                exact = span[0] == span[1]
+                out["nd6" if exact else "nd6net"].add(head + _integer_text(span))
     return {name: frozenset(elements) for name, elements in out.items()}
+
+
+def _integer_text(span: intervals.Span) -> str:
+    """An ND set's element: an IPv6 address (or range) as nft spells a 128-bit integer."""
+    low, high = (f"0x{value:032x}" for value in span)
+    return low if span[0] == span[1] else f"{low}-{high}"
 
 
 def _link_local(mac: str) -> str:
