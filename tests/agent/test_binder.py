@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from podwire.agent.peers import PeerTracker
 from podwire.etcd import EtcdClient
 from podwire.netlink import HostNetlink
 from podwire.schema import nodes as values
+from podwire.schema.ports import DesiredPort, parse_desired_port
 from tests.agent.desired_keys import desired_value
 from tests.agent.netenv import NetEnv, in_ns, links_in
 from tests.scripted_agent import eventually
@@ -115,6 +117,7 @@ async def test_peer_vteps_that_cannot_be_flood_entries_are_skipped(
     await binder.wait_wired(port, 10)
     own = "192.0.2.11"  # the bound fixture's host 1
     bad = ["2001:db8::7", "224.0.0.9", "0.0.0.0", "255.255.255.255", "240.0.0.1", own, "x", ""]
+    bad += ["127.0.0.1", "169.254.0.5"]  # loopback would bounce every broadcast back here
     peers = [f"{host}-peer{i}" for i in range(len(bad) + 1)]
     lease = await etcd.grant_lease(30)
     try:
@@ -239,3 +242,64 @@ async def test_a_port_whose_desired_key_went_is_reported_vanished_at_once(
         await asyncio.wait_for(waiting, 10)
     with pytest.raises(PortVanished):  # and for an ADD that asks only now
         await binder.wait_wired(port, 60)
+
+
+async def test_remote_ports_become_static_forwarding_and_arp_answers(
+    bound: tuple[Binder, str, str], etcd: EtcdClient
+) -> None:
+    """No learning from frames: the VXLAN device and the bridge port learn nothing; each
+    port another node reports wired (with its MAC and IPs) is a static entry towards that
+    node's VTEP and an ARP/ND answer; a MAC a second node claims stays with the first."""
+    binder, ns, host = bound
+    port, net = _ids()
+    await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:07", _ip()))
+    local = await binder.wait_wired(port, 10)
+    device = naming.vxlan(net)
+    detail = in_ns(ns, "ip", "-d", "link", "show", device).stdout
+    assert " nolearning " in detail and " proxy " not in detail
+    port_flags = in_ns(ns, "bridge", "-d", "link", "show", "dev", device).stdout
+    assert "learning off" in port_flags and "neigh_suppress on" in port_flags
+    peers = {"honest": "192.0.2.61", "liar": "192.0.2.62"}
+    lease = await etcd.grant_lease(30)
+    remote = _remote_port(net, "fa:16:3e:aa:00:01", "10.1.0.61")
+    try:
+        for peer, vtep in peers.items():
+            await etcd.put(keys.state_vtep(f"{host}-{peer}"), values.vtep_value(vtep))
+            await etcd.put(keys.state_alive(f"{host}-{peer}"), values.alive_value(0, "t"),
+                           lease=lease.id)  # fmt: skip
+        honest_key = keys.state_port(f"{host}-honest", remote.port_id)
+        await etcd.put(honest_key, values.port_state_value(1.0, remote))
+        await etcd.put(  # the same MAC, claimed later by another node
+            keys.state_port(f"{host}-liar", str(uuid.uuid4())),
+            values.port_state_value(2.0, replace(remote, port_id=str(uuid.uuid4()))),
+        )
+
+        async def entries() -> bool:
+            fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
+            neigh = in_ns(ns, "ip", "neigh", "show", "dev", naming.bridge(net)).stdout
+            return (
+                "fa:16:3e:aa:00:01 dst 192.0.2.61 self permanent" in fdb
+                and "fa:16:3e:aa:00:01 master" in fdb
+                and "10.1.0.61 lladdr fa:16:3e:aa:00:01 PERMANENT" in neigh
+            )
+
+        await eventually(entries, "the honest node's port as static entries")
+        liar = "fa:16:3e:aa:00:01 dst 192.0.2.62"
+        assert liar not in in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
+        await etcd.delete(honest_key)
+
+        async def moved() -> bool:
+            fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
+            return "fa:16:3e:aa:00:01 dst 192.0.2.62 self permanent" in fdb
+
+        await eventually(moved, "the MAC with its remaining claim once the first went")
+        assert local.port_id == port
+    finally:
+        await lease.revoke()
+        for peer in peers:
+            await etcd.delete_prefix(keys.state_node_prefix(f"{host}-{peer}"))
+        await etcd.delete(keys.node_port(host, port))
+
+
+def _remote_port(net: str, mac: str, ip: str) -> DesiredPort:
+    return parse_desired_port(desired_value(str(uuid.uuid4()), net, mac, _ip(ip)))

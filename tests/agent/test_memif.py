@@ -32,7 +32,7 @@ from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
 from podwire.schema import nodes
-from podwire.schema.checkpoints import MemifEntry
+from podwire.schema.checkpoints import MemifEntry, memif_entry
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, links_in, pings
 from tests.deviceplugin.conftest import make_settings
@@ -132,7 +132,7 @@ def _kill_masters(state_root: Path) -> None:
     """A failed test may leave masters (they outlive agents by design): end them by pid."""
     for path in state_root.glob("*-state/memif-attachments.json"):
         for key, raw in json.loads(path.read_text())["memifs"].items():
-            entry = MemifEntry.from_json(key, raw)
+            entry = memif_entry(key, raw)
             if is_running(entry.pid, entry.started):
                 os.kill(entry.pid, 9)
 

@@ -20,12 +20,14 @@ from typing import Protocol
 from podwire import keys
 from podwire.agent import naming, plumbing
 from podwire.agent.metrics import AgentMetrics
+from podwire.agent.peers import PeerView
 from podwire.agent.plumbing import NetworkPlan
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PermanentError, PodwireError, RetryableError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink
+from podwire.netlink.links import RemoteMac
 from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort, parse_desired_port
 
@@ -84,7 +86,12 @@ class Binder:
         self.failed: dict[str, str] = {}
         self.removed: dict[str, None] = {}  # desired key deleted (oldest first), until put again
         self._plans: dict[str, NetworkPlan] = {}  # network id -> plumbing ensured on the host
-        self._peers: set[str] = set()
+        self._view = PeerView()
+        self._view_known = False  # the peer tracker's first listing is in
+        self._synced: dict[str, tuple[set[str], dict[str, RemoteMac]]] = {}  # vxlan device ->
+        # Told of the remote MACs each VXLAN device may receive frames from (None: not every
+        # peer says, so none is checked); the policy enforcer drops the others.
+        self.on_remote: Callable[[dict[str, frozenset[str]] | None], None] | None = None
         self._kernel = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.synced = asyncio.Event()
@@ -158,7 +165,7 @@ class Binder:
             else:
                 await self._etcd.put(
                     keys.state_port(self._settings.host, port_id),
-                    values.port_state_value(time.time()),
+                    values.port_state_value(time.time(), port),
                 )
         except PodwireError as exc:
             log.warning("agent.port.not_wired", port=port_id, error=str(exc))
@@ -176,8 +183,12 @@ class Binder:
             return
         async with self._kernel:
             if self._nl is not None:
-                await self._nl.run(plumbing.ensure_network, plan, set(self._peers))
+                flood, remote = self._view.flood, remote_macs(self._view, plan.network_id)
+                await self._nl.run(plumbing.ensure_network, plan, flood, remote)
+                if plan.uplink and plan.network_type == "vxlan":
+                    self._synced[plan.uplink] = (flood, remote)
             self._plans[plan.network_id] = plan
+            self._tell_remote()
 
     async def _unbind(self, port_id: str) -> None:
         port = self.wired.get(port_id)
@@ -206,6 +217,8 @@ class Binder:
             )
             if removed:
                 self._plans.pop(network_id, None)
+                self._synced.pop(plan.uplink or "", None)
+                self._tell_remote()
         log.info("agent.network.removed" if removed else "agent.network.kept", bridge=plan.bridge)
 
     async def _reconcile_leftovers(self) -> None:
@@ -254,18 +267,41 @@ class Binder:
 
     # -- peers and waiting ---------------------------------------------------------------
 
-    async def set_peers(self, peers: set[str]) -> None:
-        """New flood list for every VXLAN network (called by the peer tracker)."""
+    async def set_peers(self, view: PeerView) -> None:
+        """The other nodes changed (called by the peer tracker): each VXLAN network's flood
+        list and remote MACs follow, changed only where they differ."""
         async with self._kernel:
-            self._peers = set(peers)
-            if self._nl is None:
-                return
+            self._view, self._view_known = view, True
             for plan in list(self._plans.values()):
                 if plan.network_type == "vxlan" and plan.uplink:
-                    try:
-                        await self._nl.run(plumbing.sync_peers, plan.uplink, set(peers))
-                    except PodwireError as exc:  # one network's failure must not stop others
-                        log.warning("agent.peers.sync_failed", device=plan.uplink, error=str(exc))
+                    await self._sync_peers(plan)
+            self._tell_remote()
+
+    async def _sync_peers(self, plan: NetworkPlan) -> None:
+        device = plan.uplink or ""
+        wanted = (self._view.flood, remote_macs(self._view, plan.network_id))
+        if self._nl is None or self._synced.get(device) == wanted:
+            return
+        try:
+            await self._nl.run(plumbing.sync_peers, device, plan.bridge, *wanted)
+        except PodwireError as exc:  # one network's failure must not stop others
+            log.warning("agent.peers.sync_failed", device=device, error=str(exc))
+            return
+        self._synced[device] = wanted
+
+    def _tell_remote(self) -> None:
+        if self.on_remote is None or not self._view_known:
+            return  # unchecked until the other nodes' ports are known: never dropped meanwhile
+        legacy = self._view.legacy()
+        if legacy:
+            log.warning("agent.peers.legacy", hosts=legacy, effect="remote MACs not checked")
+            self.on_remote(None)
+            return
+        self.on_remote({
+            plan.uplink: frozenset(remote_macs(self._view, plan.network_id))
+            for plan in self._plans.values()
+            if plan.network_type == "vxlan" and plan.uplink
+        })  # fmt: skip
 
     async def wait_wired(
         self, port_id: str, within: float, security_groups: list[str] | None = None
@@ -314,3 +350,23 @@ class Binder:
 
     def plan_for(self, network_id: str) -> NetworkPlan | None:
         return self._plans.get(network_id)
+
+
+def remote_macs(view: PeerView, network_id: str) -> dict[str, RemoteMac]:
+    """The other nodes' ports of a network by MAC. A MAC two nodes claim (a port moving, or a
+    node lying) stays with the first claim, which a later one cannot take over; the claim
+    that goes frees it."""
+    claims = sorted(
+        (state.wired_at, host, state)
+        for host, ports in view.ports.items()
+        for state in ports.values()
+        if state.network_id == network_id and state.mac
+    )
+    found: dict[str, RemoteMac] = {}
+    for _, host, state in claims:
+        assert state.mac is not None
+        if state.mac in found:
+            log.warning("agent.peers.mac_claimed_twice", mac=state.mac, host=host)
+            continue
+        found[state.mac] = RemoteMac(state.mac, view.vteps[host], frozenset(state.ips))
+    return found

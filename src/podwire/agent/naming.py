@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 
 MARK = "podwire:agent"
+BRIDGE_PREFIX = "pwbr"
+VXLAN_PREFIX = "pwvx"
 
 
 def is_marked(alias: str) -> bool:
@@ -24,11 +26,11 @@ def _short(value: str) -> str:
 
 
 def bridge(network_id: str) -> str:
-    return f"pwbr{_short(network_id)}"
+    return BRIDGE_PREFIX + _short(network_id)
 
 
 def vxlan(network_id: str) -> str:
-    return f"pwvx{_short(network_id)}"
+    return VXLAN_PREFIX + _short(network_id)
 
 
 def vlan(network_id: str) -> str:

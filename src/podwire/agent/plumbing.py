@@ -18,6 +18,7 @@ from typing import Any
 from podwire.agent import naming
 from podwire.errors import PermanentError
 from podwire.netlink import links
+from podwire.netlink.links import RemoteMac
 from podwire.schema.ports import DesiredPort
 
 
@@ -73,7 +74,10 @@ def plan_network(
     )
 
 
-def ensure_network(ipr: Any, plan: NetworkPlan, peers: set[str]) -> None:
+def ensure_network(
+    ipr: Any, plan: NetworkPlan, peers: set[str], remote: dict[str, RemoteMac]
+) -> None:
+    """``remote``: for VXLAN, the other nodes' ports of this network (by MAC)."""
     links.ensure_bridge(ipr, plan.bridge, plan.mtu)
     links.set_alias(ipr, plan.bridge, naming.MARK)
     if plan.network_type == "vxlan":
@@ -81,13 +85,17 @@ def ensure_network(ipr: Any, plan: NetworkPlan, peers: set[str]) -> None:
         _check_replaceable(ipr, plan.uplink, plan.segmentation_id, plan.vtep_ip)
         links.ensure_vxlan(ipr, plan.uplink, plan.segmentation_id, plan.vtep_ip, plan.mtu)
         links.set_alias(ipr, plan.uplink, naming.MARK)
-        links.sync_flood(ipr, plan.uplink, peers)
     elif plan.network_type == "vlan":
         assert plan.uplink and plan.physical and plan.segmentation_id is not None
         _ensure_vlan_uplink(ipr, plan.uplink, plan.physical, plan.segmentation_id)
         links.set_alias(ipr, plan.uplink, naming.MARK)
     assert plan.uplink  # flat: the physnet interface itself, which is never ours to mark
     links.ensure_master(ipr, plan.uplink, plan.bridge)
+    if plan.network_type == "vxlan":
+        # The bridge learns nothing from the VXLAN port either: a frame from another node
+        # with some pod's source MAC cannot move that pod's entry (and its traffic) away.
+        links.set_remote_port(ipr, plan.uplink)
+        sync_peers(ipr, plan.uplink, plan.bridge, peers, remote)
 
 
 def _check_replaceable(ipr: Any, name: str, vni: int, local: str) -> None:
@@ -109,9 +117,20 @@ def _ensure_vlan_uplink(ipr: Any, name: str, parent: str, vlan_id: int) -> None:
         ipr.link("add", ifname=name, kind="vlan", link=index, vlan_id=vlan_id)
 
 
-def sync_peers(ipr: Any, vxlan_device: str, peers: set[str]) -> None:
-    if links.get_link(ipr, vxlan_device) is not None:
-        links.sync_flood(ipr, vxlan_device, peers)
+def sync_peers(
+    ipr: Any, vxlan_device: str, bridge: str, peers: set[str], remote: dict[str, RemoteMac]
+) -> None:
+    """Flood entries for ``peers``, and exactly ``remote`` as the device's remote MACs."""
+    if links.get_link(ipr, vxlan_device) is None or links.get_link(ipr, bridge) is None:
+        return
+    links.sync_flood(ipr, vxlan_device, peers)
+    current = links.remote_macs(ipr, vxlan_device, bridge)
+    for mac, found in current.items():
+        if remote.get(mac) != found:
+            links.drop_remote_mac(ipr, vxlan_device, bridge, found)
+    for mac, wanted in remote.items():
+        if current.get(mac) != wanted:
+            links.set_remote_mac(ipr, vxlan_device, bridge, wanted)
 
 
 def pods_on(ipr: Any, bridge: str) -> list[str]:

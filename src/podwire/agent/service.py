@@ -254,6 +254,7 @@ class Agent:
         settings = EnforcerSettings(agent.host, agent.security_group_wait)
         policy = PolicyEnforcer(etcd, nft, settings, self.metrics)
         binder.on_port = policy.port_changed
+        binder.on_remote = policy.remote_changed
         return policy
 
 

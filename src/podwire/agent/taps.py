@@ -262,7 +262,7 @@ class TapPorts:
             await self._nl.run_rtnl(_adopt_link, link.index, link.name, wanted.bridge, port.mtu)
 
         await self._attacher.attach(port, link.name, plug, deadline)
-        await self._report_wired(port.port_id)
+        await self._report_wired(port)
         self._adopted[port.port_id] = _Adopted(link.index, wanted.bridge, port.mtu)
         seen = self._seen_at.get(link.name)
         if seen is not None:
@@ -295,9 +295,9 @@ class TapPorts:
         await self._report_unwired(port_id)
         self._metrics.taps.set(len(self._adopted))
 
-    async def _report_wired(self, port_id: str) -> None:
-        key = keys.state_port(self._host, port_id)
-        await self._etcd.put(key, values.port_state_value(time.time()))
+    async def _report_wired(self, port: DesiredPort) -> None:
+        key = keys.state_port(self._host, port.port_id)
+        await self._etcd.put(key, values.port_state_value(time.time(), port))
 
     async def _report_unwired(self, port_id: str) -> None:
         """Also for a port never reported by this run: a restarted agent's stale key goes."""

@@ -15,7 +15,8 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 FLOOD_MAC = "00:00:00:00:00:00"
 VXLAN_PORT = 4789
-NTF_SELF = 0x02
+NTF_SELF, NTF_MASTER = 0x02, 0x04
+NUD_NOARP, NUD_PERMANENT = 0x40, 0x80
 
 
 @dataclass(frozen=True)
@@ -30,16 +31,20 @@ class LinkInfo:
     vni: int | None = None
     vxlan_local: str | None = None
     alias: str = ""  # IFLA_IFALIAS: where podwire's agent marks the links it created
+    vxlan_learning: bool | None = None  # learns remote MACs from frames (podwire: off)
+    vxlan_proxy: bool | None = None  # answers ARP/ND itself, dropping unknown (podwire: off)
 
 
 def _info(msg: Any) -> LinkInfo:
     linkinfo = msg.get("linkinfo")
     kind = linkinfo.get("kind") if linkinfo is not None else None
     data = linkinfo.get("data") if linkinfo is not None else None
-    vni = local = None
+    vni = local = learning = proxy = None
     if kind == "vxlan" and data is not None:
         vni = data.get("vxlan_id")
         local = data.get("vxlan_local")
+        learning = bool(data.get("vxlan_learning"))
+        proxy = bool(data.get("vxlan_proxy"))
     return LinkInfo(
         index=int(msg["index"]),
         name=str(msg.get("ifname")),
@@ -51,6 +56,8 @@ def _info(msg: Any) -> LinkInfo:
         vni=vni,
         vxlan_local=local,
         alias=str(msg.get("ifalias") or ""),
+        vxlan_learning=learning,
+        vxlan_proxy=proxy,
     )
 
 
@@ -96,13 +103,20 @@ def ensure_bridge(ipr: Any, name: str, mtu: int) -> LinkInfo:
 
 
 def ensure_vxlan(ipr: Any, name: str, vni: int, local: str, mtu: int) -> LinkInfo:
-    """A VXLAN device with this VNI and local VTEP; one with other parameters is replaced.
+    """A VXLAN device with this VNI and local VTEP that learns nothing from frames; one with
+    other parameters is replaced. Its own ARP/ND proxy stays off: it drops requests for
+    addresses it does not know (allowed address pairs, VIPs), where the bridge's neighbour
+    suppression answers the known ones and floods the rest (``set_port_learning``).
 
     Only our own devices carry our names, so replacing a mismatched one cannot hit foreign
     state; the bridge keeps its pods, which only lose flooding for the instant of the swap.
     """
     link = get_link(ipr, name)
-    if link is not None and (link.kind != "vxlan" or link.vni != vni or link.vxlan_local != local):
+    if link is not None and (
+        link.kind != "vxlan"
+        or (link.vni, link.vxlan_local) != (vni, local)
+        or (link.vxlan_learning, link.vxlan_proxy) != (False, False)
+    ):
         remove_link(ipr, name)
         link = None
     if link is None:
@@ -113,7 +127,7 @@ def ensure_vxlan(ipr: Any, name: str, vni: int, local: str, mtu: int) -> LinkInf
             vxlan_id=vni,
             vxlan_local=local,
             vxlan_port=VXLAN_PORT,
-            vxlan_learning=1,
+            vxlan_learning=0,
             mtu=mtu,
         )
     ipr.link("set", ifname=name, state="up")
@@ -128,6 +142,68 @@ def ensure_master(ipr: Any, name: str, master: str) -> None:
         ipr.link("set", index=link.index, master=bridge.index)
     if not link.up:
         ipr.link("set", index=link.index, state="up")
+
+
+def set_remote_port(ipr: Any, name: str) -> None:
+    """The bridge port ``name`` leads to other nodes: the bridge learns no source MAC from
+    it, and answers ARP/ND for the addresses in its neighbour table instead of sending the
+    request out there (it floods those it does not know)."""
+    ipr.brport("set", index=_require(ipr, name).index, learning=0, neigh_suppress=1)
+
+
+@dataclass(frozen=True)
+class RemoteMac:
+    """A MAC reached through a VXLAN device: the VTEP it is at and the IPs it answers for."""
+
+    mac: str
+    vtep: str
+    ips: frozenset[str]
+
+
+def remote_macs(ipr: Any, name: str, bridge: str) -> dict[str, RemoteMac]:
+    """What the VXLAN device ``name`` holds for remote MACs: its own FDB entries with a VTEP
+    (the all-zero flood entries aside), with their permanent neighbour entries on ``bridge``."""
+    link = _require(ipr, name)
+    found: dict[str, tuple[str, set[str]]] = {}
+    for entry in ipr.fdb("dump", ifindex=link.index):
+        mac, dst = str(entry.get("lladdr") or ""), entry.get("dst")
+        if dst and mac and mac != FLOOD_MAC and entry["flags"] & NTF_SELF:
+            found[mac] = (str(dst), set())
+    for entry in ipr.neigh("dump", ifindex=_require(ipr, bridge).index):
+        mac = str(entry.get("lladdr") or "")
+        if mac in found and entry["state"] & NUD_PERMANENT:
+            found[mac][1].add(str(entry.get("dst")))
+    return {mac: RemoteMac(mac, dst, frozenset(ips)) for mac, (dst, ips) in found.items()}
+
+
+def set_remote_mac(ipr: Any, name: str, bridge: str, remote: RemoteMac) -> None:
+    """``remote.mac`` at ``remote.vtep``: a static entry in the bridge towards the device (the
+    bridge does not learn on it), one in the device towards the VTEP, and a permanent
+    neighbour entry per IP on the bridge for its ARP/ND answers."""
+    index, bridge_index = _require(ipr, name).index, _require(ipr, bridge).index
+    ipr.fdb("replace", ifindex=index, lladdr=remote.mac, dst=remote.vtep, flags=NTF_SELF,
+            state=NUD_PERMANENT)  # fmt: skip
+    ipr.fdb("replace", ifindex=index, lladdr=remote.mac, flags=NTF_MASTER, state=NUD_NOARP)
+    for ip in sorted(remote.ips):
+        ipr.neigh("replace", ifindex=bridge_index, dst=ip, lladdr=remote.mac,
+                  state=NUD_PERMANENT)  # fmt: skip
+
+
+def drop_remote_mac(ipr: Any, name: str, bridge: str, remote: RemoteMac) -> None:
+    index, bridge_index = _require(ipr, name).index, _require(ipr, bridge).index
+    for ip in sorted(remote.ips):
+        _ignore_missing(ipr.neigh, "del", ifindex=bridge_index, dst=ip, lladdr=remote.mac)
+    _ignore_missing(ipr.fdb, "del", ifindex=index, lladdr=remote.mac, dst=remote.vtep,
+                    flags=NTF_SELF)  # fmt: skip
+    _ignore_missing(ipr.fdb, "del", ifindex=index, lladdr=remote.mac, flags=NTF_MASTER)
+
+
+def _ignore_missing(call: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        call(*args, **kwargs)
+    except NetlinkError as exc:
+        if exc.code not in (errno.ENOENT, errno.ENODEV):
+            raise
 
 
 def bridge_ports(ipr: Any, bridge: str) -> list[LinkInfo]:

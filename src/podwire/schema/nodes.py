@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.schema import doc, fields
+from podwire.schema.ports import DesiredPort
 
 POD_DRIVERS = ("baremetal", "nested", "unpooled")
 # Earlier names of pod drivers, still accepted as the name they became (the controller logs that
@@ -96,13 +97,44 @@ def _network_types(value: Any, what: str) -> list[str]:
     return fields.each(value, what, fields.network_type, MAX_LIST)
 
 
-def parse_port_state(raw: bytes, what: str = "port state") -> float:
-    """When the agent wired the port; validation is the point, the value is informative."""
-    return doc.Obj(doc.decode_versioned(raw, what), what).req("wired_at", fields.timestamp)
+MAX_PORT_IPS = 32
 
 
-def port_state_value(wired_at: float) -> bytes:
-    return doc.encode_versioned({"wired_at": wired_at})
+@dataclass(frozen=True)
+class PortState:
+    """A port wired on a node, as the node publishes it: when, and where it can be reached
+    (its network, MAC and fixed IPs). Other nodes build their VXLAN forwarding and ARP/ND
+    answers from it (Neutron's l2population model) instead of learning from frames, so a
+    value from another node is untrusted input. Agents before that publish only
+    ``wired_at``: such a port's MAC is not known here."""
+
+    wired_at: float
+    network_id: str | None = None
+    mac: str | None = None
+    ips: tuple[str, ...] = ()
+
+
+def parse_port_state(raw: bytes, what: str = "port state") -> PortState:
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+    return PortState(
+        wired_at=obj.req("wired_at", fields.timestamp),
+        network_id=obj.maybe("network_id", fields.uuid),
+        mac=obj.maybe("mac", fields.mac),
+        ips=tuple(obj.opt("ips", _port_ips, [])),
+    )
+
+
+def _port_ips(value: Any, what: str) -> list[str]:
+    return [str(ip) for ip in fields.each(value, what, fields.host_address, MAX_PORT_IPS)]
+
+
+def port_state_value(wired_at: float, port: DesiredPort | None = None) -> bytes:
+    body: dict[str, Any] = {"wired_at": wired_at}
+    if port is not None:
+        body["network_id"] = port.network_id
+        body["mac"] = port.mac_address
+        body["ips"] = [ip.ip_address for ip in port.fixed_ips]
+    return doc.encode_versioned(body)
 
 
 @dataclass(frozen=True)

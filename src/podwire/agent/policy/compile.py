@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from podwire.agent import naming
 from podwire.agent.policy import intervals
 from podwire.agent.policy.ruleset import NftChain, NftSet, Ruleset
 from podwire.errors import PermanentError
@@ -40,7 +41,6 @@ from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import EGRESS, INGRESS, Rule, SecurityGroup
 
 MAX_POLICY_ID = 0xFFFF
-BRIDGE_PREFIX = "pwbr"
 FULL = {4: (0, 2**32 - 1), 6: (0, 2**128 - 1)}
 ANY_PROTO = (0, 255)
 ANY_PORT = (0, 65535)
@@ -81,6 +81,9 @@ class PolicyInputs:
     # The ids the last compilation gave its policies: kept for those that stay, so a port
     # coming or going never renumbers the others.
     policy_ids: dict[GroupSet, int] = field(default_factory=dict)
+    # The MACs each VXLAN device may receive frames from: the other nodes' ports of its
+    # network (None: not every node says which are its ports, so nothing is checked).
+    remote_macs: dict[str, frozenset[str]] | None = None
 
 
 @dataclass
@@ -105,7 +108,7 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
         ]
     policies = {policy_name(sgs): sgs for sgs in policy_sets(inputs.ports, inputs.kept)}
     ids = policy_ids(inputs.policy_ids, set(policies.values()))
-    _bridge_table(ruleset, secured, ids)
+    _bridge_table(ruleset, secured, ids, inputs.remote_macs)
     _inet_base(ruleset)
     egress, ingress = set(), set()
     referenced: dict[str, set[str]] = {"g": set(), "a": set()}
@@ -170,11 +173,26 @@ def policy_name(sg_ids: tuple[str, ...]) -> str:
 # -- the bridge table: port security and port marks ------------------------------------
 
 
-def _bridge_table(ruleset: Ruleset, secured: list[PortPolicy], ids: dict[GroupSet, int]) -> None:
+def _bridge_table(
+    ruleset: Ruleset,
+    secured: list[PortPolicy],
+    ids: dict[GroupSet, int],
+    remote: dict[str, frozenset[str]] | None,
+) -> None:
     hook_pre = "type filter hook prerouting priority -200; policy accept;"
+    checked = () if remote is None else (f'iifname "{naming.VXLAN_PREFIX}*" goto from_remote',)
     ruleset.add_chain(
-        NftChain("bridge", "prerouting", ("iifname @ports goto port_security",), hook_pre)
+        NftChain("bridge", "prerouting", (*checked, "iifname @ports goto port_security"), hook_pre)
     )
+    # What arrives from another node carries the source MAC of one of its ports of that
+    # network, as it published them: frames claiming any other MAC are dropped.
+    ruleset.add_chain(
+        NftChain("bridge", "from_remote", ("iifname . ether saddr @remote_src return", "drop"))
+    )
+    elements = frozenset(
+        f'"{device}" . {mac}' for device, macs in (remote or {}).items() for mac in macs
+    )
+    ruleset.add_set(NftSet("bridge", "remote_src", "type ifname . ether_addr;", elements))
     ruleset.add_chain(NftChain("bridge", "port_security", _port_security_rules()))
     ruleset.add_chain(NftChain("bridge", "nd_target", _nd_target_rules()))
     hook_fwd = "type filter hook forward priority -200; policy accept;"
@@ -356,7 +374,7 @@ def _link_local(mac: str) -> str:
 def _inet_base(ruleset: Ruleset) -> None:
     hook = "type filter hook forward priority -10; policy accept;"
     ruleset.add_chain(
-        NftChain("inet", "forward", (f'iifname "{BRIDGE_PREFIX}*" jump bridged',), hook)
+        NftChain("inet", "forward", (f'iifname "{naming.BRIDGE_PREFIX}*" jump bridged',), hook)
     )
     ruleset.add_chain(
         NftChain(

@@ -95,6 +95,7 @@ class PolicyEnforcer:
         self._ports: dict[str, _Entry] = {}
         self._kept: dict[tuple[str, ...], float] = {}  # group set -> when its last port left
         self._policy_ids: dict[GroupSet, int] = {}  # as the last compilation gave them
+        self._remote: dict[str, frozenset[str]] | None = None  # MACs other nodes may send
         self._applied: ruleset.Ruleset | None = None
         self._applied_ports: dict[str, PortPolicy] = {}  # the ports ``_applied`` was made for
         self._applied_problems: list[str] = []
@@ -197,6 +198,13 @@ class PolicyEnforcer:
             entry.port = port
             self._request()
 
+    def remote_changed(self, macs: dict[str, frozenset[str]] | None) -> None:
+        """The other nodes' ports changed: what each VXLAN device may receive from."""
+        if macs != self._remote:
+            self._remote = macs
+            self._policy_epoch += 1  # recompiled whole; applied as a difference all the same
+            self._request()
+
     def forget(self, port_id: str) -> None:
         entry = self._ports.pop(port_id, None)
         if entry is not None:
@@ -287,6 +295,7 @@ class PolicyEnforcer:
         if compiled is None:
             inputs = self.store.inputs()
             inputs.ports, inputs.kept, inputs.policy_ids = ports, kept, self._policy_ids
+            inputs.remote_macs = self._remote
             compiled = compile_ruleset(inputs)
         return compiled, by_id
 
