@@ -46,6 +46,55 @@ async def test_trunk_subports_follow_the_parent_with_their_vlan(
     await eventually(lambda: status_is(neutron, child.id, "ACTIVE"), "subport ACTIVE")
 
 
+async def test_detached_subports_are_released_and_foreign_trunks_left_alone(
+    neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent]
+) -> None:
+    node = agents()
+    await node.register()
+    network, _ = vxlan_network(neutron, project_id, "10.42.0.0/24")
+    parent = await bound_on(neutron, network, project_id, node.host, device_owner="compute:nova")
+    child = neutron.network.create_port(network_id=network.id, project_id=project_id)
+    trunk = neutron.network.create_trunk(
+        port_id=parent.id,
+        project_id=project_id,
+        sub_ports=[{"port_id": child.id, "segmentation_type": "vlan", "segmentation_id": 124}],
+    )
+    await eventually(lambda: node.desired(child.id), "subport desired on the parent's host")
+    neutron.network.delete_trunk_subports(trunk, [{"port_id": child.id}])
+
+    async def released() -> Any:
+        port = neutron.network.get_port(child.id)
+        gone = await node.desired(child.id) is None
+        return gone and port.binding_host_id == "" and port.device_owner == "compute:podwire"
+
+    await eventually(released, "the detached subport unbound and the controller's again")
+
+    # A trunk whose parent podwire did not bind (here: a host it does not serve) is another
+    # driver's: its subports are not touched.
+    foreign = neutron.network.create_port(
+        network_id=network.id, project_id=project_id, device_owner="compute:nova"
+    )
+    other = neutron.network.create_port(network_id=network.id, project_id=project_id)
+    neutron.network.create_trunk(
+        port_id=foreign.id,
+        project_id=project_id,
+        sub_ports=[{"port_id": other.id, "segmentation_type": "vlan", "segmentation_id": 125}],
+    )
+    neutron.network.update_port(foreign.id, binding_host_id=f"{node.host}-not-podwire")
+    assert neutron.network.get_port(foreign.id).binding_vif_type == "binding_failed"
+    await asyncio.sleep(1.0)  # the driver's handlers ran in the update call; nothing follows
+    untouched = neutron.network.get_port(other.id)
+    assert untouched.binding_host_id == "" and untouched.device_owner == ""
+    neutron.network.update_port(foreign.id, binding_host_id="")  # so the trunk can go
+
+
+def test_vlan_transparent_networks_are_refused(neutron: Any, project_id: str) -> None:
+    with pytest.raises(Exception, match=r"(?i)vlan transparen"):
+        neutron.network.create_network(
+            name="pw-transparent", project_id=project_id, is_vlan_transparent=True
+        )
+
+
 async def test_compaction_while_feedback_is_behind(
     neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent], etcd: EtcdClient
 ) -> None:

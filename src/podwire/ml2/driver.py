@@ -107,6 +107,15 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
     def connectivity(self) -> str:
         return str(portbindings.CONNECTIVITY_L2)
 
+    def check_vlan_transparency(self, context: Any) -> bool:
+        """A VLAN-transparent (or QinQ) network would carry its VMs' own VLAN tags: podwire's
+        bridges, VXLAN devices and port filters do not, so it refuses (Neutron then refuses
+        the network, whatever other drivers say) rather than bind ports it cannot serve."""
+        return False
+
+    def check_vlan_qinq(self, context: Any) -> bool:
+        return False
+
     def bind_port(self, context: Any) -> None:
         port = context.current
         host = context.host or ""

@@ -31,6 +31,9 @@ rpc_state_report_workers = 0
 # The RPC server keeps its command line (stale children are recognised by it).
 setproctitle = off
 allow_overlapping_ips = True
+# The vlan-transparent extension, so a request for such a network reaches the drivers (which
+# refuse it) instead of failing as an unknown attribute.
+vlan_transparent = True
 host = {host}
 state_path = {state_path}
 debug = False
