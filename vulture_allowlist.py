@@ -14,6 +14,8 @@ _.delete_port_precommit
 _.create_port_postcommit
 _.update_port_postcommit
 _.delete_port_postcommit
+_.check_vlan_transparency
+_.check_vlan_qinq
 _.trunk_driver  # the driver holds its trunk driver, whose registry callbacks Neutron calls
 _.is_loaded  # neutron's trunk DriverBase asks it
 
