@@ -30,6 +30,7 @@ SECTIONS = [
     "cri_bench",
     "sg_bench",
     "tap_bench",
+    "l2pop_bench",
     "stack_bench",
     "deviceplugin_bench",
     "memif_bench",
