@@ -13,7 +13,7 @@ import pytest
 
 from podwire.cni import spec
 from tests.agent.harness import HostAgent, acni, cni
-from tests.agent.netenv import NetEnv, links_in
+from tests.agent.netenv import NetEnv, in_ns, links_in
 
 pytestmark = pytest.mark.stack
 
@@ -126,3 +126,24 @@ def test_unreachable_agent_and_version(kind: str, tmp_path: Path) -> None:
     assert status.code == spec.NOT_AVAILABLE and status.json["code"] == spec.NOT_AVAILABLE
     add = cni(binary, "ADD", conf, container_id="c1", netns="/run/netns/x")
     assert add.code == spec.TRY_AGAIN and "not reachable" in add.json["msg"]
+
+
+async def test_an_interface_name_taken_in_the_pod_is_a_clear_permanent_error(
+    agents: list[HostAgent], netenv: NetEnv, vxnet: Any, plugin: Path, neutron: Any, project_id: str
+) -> None:
+    """Not code 11 naming the host veth: code 4 naming the clash; nothing is left (the port
+    goes back, no veth), and the same ADD with a free name then works."""
+    agent = agents[0]
+    pod = netenv.namespace("taken")
+    in_ns(pod, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other0")
+    call = await acni(plugin, "ADD", agent.conf(vxnet.id), container_id=CID,
+                      netns=f"/run/netns/{pod}")  # fmt: skip
+    assert call.code == spec.INVALID_ENV, call.stdout
+    message = call.json["msg"]
+    assert "CNI_IFNAME eth0" in message and f"/run/netns/{pod}" in message, message
+    assert not [n for n in links_in(agent.netns) if n.startswith("pwp")]
+    ports = list(neutron.network.ports(project_id=project_id, device_owner="compute:podwire"))
+    assert [p for p in ports if p.binding_host_id == agent.host and p.device_id] == []
+    again = await acni(plugin, "ADD", agent.conf(vxnet.id), container_id=CID,
+                       netns=f"/run/netns/{pod}", ifname="eth1")  # fmt: skip
+    assert again.code == 0, again.stdout

@@ -22,7 +22,7 @@ from podwire.agent.checkpoint import EntryStore
 from podwire.agent.memif import MEMIF_IFNAME, MemifPlan, MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
-from podwire.agent.veth import Plugger, PlugSpec, planned
+from podwire.agent.veth import Plugger, PlugSpec, PodInterfaceTaken, planned
 from podwire.agent.vifsource import VifSource, vif_request
 from podwire.cni import spec
 from podwire.cni.request import (
@@ -119,6 +119,8 @@ class CniHandler:
             raise
         except NotANamespace as exc:
             raise CniError(spec.INVALID_ENV, f"CNI_NETNS: {exc}") from exc
+        except PodInterfaceTaken as exc:
+            raise CniError(spec.INVALID_ENV, str(exc)) from exc
         except RetryableError as exc:
             raise CniError(spec.TRY_AGAIN, str(exc)) from exc
         except PermanentError as exc:

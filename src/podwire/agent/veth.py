@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from podwire.agent import naming
-from podwire.errors import PodwireError
+from podwire.errors import PermanentError, PodwireError
 from podwire.log import get_logger
 from podwire.netlink import HostNetlink, PodNetlink, is_netns, links
 from podwire.netlink.nsexec import RtnlContext, open_netns
@@ -65,9 +65,7 @@ def _plug_veth(
         except RtnlError as exc:
             if exc.code != errno.EEXIST:
                 raise
-            # A leftover of a crashed ADD (same derived name): replace it, if it is ours.
-            if _own_veth(ctx, host_name, host_mac) is not False:
-                ctx.host.delete_link(host_name)
+            _replace_leftover(ctx, spec, host_name, host_mac)
             ctx.host.add_veth(veth)
         try:
             ctx.host.set_alias(host_name, naming.MARK)
@@ -81,6 +79,27 @@ def _plug_veth(
     finally:
         os.close(fd)
     return gate is None
+
+
+def _replace_leftover(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str) -> None:
+    """One of the veth's names is taken: a leftover of a crashed ADD (the same derived host
+    name, ours) is removed; anything else is a clash retrying cannot fix."""
+    owned = _own_veth(ctx, host_name, host_mac)
+    if owned is None:  # no host end: the pod side's name is the one taken
+        raise PodInterfaceTaken(
+            f"CNI_IFNAME {spec.ifname}: an interface of that name already exists in"
+            f" {spec.netns}; choose another name or remove it"
+        )
+    if owned is False:
+        raise PermanentError(
+            f"host interface {host_name} exists and is not podwire's (no mark {naming.MARK!r},"
+            " not its derived MAC): it is left alone; remove it to attach this pod"
+        )
+    ctx.host.delete_link(host_name)
+
+
+class PodInterfaceTaken(PermanentError):
+    """The pod's namespace already has an interface of the requested name."""
 
 
 def _host_end_up(ctx: RtnlContext, host_name: str) -> None:
