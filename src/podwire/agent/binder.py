@@ -88,6 +88,7 @@ class Binder:
         self._plans: dict[str, NetworkPlan] = {}  # network id -> plumbing ensured on the host
         self._view = PeerView()
         self._view_known = False  # the peer tracker's first listing is in
+        self._legacy: list[str] = []  # peers publishing ports without MACs, as last logged
         self._synced: dict[str, tuple[set[str], dict[str, RemoteMac]]] = {}  # vxlan device ->
         # Told of the remote MACs each VXLAN device may receive frames from (None: not every
         # peer says, so none is checked); the policy enforcer drops the others.
@@ -293,8 +294,11 @@ class Binder:
         if self.on_remote is None or not self._view_known:
             return  # unchecked until the other nodes' ports are known: never dropped meanwhile
         legacy = self._view.legacy()
+        if legacy != self._legacy:
+            self._legacy = legacy
+            if legacy:
+                log.warning("agent.peers.legacy", hosts=legacy, effect="remote MACs not checked")
         if legacy:
-            log.warning("agent.peers.legacy", hosts=legacy, effect="remote MACs not checked")
             self.on_remote(None)
             return
         self.on_remote({

@@ -15,6 +15,7 @@ import hashlib
 MARK = "podwire:agent"
 BRIDGE_PREFIX = "pwbr"
 VXLAN_PREFIX = "pwvx"
+VLAN_PREFIX = "pwvl"
 
 
 def is_marked(alias: str) -> bool:
@@ -34,7 +35,7 @@ def vxlan(network_id: str) -> str:
 
 
 def vlan(network_id: str) -> str:
-    return f"pwvl{_short(network_id)}"
+    return VLAN_PREFIX + _short(network_id)
 
 
 def host_veth(attachment: str) -> str:

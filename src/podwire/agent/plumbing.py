@@ -167,15 +167,16 @@ def sweep_unused(ipr: Any, keep: set[str]) -> Sweep:
     without the mark are only reported."""
     sweep = Sweep([], [])
     for link in links.list_links(ipr):
-        if not link.name.startswith("pwbr") or link.kind != "bridge" or link.name in keep:
+        ours = link.name.startswith(naming.BRIDGE_PREFIX) and link.kind == "bridge"
+        if not ours or link.name in keep:
             continue
         if not naming.is_marked(link.alias):
             sweep.foreign.append(link.name)
             continue
         if pods_on(ipr, link.name):
             continue
-        suffix = link.name[4:]
-        for uplink in (f"pwvx{suffix}", f"pwvl{suffix}"):
+        suffix = link.name[len(naming.BRIDGE_PREFIX) :]
+        for uplink in (naming.VXLAN_PREFIX + suffix, naming.VLAN_PREFIX + suffix):
             remove_marked(ipr, uplink)
         links.remove_link(ipr, link.name)
         sweep.removed.append(link.name)
