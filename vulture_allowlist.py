@@ -39,8 +39,10 @@ _.describe
 # The CNI specification's table of error codes, kept whole so it reads as the spec lists it.
 UNSUPPORTED_FIELD
 
-# pytest reads these by name: module marks, a collection hook, an autouse fixture.
+# pytest reads these by name: module marks, a configure and a collection hook, an autouse
+# fixture.
 pytestmark
+pytest_configure
 pytest_collection_modifyitems
 restore_root_logger
 

@@ -20,6 +20,7 @@ import pytest
 
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
+from podwire.log import TextFormatter
 from podwire.neutron.client import neutron_connection
 from podwire.stack.client import start_background, stop_background
 from tests.agent.netenv import NetEnv
@@ -37,6 +38,17 @@ stop_stack = stop_background
 ROOT_KERNEL_FIXTURES = frozenset({"netenv"})
 # Fixtures that start real servers: the session's stack, or an etcd of the test's own.
 STACK_FIXTURES = frozenset({"stack", "private_etcd", "authed", "cluster_stack"})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Captured log records of a failing test show their fields (``port=... error=...``),
+    not only the event name."""
+    plugin = config.pluginmanager.get_plugin("logging-plugin")
+    for name in ("report_handler", "caplog_handler", "log_cli_handler"):
+        handler = getattr(plugin, name, None)
+        if handler is not None:
+            handler.setFormatter(TextFormatter())
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -73,13 +73,15 @@ def get_inline_logger(name: str) -> StructuredLogger:
     return InlineLogger(name)
 
 
-class _TextFormatter(logging.Formatter):
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger event key=value ...``: also how the tests show captured records."""
+
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, "fields", {})
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         parts = [f"{stamp}.{int(record.msecs):03d}Z", record.levelname, record.name]
         parts.append(record.getMessage())
-        parts.extend(f"{key}={_text_value(value)}" for key, value in fields.items())
+        parts.extend(f"{key}={_inline_text(value)}" for key, value in fields.items())
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -100,14 +102,9 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(body, default=str)
 
 
-def _text_value(value: Any) -> str:
-    text = str(value)
-    return json.dumps(text) if (" " in text or not text) else text
-
-
 def setup_logging(settings: LogSettings, stream: Any = None) -> None:
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(_JsonFormatter() if settings.format == "json" else _TextFormatter())
+    handler.setFormatter(_JsonFormatter() if settings.format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.level.upper())

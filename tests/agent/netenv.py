@@ -6,8 +6,10 @@ fixture that made it, whether or not the test passed.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,17 @@ def pings(ns: str, address: str, timeout: float = 3.0) -> bool:
     pinger = Path(__file__).with_name("pinger.py")
     proc = in_ns(ns, sys.executable, str(pinger), address, str(timeout), check=False)
     return proc.returncode == 0
+
+
+async def ping_settles(ns: str, address: str, expected: bool = True, within: float = 5.0) -> bool:
+    """Pings (each in a thread, so agents running in this event loop go on) until the
+    answer is ``expected`` or ``within`` seconds have passed; returns the last answer."""
+    deadline = time.monotonic() + within
+    while True:
+        result = await asyncio.to_thread(pings, ns, address, 1.0)
+        if result == expected or time.monotonic() > deadline:
+            return result
+        await asyncio.sleep(0.2)
 
 
 def links_in(ns: str) -> list[str]:

@@ -1,6 +1,7 @@
 """The agent deletes only links it marked (alias ``naming.MARK``): a foreign bridge or veth
 named like ours survives; plumbing of an agent from before marks is adopted when a desired
-port needs it, and a pre-mark pod veth is recognised by its derived MAC."""
+port needs it (its VXLAN device stops learning in place), and a pre-mark pod veth is
+recognised by its derived MAC."""
 
 from __future__ import annotations
 
@@ -89,6 +90,8 @@ async def test_plumbing_from_before_marks_is_adopted_then_removed(
             await binder.wait_wired(port, 10)
             assert (ifindex(ns, bridge), ifindex(ns, vxlan)) == before  # adopted, not replaced
             assert alias(ns, bridge) == alias(ns, vxlan) == naming.MARK
+            details = in_ns(ns, "ip", "-d", "link", "show", vxlan).stdout
+            assert "nolearning" in details  # learning switched off in place
             await etcd.delete(keys.node_port(host, port))
             await eventually(lambda: _gone(ns, bridge), "adopted bridge removed")
             assert vxlan not in links_in(ns)

@@ -34,7 +34,7 @@ from podwire.memif import build as memif_build
 from podwire.schema import nodes
 from podwire.schema.checkpoints import MemifEntry, memif_entry
 from tests.agent.harness import HostAgent, acni, plugin_binary
-from tests.agent.netenv import NetEnv, in_ns, links_in, pings
+from tests.agent.netenv import NetEnv, in_ns, links_in, ping_settles, pings
 from tests.deviceplugin.conftest import make_settings
 
 pytestmark = [
@@ -184,15 +184,6 @@ def _memif_ip(result: dict[str, Any]) -> str:
     return next(ip["address"] for ip in result["ips"] if ip["interface"] == index).split("/")[0]
 
 
-async def _eventually_pings(ns: str, address: str, within: float = 15.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while loop.time() < deadline:
-        if await asyncio.to_thread(pings, ns, address, 1.0):
-            return True
-    return False
-
-
 def _entry(agent: HostAgent, attachment: str) -> MemifEntry:
     assert agent.agent is not None and agent.agent.parts.memif is not None
     entry = agent.agent.parts.memif.get(attachment)
@@ -229,7 +220,7 @@ async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
     cnf_pmd = Testpmd.memif_client(grant.socket, grant.secret, info["mac"], log=tmp_path / "tp1")
     try:
         cnf_pmd.start()
-        assert await _eventually_pings(client.ns, target), (tmp_path / "tp1").read_text()
+        assert await ping_settles(client.ns, target, within=15.0), (tmp_path / "tp1").read_text()
         # Unfiltered, the CNF answers for an address it does not own (icmpecho answers any);
         # test_security_groups_apply_to_the_memif_port sees that dropped.
         assert await asyncio.to_thread(pings, client.ns, _unused_address(neutron, vxnet), 2.0)
@@ -237,7 +228,9 @@ async def test_memif_cnf_pinged_across_hosts_restarts_and_teardown(
         # CNF restart: a new client on the same socket, no new ADD.
         cnf_pmd.stop()
         cnf_pmd.start()
-        assert await _eventually_pings(client.ns, target), "no answer after the CNF restarted"
+        assert await ping_settles(client.ns, target, within=15.0), (
+            "no answer after the CNF restarted"
+        )
 
         # Agent restart: the master outlives it and is adopted, traffic goes on.
         before = _entry(hosts.cnf_host, f"{cnf.cid}:eth0")
@@ -277,7 +270,7 @@ async def test_two_memif_pods_and_grant_release(
         for pmd in pmds:
             pmd.start()
         for pod in pods:
-            assert await _eventually_pings(client.ns, _memif_ip(pod.result))
+            assert await ping_settles(client.ns, _memif_ip(pod.result), within=15.0)
     finally:
         for pmd in pmds:
             pmd.stop()
@@ -384,7 +377,7 @@ async def test_security_groups_apply_to_the_memif_port(
         rule = net.create_security_group_rule(
             security_group_id=cnf_group.id, direction="ingress", ethertype="IPv4", protocol="icmp"
         )
-        assert await _eventually_pings(client.ns, target), (tmp_path / "tp").read_text()
+        assert await ping_settles(client.ns, target, within=15.0), (tmp_path / "tp").read_text()
         # testpmd's icmpecho answers ARP and ping for any address: from one the CNF's port
         # does not own, its answers are spoofed and dropped at the tap.
         spoofed = _unused_address(neutron, vxnet)
@@ -397,7 +390,9 @@ async def test_security_groups_apply_to_the_memif_port(
                 await asyncio.sleep(0.1)
         pmd.stop()
         pmd.start()
-        assert await _eventually_pings(client.ns, target), "no answer after the master restarted"
+        assert await ping_settles(client.ns, target, within=15.0), (
+            "no answer after the master restarted"
+        )
         assert not await asyncio.to_thread(pings, client.ns, spoofed, 1.0)
 
         net.delete_security_group_rule(rule)

@@ -10,7 +10,6 @@ taps are in tests/vm/). Status comes back through the real ml2 feedback.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from openstack.exceptions import ConflictException
 from podwire.config import EtcdSettings
 from podwire.schema.ports import tap_name
 from tests.agent.harness import HostAgent, acni, plugin_binary
-from tests.agent.netenv import NetEnv, in_ns, pings
+from tests.agent.netenv import NetEnv, in_ns, ping_settles
 from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.stack
@@ -133,15 +132,6 @@ async def _pod(
     return ns, call.json["ips"][0]["address"].split("/")[0]
 
 
-async def _pings(ns: str, ip: str, expected: bool, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while True:
-        result = await asyncio.to_thread(pings, ns, ip, 1.0)
-        if result == expected or time.monotonic() > deadline:
-            return result
-        await asyncio.sleep(0.2)
-
-
 async def test_vm_port_adopted_filtered_down_when_gone_and_back(
     enforcing: list[HostAgent],
     netenv: NetEnv,
@@ -162,7 +152,7 @@ async def test_vm_port_adopted_filtered_down_when_gone_and_back(
     await _status(neutron, port, "ACTIVE")
     assert nic.master().startswith("pwbr")
     # across hosts and VXLAN, both ways (the pod's group admits ICMP too)
-    assert await _pings(pod_ns, nic.ip, True) and await _pings(nic.guest, pod_ip, True)
+    assert await ping_settles(pod_ns, nic.ip, True) and await ping_settles(nic.guest, pod_ip, True)
     # a spoofed source from the VM is dropped at its bridge port
     in_ns(nic.guest, "ip", "addr", "add", "10.77.0.249/24", "dev", "eth0")
     spoofed = in_ns(nic.guest, "ping", "-c1", "-W1", "-I", "10.77.0.249", pod_ip, check=False)
@@ -173,7 +163,7 @@ async def test_vm_port_adopted_filtered_down_when_gone_and_back(
     await _status(neutron, port, "DOWN")
     nic.plug()
     await _status(neutron, port, "ACTIVE")
-    assert await _pings(pod_ns, nic.ip, True)
+    assert await ping_settles(pod_ns, nic.ip, True)
 
     # the port leaves the host: the device leaves the bridge but stays its maker's
     neutron.network.delete_port(port)
@@ -203,11 +193,11 @@ async def test_security_group_rule_admits_vm_traffic(
         nic.plug()
         await _status(neutron, port, "ACTIVE")
         pod_ns, _ = await _pod(plugin, h2, netenv, vxnet.id, web.id)
-        assert not await _pings(pod_ns, nic.ip, False, within=2.0)
+        assert not await ping_settles(pod_ns, nic.ip, False, within=2.0)
         net.create_security_group_rule(
             security_group_id=closed.id, direction="ingress", ethertype="IPv4", protocol="icmp"
         )
-        assert await _pings(pod_ns, nic.ip, True)
+        assert await ping_settles(pod_ns, nic.ip, True)
     finally:
         for found in list(net.ports(project_id=project_id)):
             net.delete_port(found)
@@ -229,7 +219,7 @@ async def test_agent_restart_keeps_adopted_traffic_flowing(
     nic.plug()
     await _status(neutron, port, "ACTIVE")
     pod_ns, _ = await _pod(plugin, h2, netenv, vxnet.id, web.id)
-    assert await _pings(pod_ns, nic.ip, True)
+    assert await ping_settles(pod_ns, nic.ip, True)
     flood = await asyncio.create_subprocess_exec(
         *("ip", "netns", "exec", pod_ns, "ping", "-q", "-i", "0.05", "-w", "8", nic.ip),
         stdout=asyncio.subprocess.PIPE,
@@ -326,7 +316,7 @@ async def test_neutron_agent_ports_are_trusted(
     await _status(neutron, port, "ACTIVE")
     _, pod_ip = await _pod(plugin, h2, netenv, vxnet.id, web.id)
     in_ns(nic.guest, "ip", "addr", "add", "10.77.0.248/24", "dev", "eth0")
-    assert await _pings(nic.guest, pod_ip, True)
+    assert await ping_settles(nic.guest, pod_ip, True)
     forwarded = in_ns(nic.guest, "ping", "-c1", "-W2", "-I", "10.77.0.248", pod_ip, check=False)
     assert forwarded.returncode == 0, forwarded.stdout
 
@@ -348,21 +338,26 @@ async def test_mac_changed_through_neutron_is_enforced_on_the_running_device(
     nic = Nic(netenv, h1.netns, port, "vm")
     nic.plug()
     await _status(neutron, port, "ACTIVE")
-    _, pod_ip = await _pod(plugin, h2, netenv, vxnet.id, web.id)
-    assert await _pings(nic.guest, pod_ip, True)
+    pod_ns, pod_ip = await _pod(plugin, h2, netenv, vxnet.id, web.id)
+    assert await ping_settles(nic.guest, pod_ip, True)
     new_mac = "fa:16:3e:77:66:55"
     with pytest.raises(ConflictException, match="port is already bound"):
         neutron.network.update_port(port.id, mac_address=new_mac)
-    assert await _pings(nic.guest, pod_ip, True)
+    assert await ping_settles(nic.guest, pod_ip, True)
 
     neutron.network.update_port(port.id, binding_host_id="")
     await eventually(_async(lambda: not nic.master()), "the tap released")
     neutron.network.update_port(port.id, mac_address=new_mac)
     neutron.network.update_port(port.id, binding_host_id=h1.host)
     await _status(neutron, port, "ACTIVE")
-    assert not await _pings(nic.guest, pod_ip, False)
+    assert not await ping_settles(nic.guest, pod_ip, False)
     in_ns(nic.guest, "ip", "link", "set", "eth0", "address", new_mac)
-    assert await _pings(nic.guest, pod_ip, True)
+    # The pod still holds the old MAC in its ARP cache until that entry expires (tens of
+    # seconds): the guest's gratuitous ARP stops at its node, whose VXLAN port suppresses
+    # ARP (the new MAC reaches the other nodes as wired-port state instead). Once the pod
+    # asks again, its node answers with the new MAC.
+    in_ns(pod_ns, "ip", "neigh", "flush", "dev", "eth0")
+    assert await ping_settles(nic.guest, pod_ip, True)
 
 
 def _async(check: Any) -> Any:

@@ -170,6 +170,32 @@ async def everything_serves(world: Everything, phase: str) -> None:
 
 
 @contextlib.asynccontextmanager
+async def mirror_relay(session: EtcdClient, private: EtcdClient, node: str) -> AsyncIterator[None]:
+    """Neutron is the session's, so its ml2 driver mirrors the pool's bound ports into the
+    session's etcd; the controller here follows the private one and hands out a port only
+    once the mirror there shows it. This copies the node's mirror across, through the stall
+    (where a deployment has one etcd for both)."""
+
+    async def relay() -> None:
+        copied: dict[str, bytes] = {}
+        while True:
+            entries, _ = await session.get_prefix(keys.node_ports_prefix(node))
+            for entry in entries:
+                if copied.get(entry.key) != entry.value:
+                    with contextlib.suppress(RetryableError):
+                        await private.put(entry.key, entry.value)
+                        copied[entry.key] = entry.value
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(relay())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
 async def running_controller(
     stack: dict[str, Any], client: EtcdClient, etcd_settings: EtcdSettings, node: Any
 ) -> AsyncIterator[Controller]:
@@ -193,6 +219,7 @@ async def test_every_component_serves_again_after_etcd_stall(
     http: aiohttp.ClientSession,
     netenv: NetEnv,
     own_journal: tuple[SqlJournal, str, str],
+    etcd: EtcdClient,
     tmp_path: Path,
 ) -> None:
     settings = EtcdSettings(endpoints=[private_etcd.server.client_url], timeout=1.0)
@@ -214,6 +241,7 @@ async def test_every_component_serves_again_after_etcd_stall(
     worker = Worker(settings, HostCache(), journal, sink, forwarding)
     async with (
         await EtcdClient.connect(settings) as client,
+        mirror_relay(etcd, client, node.name),
         running_controller(stack, client, settings, node) as controller,
     ):
         worker.start()

@@ -22,7 +22,7 @@ from podwire.schema.ports import tap_name
 from podwire.vm import image, launcher
 from tests.agent.conftest import hostnames  # noqa: F401
 from tests.agent.harness import HostAgent, acni, plugin_binary
-from tests.agent.netenv import NetEnv, in_ns, pings
+from tests.agent.netenv import NetEnv, in_ns, ping_settles
 from tests.neutron_agents.conftest import alive_in_neutron, dhcp_agents  # noqa: F401
 from tests.neutron_agents.dhcp import DhcpAgentRun, dhcp_port
 from tests.scripted_agent import eventually
@@ -64,15 +64,6 @@ async def _status(neutron: Any, port_id: str, wanted: str, timeout: float = 60) 
 
     await eventually(probe, f"port {port_id} {wanted}", timeout=timeout)
     return time.monotonic() - started
-
-
-async def _pings(ns: str, ip: str, expected: bool, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while True:
-        result = await asyncio.to_thread(pings, ns, ip, 1.0)
-        if result == expected or time.monotonic() > deadline:
-            return result
-        await asyncio.sleep(0.2)
 
 
 async def _boot(spec: launcher.VmSpec, vm_image: image.Image, vms: list[launcher.Vm]) -> Any:
@@ -150,11 +141,11 @@ async def test_vm_gets_its_lease_is_filtered_and_survives_restarts(
     pod_ip = add.json["ips"][0]["address"].split("/")[0]
     rc, out = await asyncio.to_thread(vm.run, f"ping -c 2 -W 2 {pod_ip}")
     assert rc == 0, out
-    assert not await _pings(pod_ns, vm_ip, False, within=2.0)
+    assert not await ping_settles(pod_ns, vm_ip, False, within=2.0)
     net.create_security_group_rule(
         security_group_id=closed.id, direction="ingress", ethertype="IPv4", protocol="icmp"
     )
-    assert await _pings(pod_ns, vm_ip, True)
+    assert await ping_settles(pod_ns, vm_ip, True, within=10.0)
 
     # A spoofed source from the VM is dropped at its bridge port.
     rc, out = await asyncio.to_thread(
@@ -173,7 +164,7 @@ async def test_vm_gets_its_lease_is_filtered_and_survives_restarts(
     vm = await _boot(spec, vm_image, vms)
     await asyncio.to_thread(vm.wait_lease, 120)
     await _status(neutron, port.id, "ACTIVE")
-    assert await _pings(pod_ns, vm_ip, True)
+    assert await ping_settles(pod_ns, vm_ip, True, within=10.0)
 
     # The agent of the VM's host restarted while the VM runs: pings go on.
     flood = await asyncio.create_subprocess_exec(

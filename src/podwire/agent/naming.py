@@ -45,3 +45,16 @@ def host_veth(attachment: str) -> str:
 
 def is_pod_veth(name: str) -> bool:
     return name.startswith("pwp") and len(name) == 15
+
+
+def stable_mac(purpose: str, name: str) -> str:
+    """A locally administered unicast MAC that is a function of ``name``: set once, it never
+    needs reading back, and a device carrying it never takes another (a bridge would
+    otherwise take its lowest port's MAC, and the kernel flushes a device's neighbour
+    entries whenever its address changes)."""
+    digest = hashlib.sha256(f"podwire-{purpose}:{name}".encode()).digest()
+    return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
+
+
+def bridge_mac(bridge_name: str) -> str:
+    return stable_mac("bridge", bridge_name)

@@ -78,7 +78,7 @@ def ensure_network(
     ipr: Any, plan: NetworkPlan, peers: set[str], remote: dict[str, RemoteMac]
 ) -> None:
     """``remote``: for VXLAN, the other nodes' ports of this network (by MAC)."""
-    links.ensure_bridge(ipr, plan.bridge, plan.mtu)
+    links.ensure_bridge(ipr, plan.bridge, plan.mtu, naming.bridge_mac(plan.bridge))
     links.set_alias(ipr, plan.bridge, naming.MARK)
     if plan.network_type == "vxlan":
         assert plan.uplink and plan.vtep_ip and plan.segmentation_id is not None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -160,9 +159,8 @@ def _derived_ids(attachment: str) -> list[str]:
 
 
 def host_mac(attachment: str) -> str:
-    """A stable, locally administered unicast MAC for the host end (no read-back needed)."""
-    digest = hashlib.sha256(b"podwire-host:" + attachment.encode()).digest()
-    return ":".join(f"{b:02x}" for b in (0x02, *digest[:5]))
+    """The host end's MAC."""
+    return naming.stable_mac("host", attachment)
 
 
 def _add_vlan(ipr: Any, spec: PlugSpec, uplink: str, vlan_id: int) -> None:

@@ -62,10 +62,11 @@ async def recover(
     report = RecoveryReport(started_at=time.time())
     in_use = await service.adopt_in_use()
     report.in_use = len(in_use)
+    subports = await _trunk_subports(neutron, nested) if nested is not None else {}
     mirrored = await pools_from_mirror(etcd, in_use) if etcd is not None else None
     if mirrored is None:
         ports = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
-        report.deleted = await _delete_leftovers(neutron, ports, in_use)
+        report.deleted = await _delete_leftovers(neutron, ports, in_use | subports.keys())
         bound = [p for p in ports if is_bound(p) and str(p.id) not in in_use]
         report.pooled = await _pool_ports(bound, service, neutron, _host_of, {})
     else:
@@ -73,8 +74,8 @@ async def recover(
         report.mirrored = {vif.port_id for vifs in mirrored.values() for vif in vifs}
         report.networks = {key.network_id for key in mirrored}
         report.pooled = _fill(service, mirrored)
-    if nested is not None:
-        report.subports = await _recover_subports(service, neutron, nested, in_use)
+    if subports:
+        report.subports = await _pool_subports(service, neutron, subports, in_use)
     log.info("controller.recovered", **report.summary())
     return report
 
@@ -87,7 +88,8 @@ async def verify(service: PoolService, neutron: PortOps, report: RecoveryReport)
     await neutron.networks(report.networks)
     ports = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
     older = [p for p in ports if _created_before(p, report.started_at)]
-    deleted = await _delete_leftovers(neutron, older, service.in_use_ports())
+    known = {str(p.id) for p in older if service.knows(str(p.id))}  # pooled subports too
+    deleted = await _delete_leftovers(neutron, older, known)
     listed = {str(p.id) for p in ports}
     vanished = {p: service.drop_free(p) for p in report.mirrored - listed}
     report.verified = True
@@ -146,22 +148,35 @@ async def _pool_ports(
     return _fill(service, by_key)
 
 
-async def _recover_subports(
-    service: PoolService, neutron: PortOps, nested: NestedDriver, in_use: set[str]
-) -> int:
-    """Subports of trunks named after nodes: re-learn their VLAN ids and pool the free ones."""
-    trunks = await neutron.list_trunks()
-    vlans: dict[str, int] = {}
-    node_of: dict[str, str] = {}
-    for trunk in trunks:
+@dataclass(frozen=True)
+class _Subport:
+    node: str  # the trunk's name
+    vlan_id: int
+
+
+async def _trunk_subports(neutron: PortOps, nested: NestedDriver) -> dict[str, _Subport]:
+    """Subports of trunks named after nodes, by port id; their trunks and VLAN ids are
+    re-learnt. Such a port is never a leftover, bound or not: binding it is the trunk driver's
+    business (OVS binds it and owns it as ``trunk:subport``; others leave it as created)."""
+    found: dict[str, _Subport] = {}
+    for trunk in await neutron.list_trunks():
         nested.remember_trunk(str(trunk.name), str(trunk.id))
         subports = list(trunk.sub_ports or [])
         nested.vlans.mark(str(trunk.id), [int(s["segmentation_id"]) for s in subports])
         for sub in subports:
-            vlans[str(sub["port_id"])] = int(sub["segmentation_id"])
-            node_of[str(sub["port_id"])] = str(trunk.name)
-    if not vlans:
-        return 0
-    ports = await neutron.list_port_summaries(device_owner=SUBPORT_OWNER)
-    free = [p for p in ports if str(p.id) in vlans and str(p.id) not in in_use]
-    return await _pool_ports(free, service, neutron, lambda p: node_of[str(p.id)], vlans)
+            found[str(sub["port_id"])] = _Subport(str(trunk.name), int(sub["segmentation_id"]))
+    return found
+
+
+async def _pool_subports(
+    service: PoolService, neutron: PortOps, subports: dict[str, _Subport], in_use: set[str]
+) -> int:
+    """Pool the free subports, whichever owner their trunk driver left them with."""
+    ports = [
+        port
+        for owner in (SUBPORT_OWNER, DEVICE_OWNER)
+        for port in await neutron.list_port_summaries(device_owner=owner)
+        if str(port.id) in subports and str(port.id) not in in_use
+    ]
+    vlans = {port_id: sub.vlan_id for port_id, sub in subports.items()}
+    return await _pool_ports(ports, service, neutron, lambda p: subports[str(p.id)].node, vlans)

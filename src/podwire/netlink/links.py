@@ -92,12 +92,17 @@ def set_alias(ipr: Any, name: str, alias: str) -> None:
         ipr.link("set", index=link.index, ifalias=alias)
 
 
-def ensure_bridge(ipr: Any, name: str, mtu: int) -> LinkInfo:
+def ensure_bridge(ipr: Any, name: str, mtu: int, mac: str) -> LinkInfo:
+    """A bridge with the fixed address ``mac``: one that took its ports' lowest address would
+    change it as ports come and go, and each change flushes the neighbour entries that answer
+    ARP/ND for remote ports (``set_remote_mac``)."""
     link = get_link(ipr, name)
     if link is not None and link.kind != "bridge":
         raise NetlinkError(errno.EEXIST, f"{name} exists and is a {link.kind or 'plain'} link")
     if link is None:
-        ipr.link("add", ifname=name, kind="bridge", mtu=mtu)
+        ipr.link("add", ifname=name, kind="bridge", mtu=mtu, address=mac)
+    elif link.mac != mac:
+        ipr.link("set", index=link.index, address=mac)
     ipr.link("set", ifname=name, state="up")
     return _require(ipr, name)
 
@@ -113,12 +118,13 @@ def ensure_vxlan(ipr: Any, name: str, vni: int, local: str, mtu: int) -> LinkInf
     """
     link = get_link(ipr, name)
     if link is not None and (
-        link.kind != "vxlan"
-        or (link.vni, link.vxlan_local) != (vni, local)
-        or (link.vxlan_learning, link.vxlan_proxy) != (False, False)
+        link.kind != "vxlan" or (link.vni, link.vxlan_local) != (vni, local) or link.vxlan_proxy
     ):
-        remove_link(ipr, name)
+        remove_link(ipr, name)  # the kernel cannot change these in place
         link = None
+    if link is not None and link.vxlan_learning:
+        # A device from before learning was switched off (it carries pods) is changed in place.
+        ipr.link("set", index=link.index, kind="vxlan", vxlan_learning=0)
     if link is None:
         ipr.link(
             "add",
