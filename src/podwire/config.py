@@ -89,9 +89,14 @@ class ControllerSettings:
     admin_token: str = ""
     # One bearer token per node, ``{ node-1 = "..." }``: a node's token acts only for that node.
     node_tokens: dict[str, str] = field(default_factory=dict)
+    # The URL agents and operators reach this controller at; a standby names the leader's in
+    # its refusals. Empty: http://LISTEN (this host's name where LISTEN is a wildcard).
+    advertise_url: str = ""
 
     def validate(self) -> None:
         _check_host_port(self.listen, "controller.listen")
+        if self.advertise_url:
+            _check_url(self.advertise_url, "controller.advertise_url")
         for node in self.node_tokens:
             _check_name(node, "controller.node_tokens")
 

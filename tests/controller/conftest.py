@@ -147,6 +147,9 @@ async def controllers(etcd: EtcdClient) -> AsyncIterator[Callable[..., Awaitable
         await eventually(lambda: _bound(ctl), "http listening")
         if wait_ready:
             await eventually(lambda: _ready(running), "controller ready", timeout=60)
+            # The test calls the service directly, as the term's own work would: decided in
+            # this term, so its Neutron writes are refused once the term ends.
+            ctl.term.join()
         return running
 
     yield start

@@ -16,9 +16,16 @@ from aiohttp import web
 from podwire import __version__
 from podwire.config import ControllerSettings
 from podwire.controller import openapi, validate
-from podwire.controller.errors import Forbidden, Unauthorized, UnknownResource, Unusable
+from podwire.controller.errors import (
+    Forbidden,
+    NotServing,
+    Unauthorized,
+    UnknownResource,
+    Unusable,
+)
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService, PoolSnapshot
+from podwire.controller.term import TermGuard
 from podwire.errors import PermanentError, PodwireError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronNotFound, NeutronRequestError
@@ -30,6 +37,7 @@ log = get_logger(__name__)
 
 MAX_BODY = 64 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+NodeHandler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
 
 def _status(exc: PodwireError) -> int:
@@ -50,9 +58,14 @@ def _status(exc: PodwireError) -> int:
     return 400 if isinstance(exc, PermanentError) else 500
 
 
-def error_response(status: int, message: str, cause: str, retryable: bool = False) -> web.Response:
-    """The one shape of every failure (docs/vif-api.md): message, retryable, cause."""
+def error_response(
+    status: int, message: str, cause: str, retryable: bool = False, leader: str = ""
+) -> web.Response:
+    """The one shape of every failure (docs/vif-api.md): message, retryable, cause; a
+    standby's also says where the leader serves."""
     body: dict[str, Any] = {"error": message or cause, "retryable": retryable, "cause": cause}
+    if leader:
+        body["leader"] = leader
     headers = {"Retry-After": "1"} if retryable else {}
     return web.json_response(body, status=status, headers=headers)
 
@@ -65,6 +78,8 @@ _HTTP_CAUSES = {404: "no_such_path", 405: "method_not_allowed", 413: "body_too_l
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except NotServing as exc:
+        return error_response(503, str(exc), exc.cause, True, exc.leader)
     except PodwireError as exc:
         return error_response(_status(exc), str(exc), exc.cause, exc.retryable)
     except web.HTTPRequestEntityTooLarge:
@@ -125,46 +140,76 @@ def _pool_json(pool: PoolSnapshot) -> dict[str, Any]:
 
 
 class ControllerApi:
+    """Every VIF and admin call is served by the serving leader only: elsewhere it is
+    refused (503, naming the leader) before it reads or changes anything, and one accepted
+    is decided in the term held then (``TermGuard``)."""
+
     def __init__(
-        self, service: PoolService, settings: ControllerSettings, ready: ReadyCheck, registry: Any
+        self,
+        service: PoolService,
+        settings: ControllerSettings,
+        ops: tuple[ReadyCheck, Any],
+        term: TermGuard,
+        leader: Callable[[], Awaitable[str]],
     ) -> None:
+        """``ops``: readiness and the metrics registry; ``leader``: where the leader serves."""
         self.service = service
         self.tokens = Tokens(settings)
+        self._term = term
+        self._leader = leader
         self.app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
-        add_ops_routes(self.app, ready, registry)
+        add_ops_routes(self.app, *ops)
+        node, admin = self._node_call, self._admin_call
         routes = [
-            web.post("/v1/nodes/{node}/vifs", self.request_vif),
-            web.get("/v1/nodes/{node}/vifs", self.list_vifs),
-            web.delete("/v1/nodes/{node}/vifs/{attachment}", self.release_vif),
-            web.get("/v1/pools", self.list_pools),
-            web.get("/v1/pools/{node}/{project_id}/{network_id}", self.show_pool),
-            web.post("/v1/pools/populate", self.populate),
-            web.post("/v1/pools/free", self.free),
-            web.delete("/v1/networks/{network_id}/pools", self.delete_network),
-            web.delete("/v1/security-groups/{sg_id}/pools", self.remove_sg),
+            web.post("/v1/nodes/{node}/vifs", node(self.request_vif)),
+            web.get("/v1/nodes/{node}/vifs", node(self.list_vifs)),
+            web.delete("/v1/nodes/{node}/vifs/{attachment}", node(self.release_vif)),
+            web.get("/v1/pools", admin(self.list_pools)),
+            web.get("/v1/pools/{node}/{project_id}/{network_id}", admin(self.show_pool)),
+            web.post("/v1/pools/populate", admin(self.populate)),
+            web.post("/v1/pools/free", admin(self.free)),
+            web.delete("/v1/networks/{network_id}/pools", admin(self.delete_network)),
+            web.delete("/v1/security-groups/{sg_id}/pools", admin(self.remove_sg)),
             web.get("/openapi.json", self.openapi),
         ]
         self.app.add_routes(routes)
 
-    def _node(self, request: web.Request) -> str:
-        node = fields.name(request.match_info["node"], "node")
-        self.tokens.check_node(request, node)
-        return node
+    def _node_call(self, handler: NodeHandler) -> Handler:
+        async def call(request: web.Request) -> web.StreamResponse:
+            node = fields.name(request.match_info["node"], "node")
+            self.tokens.check_node(request, node)
+            await self._leading()
+            return await handler(request, node)
 
-    async def request_vif(self, request: web.Request) -> web.Response:
-        node = self._node(request)
+        return call
+
+    def _admin_call(self, handler: Handler) -> Handler:
+        async def call(request: web.Request) -> web.StreamResponse:
+            self.tokens.check_admin(request)
+            await self._leading()
+            return await handler(request)
+
+        return call
+
+    async def _leading(self) -> None:
+        if not self.service.serving:
+            leader = await self._leader()
+            where = f"the leader serves at {leader}" if leader else "no leader is known yet"
+            raise NotServing(f"this controller is not serving (standby or recovering); {where}",
+                             leader)  # fmt: skip
+        self._term.join()
+
+    async def request_vif(self, request: web.Request, node: str) -> web.Response:
         body = VifRequest.from_json(await _json(request))
         vif = await self.service.request(node, body)
         return web.json_response({"vif": vif.to_json()})
 
-    async def release_vif(self, request: web.Request) -> web.Response:
-        node = self._node(request)
+    async def release_vif(self, request: web.Request, node: str) -> web.Response:
         attachment = fields.attachment(request.match_info["attachment"], "attachment")
         await self.service.release(node, attachment)
         return web.Response(status=204)
 
-    async def list_vifs(self, request: web.Request) -> web.Response:
-        node = self._node(request)
+    async def list_vifs(self, _: web.Request, node: str) -> web.Response:
         vifs = self.service.node_attachments(node)
         return web.json_response(
             {
@@ -174,12 +219,10 @@ class ControllerApi:
         )
 
     async def list_pools(self, request: web.Request) -> web.Response:
-        self.tokens.check_admin(request)
         pools = [_pool_json(self.service.snapshot(key)) for key in self.service.pool_keys()]
         return web.json_response({"pools": pools})
 
     async def show_pool(self, request: web.Request) -> web.Response:
-        self.tokens.check_admin(request)
         info = request.match_info
         key = PoolKey(
             fields.name(info["node"], "node"),
@@ -191,7 +234,6 @@ class ControllerApi:
         return web.json_response(_pool_json(self.service.snapshot(key)))
 
     async def populate(self, request: web.Request) -> web.Response:
-        self.tokens.check_admin(request)
         body = doc.closed_object(
             await _json(request),
             "body",
@@ -209,18 +251,15 @@ class ControllerApi:
         return web.json_response({"created": created})
 
     async def free(self, request: web.Request) -> web.Response:
-        self.tokens.check_admin(request)
         body = doc.closed_object(await _json(request), "body", frozenset({"nodes"}))
         freed = await self.service.free_nodes(validate.nodes(body.get("nodes")))
         return web.json_response({"freed": freed})
 
     async def delete_network(self, request: web.Request) -> web.Response:
-        self.tokens.check_admin(request)
         network_id = fields.neutron_id(request.match_info["network_id"], "network_id")
         return web.json_response({"freed": await self.service.delete_network_pools(network_id)})
 
     async def remove_sg(self, request: web.Request) -> web.Response:
-        self.tokens.check_admin(request)
         sg_id = fields.neutron_id(request.match_info["sg_id"], "sg_id")
         network = fields.optional(request.query.get("network_id"), "network_id", fields.neutron_id)
         moved = await self.service.remove_security_group(sg_id, network)

@@ -22,7 +22,7 @@ from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, PortDriver, UnpooledDriver
 from podwire.controller.follow import MirrorFollower
 from podwire.controller.inuse import InUseStore
-from podwire.controller.leader import controller_election
+from podwire.controller.leader import advertised_url, controller_election, leader_url
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.mirror import MirrorFacts
@@ -32,6 +32,7 @@ from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
 from podwire.controller.service import PoolService
 from podwire.controller.sweeper import NodeSweeper
+from podwire.controller.term import TermGuard
 from podwire.errors import PodwireError
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.log import get_logger
@@ -54,10 +55,12 @@ class Controller:
         self.settings = settings
         self.etcd = etcd
         self.metrics = ControllerMetrics()
+        self.port = 0  # the API's, once listening
         self.leadership = controller_election(
-            etcd, identity or f"{socket.gethostname()}:{os.getpid()}", election_ttl
+            etcd, identity or f"{socket.gethostname()}:{os.getpid()}", self.url, election_ttl
         )
-        self.neutron = NeutronOps(neutron, self.metrics)
+        self.term = TermGuard()
+        self.neutron = NeutronOps(neutron, self.metrics, self.term)
         port_debug = settings.pool.port_debug
         self.nested = NestedDriver(self.neutron, port_debug, VlanAllocator())
         drivers: dict[str, PortDriver] = {
@@ -77,11 +80,18 @@ class Controller:
         self.mirror = MirrorFacts(etcd)
         self.follower: MirrorFollower | None = None  # the current term's
         self.api = ControllerApi(
-            self.service, settings.controller, self.ready, self.metrics.registry
+            self.service,
+            settings.controller,
+            (self.ready, self.metrics.registry),
+            self.term,
+            lambda: leader_url(etcd),
         )
         self._runner: web.AppRunner | None = None
-        self.port = 0
         self.recovery: RecoveryReport | None = None  # the last one, for tests and operators
+
+    def url(self) -> str:
+        """Where this controller serves (what it writes into the election key)."""
+        return advertised_url(self.settings.controller, self.port)
 
     async def ready(self) -> tuple[bool, str]:
         """Ready only on the serving leader (the Service routes agents to it); Neutron's
@@ -116,6 +126,7 @@ class Controller:
             await self.stop()
 
     async def _term(self, _lease: Lease) -> None:
+        self.term.begin(self.leadership.terms)
         follower = self.follower = MirrorFollower(self.etcd)
         report = self.recovery = await self._recover(follower)
         try:
@@ -140,7 +151,15 @@ class Controller:
                 self.service.serving = True
                 log.info("controller.serving", term=self.leadership.terms, source=report.source)
         finally:
-            self.service.serving = False
+            self._end_term()
+
+    def _end_term(self) -> None:
+        """First of all when a term ends: refuse calls and Neutron writes, and drop the
+        pools and attachments (the next leader may hand out those ports at once)."""
+        self.service.serving = False
+        self.term.end()
+        self.service.reset()
+        log.info("controller.term_ended", term=self.leadership.terms)
 
     async def _recover(self, follower: MirrorFollower) -> RecoveryReport:
         """Recovery, repeated with backoff while Neutron is away: the term (and the lease)

@@ -22,6 +22,10 @@ class NotServing(RetryableError):
 
     cause = "not_serving"
 
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader  # where the leader serves, when known
+
 
 class UnknownResource(PermanentError):
     """A network, project or security group the request names does not exist (HTTP 404)."""

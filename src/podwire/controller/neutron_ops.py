@@ -23,6 +23,7 @@ from podwire.controller.errors import (
     UnknownSecurityGroup,
 )
 from podwire.controller.metrics import ControllerMetrics
+from podwire.controller.term import TermGuard
 from podwire.errors import PodwireError
 from podwire.neutron.client import (
     NeutronClient,
@@ -50,9 +51,13 @@ class PortOps(Protocol):
 
 
 class NeutronOps:
-    def __init__(self, client: NeutronClient, metrics: ControllerMetrics) -> None:
+    def __init__(
+        self, client: NeutronClient, metrics: ControllerMetrics, term: TermGuard | None = None
+    ) -> None:
+        """``term``: every write checks first that the term it was decided in is held."""
         self._client = client
         self._metrics = metrics
+        self._term = term
         self._networks: dict[str, NetworkInfo] = {}
         self._sg_owners: dict[str, tuple[str, bool]] = {}  # group -> (project, shared)
         self._calls = 0
@@ -75,6 +80,16 @@ class NeutronOps:
             del self._inflight[ticket]
         self._failure = None
         return result
+
+    @property
+    def calls(self) -> int:
+        """Calls made so far (tests count what a refused request cost)."""
+        return self._calls
+
+    async def _write(self, op: str, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._term is not None:
+            self._term.check(f"Neutron {op}")
+        return await self._call(op, func, *args, **kwargs)
 
     def problem(self) -> str | None:
         """What readiness says of Neutron: a call unanswered for long, or the last call's
@@ -188,13 +203,13 @@ class NeutronOps:
     # --- plain calls ----------------------------------------------------------------------
 
     async def create_ports(self, bodies: Sequence[Mapping[str, Any]]) -> list[Any]:
-        return await self._call("create_ports", self._client.create_ports, list(bodies))
+        return await self._write("create_ports", self._client.create_ports, list(bodies))
 
     async def update_port(self, port_id: str, **changes: Any) -> Any:
-        return await self._call("update_port", self._client.update_port, port_id, **changes)
+        return await self._write("update_port", self._client.update_port, port_id, **changes)
 
     async def delete_port(self, port_id: str) -> None:
-        await self._call("delete_port", self._client.delete_port, port_id)
+        await self._write("delete_port", self._client.delete_port, port_id)
 
     async def list_ports(self, **filters: Any) -> list[Any]:
         return await self._call("list_ports", self._client.list_ports, **filters)
@@ -209,10 +224,10 @@ class NeutronOps:
         return await self._call("find_trunk", self._client.find_trunk, name_or_id)
 
     async def add_subports(self, trunk_id: str, subports: list[dict[str, Any]]) -> None:
-        await self._call("add_subports", self._client.add_trunk_subports, trunk_id, subports)
+        await self._write("add_subports", self._client.add_trunk_subports, trunk_id, subports)
 
     async def remove_subports(self, trunk_id: str, port_ids: list[str]) -> None:
-        await self._call("remove_subports", self._client.delete_trunk_subports, trunk_id, port_ids)
+        await self._write("remove_subports", self._client.delete_trunk_subports, trunk_id, port_ids)
 
 
 async def delete_ports(neutron: PortOps, port_ids: list[str], concurrency: int = 10) -> None:

@@ -129,6 +129,14 @@ def text(value: Any, what: str, max_len: int = MAX_TEXT, *, empty: bool = True) 
     return value
 
 
+def http_url(value: Any, what: str) -> str:
+    url = text(value, what, 2048, empty=False)
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest or any(c.isspace() for c in url):
+        raise fail(what, f"{_show(value)} is not an http(s) URL")
+    return url
+
+
 def one_of(value: Any, what: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise fail(what, f"{_show(value)} is not one of {', '.join(choices)}")

@@ -44,19 +44,34 @@ def parse_in_use(raw: bytes, what: str) -> InUseValue:
     return InUseValue(obj.req("project_id", fields.project_id), vif)
 
 
-def leader_value(identity: str) -> bytes:
-    return doc.encode_versioned({"identity": identity, "since": round(time.time(), 3)})
+def leader_value(identity: str, url: str = "") -> bytes:
+    """``url``: where the leader serves (standbys name it in their refusals)."""
+    value: dict[str, Any] = {"identity": identity, "since": round(time.time(), 3)}
+    if url:
+        value["url"] = url
+    return doc.encode_versioned(value)
 
 
-def parse_leader(raw: bytes, what: str = "election") -> str:
-    """The leader's identity, from either form."""
+@dataclass(frozen=True)
+class LeaderRecord:
+    identity: str
+    url: str = ""  # empty: the leader did not say (an older one, or the ml2 forwarder)
+
+
+def parse_leader_record(raw: bytes, what: str = "election") -> LeaderRecord:
+    """The election key's value, from either form (a bare identity is the older one)."""
     try:
         value = doc.decode(raw, what, 4096)
     except ValidationError:
         value = None
     if isinstance(value, dict):
-        return doc.Obj(doc.versioned(value, what), what).req("identity", _identity)
-    return _identity(raw.decode(errors="replace"), what)
+        obj = doc.Obj(doc.versioned(value, what), what)
+        return LeaderRecord(obj.req("identity", _identity), obj.opt("url", fields.http_url, ""))
+    return LeaderRecord(_identity(raw.decode(errors="replace"), what))
+
+
+def parse_leader(raw: bytes, what: str = "election") -> str:
+    return parse_leader_record(raw, what).identity
 
 
 def _identity(value: Any, what: str) -> str:
