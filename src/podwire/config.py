@@ -127,6 +127,10 @@ class PoolSettings:
     # Seconds between passes that free the pools of nodes without a live agent and delete
     # podwire's unbound ports nobody knows (each only once seen on two passes in a row).
     node_cleanup_interval: float = 600.0
+    # Seconds a node may be without a live agent before everything it held is released: its
+    # in-use ports deleted in Neutron (their addresses free), their records dropped, its pools
+    # freed, as ``podwire nodes remove`` does; 0: never (only its pools are freed).
+    node_release_after: float = 900.0
     # Name pooled ports "available-port" and ports in use after their pod, for debugging.
     port_debug: bool = False
     # The pod driver of nodes whose registration names none: "baremetal" (ports bound to the
@@ -146,7 +150,7 @@ class PoolSettings:
     headroom: float = 2.0  # multiplier on the expected demand during one refill (>= 1)
 
     def validate(self) -> None:
-        for name in ("min", "max", "binding_retries"):
+        for name in ("min", "max", "binding_retries", "node_release_after"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"pool.{name}: must be 0 or more")
         if self.max and self.min > self.max:

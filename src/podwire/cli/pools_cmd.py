@@ -1,4 +1,4 @@
-"""``podwire pools ...``: the controller's admin API from a shell (list, show, populate, free)."""
+"""``podwire pools ...`` and ``podwire nodes remove``: the controller's admin API from a shell."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -15,14 +16,7 @@ from podwire.errors import PermanentError, RetryableError
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("pools", help="inspect and manage the controller's pools")
-    parser.add_argument(
-        "--url", default=os.environ.get("PODWIRE_CONTROLLER_URL", "http://127.0.0.1:7070")
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("PODWIRE_ADMIN_TOKEN", ""),
-        help="admin token (or PODWIRE_ADMIN_TOKEN)",
-    )
+    _admin_flags(parser)
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("list")
     show = actions.add_parser("show")
@@ -37,6 +31,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     free = actions.add_parser("free")
     free.add_argument("--node", action="append", required=True)
     parser.set_defaults(handler=run)
+    nodes = subparsers.add_parser("nodes", help="release what nodes removed from the cluster held")
+    node_actions = nodes.add_subparsers(dest="action", required=True)
+    remove = node_actions.add_parser(
+        "remove", help="delete the node's in-use ports, drop their records, free its pools"
+    )
+    remove.add_argument("node")
+    _admin_flags(remove)
+    nodes.set_defaults(handler=run)
+
+
+def _admin_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default=os.environ.get("PODWIRE_CONTROLLER_URL", "http://127.0.0.1:7070")
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("PODWIRE_ADMIN_TOKEN", ""),
+        help="admin token (or PODWIRE_ADMIN_TOKEN)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _request_for(args: argparse.Namespace) -> tuple[str, str, Any]:
+    if args.action == "remove":
+        return "DELETE", f"/v1/nodes/{urllib.parse.quote(args.node, safe='')}", None
     if args.action == "list":
         return "GET", "/v1/pools", None
     if args.action == "show":

@@ -168,6 +168,7 @@ class ControllerApi:
             web.get("/v1/pools/{node}/{project_id}/{network_id}", admin(self.show_pool)),
             web.post("/v1/pools/populate", admin(self.populate)),
             web.post("/v1/pools/free", admin(self.free)),
+            web.delete("/v1/nodes/{node}", admin(self.remove_node)),
             web.delete("/v1/networks/{network_id}/pools", admin(self.delete_network)),
             web.delete("/v1/security-groups/{sg_id}/pools", admin(self.remove_sg)),
             web.get("/openapi.json", self.openapi),
@@ -254,6 +255,11 @@ class ControllerApi:
         body = doc.closed_object(await _json(request), "body", frozenset({"nodes"}))
         freed = await self.service.free_nodes(validate.nodes(body.get("nodes")))
         return web.json_response({"freed": freed})
+
+    async def remove_node(self, request: web.Request) -> web.Response:
+        node = fields.name(request.match_info["node"], "node")
+        released = await self.service.remove_node(node, "removed")
+        return web.json_response({"node": node, "released": released})
 
     async def delete_network(self, request: web.Request) -> web.Response:
         network_id = fields.neutron_id(request.match_info["network_id"], "network_id")

@@ -76,7 +76,7 @@ class Controller:
             self.metrics,
             Liveness(etcd),
         )
-        self.sweeper = NodeSweeper(self.service, self.neutron)
+        self.sweeper = NodeSweeper(self.service, self.neutron, settings.pool.node_release_after)
         self.mirror = MirrorFacts(etcd)
         self.follower: MirrorFollower | None = None  # the current term's
         self.api = ControllerApi(

@@ -37,6 +37,12 @@ class ControllerMetrics:
             "In-use record transactions sent again after etcd did not answer",
             registry=r,
         )
+        self.nodes_released = prom.Counter(
+            "podwire_nodes_released",
+            "Nodes whose ports were all released: removed by an operator, or dead too long",
+            ["reason"],
+            registry=r,
+        )
         self.in_use = prom.Gauge("podwire_vifs_in_use", "Attachments holding a port", registry=r)
 
     def neutron_call_count(self) -> float:

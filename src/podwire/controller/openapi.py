@@ -120,6 +120,14 @@ def document(version: str) -> dict[str, Any]:
             "/v1/pools/free": {
                 "post": _op("Free the pools of nodes (admin)", {"200": _resp("freed")}, "Free"),
             },
+            "/v1/nodes/{node}": {
+                "parameters": [_NODE],
+                "delete": _op(
+                    "Release everything a removed node held: in-use ports deleted, records"
+                    " dropped, pools freed (admin)",
+                    {"200": _resp("the node and the in-use ports deleted")},
+                ),
+            },
             "/v1/networks/{network_id}/pools": {
                 "delete": _op("Delete a network's pools (admin)", {"200": _resp("freed")}),
             },

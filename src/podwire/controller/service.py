@@ -316,13 +316,8 @@ class PoolService:
         if ident not in self._attachments and ident not in self._locks:
             return
         async with self._serialised(ident):
-            record = self._attachments.get(ident)
+            record = await self._drop_record(ident)
             if record is None:
-                return
-            await self._store.delete(node, attachment)
-            del self._attachments[ident]
-            self._attachments_changed()
-            if self._still_held(ident, record):
                 return
             driver = await self._drivers.for_node(node)
             if driver.pooled:
@@ -331,6 +326,41 @@ class PoolService:
             else:
                 self._pools.forget(record.vif.port_id)
                 await driver.delete(record.key, [record.vif])
+
+    async def _drop_record(self, ident: tuple[str, str]) -> InUse | None:
+        """Delete an attachment's in-use record (under its lock); returns it unless there was
+        none or another record still holds its port."""
+        record = self._attachments.get(ident)
+        if record is None:
+            return None
+        await self._store.delete(*ident)
+        del self._attachments[ident]
+        self._attachments_changed()
+        return None if self._still_held(ident, record) else record
+
+    async def remove_node(self, node: str, reason: str) -> list[str]:
+        """Everything a node held, as when it is deleted from the cluster: its attachments'
+        records go and their ports are deleted in Neutron (its pods went with it, so their
+        addresses are free at once), then its pools are freed. Returns the in-use ports
+        deleted; a release or request of the node under way finishes first. ``reason``:
+        ``removed`` (an operator) or ``dead`` (no agent for ``pool.node_release_after``)."""
+        self._check_serving()
+        doomed: dict[PoolKey, list[Vif]] = {}
+        for ident in [i for i in self._attachments if i[0] == node]:
+            async with self._serialised(ident):
+                record = await self._drop_record(ident)
+            if record is not None:
+                self._pools.forget(record.vif.port_id)
+                doomed.setdefault(record.key, []).append(record.vif)
+        driver = await self._drivers.for_node(node)
+        for key, vifs in doomed.items():
+            await driver.delete(key, vifs)
+        freed = await self.remove_nodes([node])
+        released = sorted(v.port_id for vifs in doomed.values() for v in vifs)
+        self._metrics.nodes_released.labels(reason).inc()
+        log.warning("controller.node_released", node=node, reason=reason, pool_ports=freed,
+                    ports=released)  # fmt: skip
+        return released
 
     def _still_held(self, ident: tuple[str, str], record: InUse) -> bool:
         """Whether another record still holds the released record's port (a dispute): then
@@ -525,10 +555,11 @@ class PoolService:
             await driver.delete(key, [vif])
         self._pools.forget(port_id)
 
-    async def dead_pool_nodes(self) -> set[str]:
-        """Nodes that have pools here but no live agent."""
+    async def dead_nodes(self) -> set[str]:
+        """Nodes with pools or attachments here but no live agent."""
         alive = await self._liveness.alive_nodes()
-        return {key.node for key in self._pools.pool_keys()} - alive
+        known = {key.node for key in self._pools.pool_keys()}
+        return (known | {node for node, _ in self._attachments}) - alive
 
     async def remove_nodes(self, nodes: Iterable[str]) -> int:
         """Free the pools of removed nodes and forget their drivers; returns ports freed."""
