@@ -24,6 +24,7 @@ SECTIONS = [
     "policy_bench",
     "controller_bench",
     "pool_sync_bench",  # samples: ports deleted and ports re-addressed (10-100 each)
+    "node_release_bench",  # samples capped at 5 nodes of 110 pods
     "heal_bench",  # before recovery_bench: its controller lists every port of the stack
     "recovery_bench",
     "cni_bench",
