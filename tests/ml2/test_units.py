@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import pytest
 
@@ -175,6 +177,52 @@ class FlakySink:
 
     def host_down(self, host: str) -> int:
         return 0
+
+
+class SlowSink:
+    """Neutron whose calls take a while: records what it was asked, in order, and how many
+    calls were under way at once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.busy = self.most_busy = 0
+        self._lock = threading.Lock()
+
+    def _call(self, kind: str, port_id: str) -> bool:
+        with self._lock:
+            self.busy += 1
+            self.most_busy = max(self.most_busy, self.busy)
+        time.sleep(0.05)
+        with self._lock:
+            self.busy -= 1
+            self.calls.append((kind, port_id))
+        return True
+
+    def port_wired(self, host: str, port_id: str) -> bool:
+        return self._call("wired", port_id)
+
+    def port_unwired(self, host: str, port_id: str) -> bool:
+        return self._call("unwired", port_id)
+
+    def host_down(self, host: str) -> int:
+        return 0
+
+
+async def test_feedback_acts_on_several_ports_at_once_each_in_order() -> None:
+    """A burst of pods: their ports go ACTIVE together, not one Neutron call after another;
+    one port's changes keep their order."""
+    sink = SlowSink()
+    feedback = Feedback(None, fed_cache(), sink, is_active=lambda: True)  # type: ignore[arg-type]
+    burst = [StateChange("port_wired", HOST, f"port-{i}") for i in range(6)]
+    churn = [StateChange("port_unwired", HOST, "port-0"), StateChange("port_wired", HOST, "port-0")]
+    await feedback._act(burst + churn)
+    assert sink.most_busy > 1
+    assert [c for c in sink.calls if c[1] == "port-0"] == [
+        ("wired", "port-0"),
+        ("unwired", "port-0"),
+        ("wired", "port-0"),
+    ]
+    assert len(sink.calls) == 8
 
 
 async def test_feedback_retries_a_failed_neutron_call(monkeypatch: pytest.MonkeyPatch) -> None:

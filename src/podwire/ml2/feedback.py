@@ -23,6 +23,9 @@ from podwire.ml2.mlog import get_logger
 log = get_logger(__name__)
 
 RETRY = Backoff(0.5, 30.0)  # only its delay(attempt): each change counts its own attempts
+# Ports acted on at once: each is a short Neutron DB transaction in a thread, and a burst of
+# pods (or a resync) must not wait for them one by one.
+PARALLEL_PORTS = 8
 
 
 class PortStatusSink(Protocol):
@@ -102,9 +105,23 @@ class Feedback:
         await self._act(changes)
 
     async def _act(self, changes: list[StateChange]) -> None:
+        """Host changes first, in order; then each port's changes in order, several ports at
+        once. A batch is done before the next is read, so no port's changes overtake."""
+        by_port: dict[str, list[StateChange]] = {}
         async with self._lock:
             for change in changes:
-                await self._act_one(change)
+                if change.port_id is None:
+                    await self._act_one(change)
+                else:
+                    by_port.setdefault(change.port_id, []).append(change)
+            gate = asyncio.Semaphore(PARALLEL_PORTS)
+
+            async def in_order(port_changes: list[StateChange]) -> None:
+                async with gate:
+                    for change in port_changes:
+                        await self._act_one(change)
+
+            await asyncio.gather(*(in_order(c) for c in by_port.values()))
 
     async def _act_one(self, change: StateChange, attempt: int = 0) -> None:
         host, port = change.host, change.port_id
