@@ -59,6 +59,9 @@ class NeutronOps:
         self._metrics = metrics
         self._term = term
         self._networks: dict[str, NetworkInfo] = {}
+        # A request's network named by its name, as the project resolved it (id): a name is
+        # looked up in Neutron once, like an id, not at every request.
+        self._names: dict[tuple[str, str | None], str] = {}
         self._sg_owners: dict[str, tuple[str, bool]] = {}  # group -> (project, shared)
         self._calls = 0
         self._inflight: dict[int, tuple[str, float]] = {}  # call -> (op, started)
@@ -118,7 +121,7 @@ class NeutronOps:
         Raises UnknownNetwork (none by that id, or none of that name the project may use),
         NetworkNotAllowed (that id is another project's, not shared), NetworkAmbiguous
         (several of that name), NetworkDown, NetworkWithoutSubnet."""
-        cached = self._networks.get(name_or_id)
+        cached = self._networks.get(self._names.get((name_or_id, project_id), name_or_id))
         if cached is not None:
             return _allowed(cached, project_id, name_or_id)
         if UUID_LIKE.fullmatch(name_or_id):
@@ -136,6 +139,8 @@ class NeutronOps:
         subnets = await self._call("list_subnets", self._client.list_subnets, network_id=raw.id)
         info = _usable(NetworkInfo.from_neutron(raw, subnets), name_or_id)
         self._networks[info.id] = info
+        if info.id != name_or_id:
+            self._names[(name_or_id, project_id)] = info.id
         return info
 
     async def _network_by_id(self, network_id: str) -> Any | None:
@@ -169,6 +174,8 @@ class NeutronOps:
 
     def forget_network(self, network_id: str) -> None:
         self._networks.pop(network_id, None)
+        for name in [n for n, known in self._names.items() if known == network_id]:
+            del self._names[name]
 
     async def check_security_groups(self, sgs: Iterable[str], project_id: str | None) -> None:
         """Every group must exist and, with ``project_id``, be that project's (or shared):
