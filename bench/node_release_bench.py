@@ -12,13 +12,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from bench.controllers import serving_controller
 from bench.pool_sync_bench import _register, _settings
 from bench.stats import row
 from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect, neutron_connection
+from podwire.neutron.client import neutron_connection
 from podwire.schema.vif import VifRequest
 
 PODS = 110
@@ -63,33 +64,31 @@ async def _one_node(
 ) -> float:
     node = f"bench-{uuid.uuid4().hex[:8]}"
     await _register(etcd, node)
-    settings = _settings(stack, node)
-    ctl = Controller(settings, etcd, connect(settings.neutron))
-    task = asyncio.create_task(ctl.run())
     try:
-        while not ctl.service.serving:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.05)
-        service = ctl.service
-        await service.populate([node], network_id, project, [], PODS + WARM)
-        for index in range(PODS):
-            request = VifRequest(f"c{index}:eth0", network_id, project, ())
-            await service.request(node, request)
-        started = time.perf_counter()
-        released = await service.remove_node(node, "removed")
-        elapsed = (time.perf_counter() - started) * 1000
-        left = [p for p in conn.network.ports(network_id=network_id) if p.binding_host_id == node]
-        records, _ = await etcd.get_prefix(keys.vifs_prefix(node))
-        if len(released) != PODS or left or records:
-            problem = f"{len(left)} ports, {len(records)} records left"
-            raise RuntimeError(f"node release bench: {problem}")
-        return elapsed
+        async with serving_controller(_settings(stack, node), etcd) as ctl:
+            return await _release(ctl, conn, etcd, node, network_id, project)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         await etcd.delete_prefix(keys.state_node_prefix(node))
         await etcd.delete_prefix(keys.vifs_prefix(node))
+
+
+async def _release(
+    ctl: Controller, conn: Any, etcd: EtcdClient, node: str, network_id: str, project: str
+) -> float:
+    service = ctl.service
+    await service.populate([node], network_id, project, [], PODS + WARM)
+    for index in range(PODS):
+        request = VifRequest(f"c{index}:eth0", network_id, project, ())
+        await service.request(node, request)
+    started = time.perf_counter()
+    released = await service.remove_node(node, "removed")
+    elapsed = (time.perf_counter() - started) * 1000
+    left = [p for p in conn.network.ports(network_id=network_id) if p.binding_host_id == node]
+    records, _ = await etcd.get_prefix(keys.vifs_prefix(node))
+    if len(released) != PODS or left or records:
+        problem = f"{len(left)} ports, {len(records)} records left"
+        raise RuntimeError(f"node release bench: {problem}")
+    return elapsed
 
 
 def _plain_deletes(conn: Any, network_id: str, project: str) -> float:

@@ -13,13 +13,14 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from bench.controllers import serving_controller
 from bench.stats import row
 from podwire import keys
 from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, PoolSettings, Settings
 from podwire.controller.app import Controller
 from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect, neutron_connection
+from podwire.neutron.client import neutron_connection
 
 POLL = 0.001
 GIVE_UP = 30.0
@@ -39,42 +40,41 @@ async def _run(stack: dict[str, Any], count: int) -> list[dict[str, Any]]:
     )
     node = f"bench-{uuid.uuid4().hex[:8]}"
     await _register(etcd, node)
-    settings = _settings(stack, node)
-    ctl = Controller(settings, etcd, connect(settings.neutron))
-    task = asyncio.create_task(ctl.run())
     try:
-        while not ctl.service.serving:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.05)
-        key = PoolKey(node, project, net.id)
-        ports = await _pool(ctl, key, 2 * count)
-        readdressed = await _readdress(ctl, conn, subnet.id, ports[count:])
-        deleted = await _delete(ctl, conn, ports[:count])
-        return [
-            row(
-                "pool sync: pooled port out of its pool after Neutron's delete returns",
-                deleted[0],
-                "the Neutron port delete call",
-                deleted[1],
-            ),
-            row(
-                "pool sync: pooled port re-read after Neutron's re-address returns",
-                readdressed[0],
-                "the Neutron port update call",
-                readdressed[1],
-            ),
-        ]
+        async with serving_controller(_settings(stack, node), etcd) as ctl:
+            try:
+                return await _measure(ctl, conn, PoolKey(node, project, net.id), subnet.id, count)
+            finally:
+                await ctl.service.free_nodes([node])
     finally:
-        await ctl.service.free_nodes([node])
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         await etcd.delete_prefix(keys.state_node_prefix(node))
         await etcd.delete_prefix(keys.vifs_prefix(node))
         await etcd.close()
         for port in list(conn.network.ports(project_id=project)):
             conn.network.delete_port(port)
         conn.network.delete_network(net)
+
+
+async def _measure(
+    ctl: Controller, conn: Any, key: PoolKey, subnet_id: str, count: int
+) -> list[dict[str, Any]]:
+    ports = await _pool(ctl, key, 2 * count)
+    readdressed = await _readdress(ctl, conn, subnet_id, ports[count:])
+    deleted = await _delete(ctl, conn, ports[:count])
+    return [
+        row(
+            "pool sync: pooled port out of its pool after Neutron's delete returns",
+            deleted[0],
+            "the Neutron port delete call",
+            deleted[1],
+        ),
+        row(
+            "pool sync: pooled port re-read after Neutron's re-address returns",
+            readdressed[0],
+            "the Neutron port update call",
+            readdressed[1],
+        ),
+    ]
 
 
 async def _register(etcd: EtcdClient, node: str) -> None:

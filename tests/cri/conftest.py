@@ -27,6 +27,7 @@ from tests.agent.netenv import NetEnv, links_in, sh
 from tests.cri.containerd import Containerd
 from tests.cri.cri import Cri
 from tests.cri.image import build_archive
+from tests.scripted_agent import eventually
 
 
 @dataclass
@@ -71,6 +72,17 @@ class Node:
 
     def ports(self) -> list[Any]:
         return list(self.neutron.network.ports(project_id=self.network.project_id))
+
+    async def ports_active(self, ips: list[str]) -> None:
+        """The ports holding these pod addresses go ACTIVE in Neutron: what the node says it
+        wired is what Neutron is told (after restarts too). How fast is the benches' business."""
+
+        async def active() -> bool:
+            ports = await asyncio.to_thread(self.ports)
+            held = {p.fixed_ips[0]["ip_address"]: p.status for p in ports if p.fixed_ips}
+            return all(held.get(ip) == "ACTIVE" for ip in ips)
+
+        await eventually(active, f"the ports of {ips} ACTIVE in Neutron")
 
     async def port_ips(self) -> dict[str, str]:
         """Neutron's view: the address of each port in the test's project, by port id."""

@@ -20,6 +20,7 @@ async def _two_pods(node: Node) -> tuple[list[str], list[str], list[str]]:
     ips = list(await asyncio.gather(*(node.cri.ip(s) for s in sandboxes)))
     nss = [(await node.cri.netns(s)).rpartition("/")[2] for s in sandboxes]
     assert await asyncio.to_thread(pings, nss[0], ips[1])
+    await node.ports_active(ips)
     return sandboxes, ips, nss
 
 
@@ -38,7 +39,17 @@ async def test_containerd_restart_keeps_running_pods(node: Node) -> None:
         assert await node.cri.ready(sandbox)
         assert await node.cri.ip(sandbox) == ip
     assert await asyncio.to_thread(pings, nss[1], ips[0])
+    await node.ports_active(ips)
+    await _two_pods_after(node)
     await _stop_and_remove(node, sandboxes)
+
+
+async def _two_pods_after(node: Node) -> None:
+    """Pods started after a restart get their ports ACTIVE too (they once stayed DOWN)."""
+    sandboxes, _, _ = await _two_pods(node)
+    for sandbox in sandboxes:
+        await node.cri.stop(sandbox)
+        await node.cri.remove(sandbox)
 
 
 async def test_agent_restart_keeps_running_pods(node: Node) -> None:
@@ -47,6 +58,8 @@ async def test_agent_restart_keeps_running_pods(node: Node) -> None:
     assert await asyncio.to_thread(pings, nss[1], ips[0])  # the dataplane does not need it
     await node.agent.start()
     assert await asyncio.to_thread(pings, nss[0], ips[1])
+    await node.ports_active(ips)
+    await _two_pods_after(node)
     await _stop_and_remove(node, sandboxes)  # DEL finds the attachments in the checkpoint
 
 
@@ -67,7 +80,9 @@ async def test_agent_down_during_run_then_kubelets_retry_succeeds(node: Node) ->
     await node.cri.stop(left)
     await node.cri.remove(left)
     sandbox = await node.cri.run(pod, attempt=1)
-    assert await node.cri.ip(sandbox) in (await node.port_ips()).values()
+    ip = await node.cri.ip(sandbox)
+    assert ip in (await node.port_ips()).values()
+    await node.ports_active([ip])
     await _stop_and_remove(node, [sandbox])
 
 
@@ -79,4 +94,5 @@ async def test_agent_down_during_stop_then_kubelets_retry_cleans_up(node: Node) 
     assert "podwire agent not reachable" in str(failed.value.details())
     assert len(node.pod_veths()) == 1  # nothing was half-removed
     await node.agent.start()
+    await _two_pods_after(node)
     await _stop_and_remove(node, [sandbox])
