@@ -340,27 +340,36 @@ class PoolService:
 
     async def remove_node(self, node: str, reason: str) -> list[str]:
         """Everything a node held, as when it is deleted from the cluster: its attachments'
-        records go and their ports are deleted in Neutron (its pods went with it, so their
-        addresses are free at once), then its pools are freed. Returns the in-use ports
-        deleted; a release or request of the node under way finishes first. ``reason``:
-        ``removed`` (an operator) or ``dead`` (no agent for ``pool.node_release_after``)."""
+        ports are deleted in Neutron (its pods went with it, so their addresses are free at
+        once), then their records go and its pools are freed. Returns the in-use ports
+        deleted. A failed delete leaves the records, so the removal can simply be repeated
+        (deleting a port already gone is no error). ``reason``: ``removed`` (an operator) or
+        ``dead`` (no agent for ``pool.node_release_after``)."""
         self._check_serving()
+        held = {i: r for i, r in self._attachments.items() if i[0] == node}
         doomed: dict[PoolKey, list[Vif]] = {}
-        for ident in [i for i in self._attachments if i[0] == node]:
-            async with self._serialised(ident):
-                record = await self._drop_record(ident)
-            if record is not None:
-                self._pools.forget(record.vif.port_id)
+        for ident, record in held.items():
+            if not self._held_elsewhere(ident, record):
                 doomed.setdefault(record.key, []).append(record.vif)
         driver = await self._drivers.for_node(node)
         for key, vifs in doomed.items():
             await driver.delete(key, vifs)
+        for ident in held:
+            async with self._serialised(ident):
+                dropped = await self._drop_record(ident)
+            if dropped is not None:
+                self._pools.forget(dropped.vif.port_id)
         freed = await self.remove_nodes([node])
         released = sorted(v.port_id for vifs in doomed.values() for v in vifs)
         self._metrics.nodes_released.labels(reason).inc()
         log.warning("controller.node_released", node=node, reason=reason, pool_ports=freed,
                     ports=released)  # fmt: skip
         return released
+
+    def _held_elsewhere(self, ident: tuple[str, str], record: InUse) -> bool:
+        """Whether another node's record holds this port too (a dispute): it is not deleted."""
+        holders = self._disputed.get(record.vif.port_id, set())
+        return any(other[0] != ident[0] for other in holders)
 
     def _still_held(self, ident: tuple[str, str], record: InUse) -> bool:
         """Whether another record still holds the released record's port (a dispute): then
