@@ -54,24 +54,6 @@ class DhcpAgentRun:
         return code
 
 
-class Adopter:
-    """Takes every tap of a host's namespace onto bridge ``br0`` there, as the node agent
-    does once the port's rules are in force (a script standing in for the agent's adoption)."""
-
-    def __init__(self, netns: str) -> None:
-        self.netns = netns
-        script = (
-            "ip link add br0 type bridge 2>/dev/null; ip link set br0 up; while true; do"
-            " for tap in $(ip -o link show | grep -o 'tap[0-9a-f-]*'); do"
-            " ip link set $tap master br0 2>/dev/null; done; sleep 0.1; done"
-        )
-        self.proc = subprocess.Popen(["ip", "netns", "exec", netns, "sh", "-c", script])
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
 def dhcp_port(neutron: Any, network_id: str) -> Any:
     ports = list(neutron.network.ports(network_id=network_id, device_owner=DHCP_OWNER))
     return ports[0] if ports else None

@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
+from podwire.agent import naming
+from podwire.config import EtcdSettings
+from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv
 from tests.conftest import PODWIRE
 from tests.neutron_agents.conftest import alive_in_neutron
-from tests.neutron_agents.dhcp import Adopter, DhcpAgentRun, dhcp_port, process_running, taps
+from tests.neutron_agents.dhcp import DhcpAgentRun, dhcp_port, process_running, taps
 from tests.neutron_agents.netinfo import addresses, links, namespaces
 from tests.scripted_agent import ScriptedAgent, eventually
 
@@ -33,15 +36,19 @@ def dhcp_network(neutron: Any, project_id: str, cidr: str) -> Any:
 @pytest.mark.slow
 async def test_dhcp_agent_serves_a_subnet_on_its_host_and_leaves_nothing(
     neutron: Any,
-    project_id: str,
     netenv: NetEnv,
-    agents: Callable[[], ScriptedAgent],
+    project_id: str,
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
     dhcp_agents: Callable[..., DhcpAgentRun],
 ) -> None:
-    host_agent = agents()
-    await host_agent.register(capabilities=TAP_CAPABILITIES)
-    host_ns = netenv.namespace("h1")
-    adopter = Adopter(host_ns)
+    """With podwire's own agent on the host: it adopts the DHCP agent's tap (the port's
+    binding says ``tap``) onto the network's bridge."""
+    host_ns, vtep = netenv.host(1)
+    host_agent = HostAgent(f"{netenv.tag}-h1", host_ns, vtep, tmp_path, etcd_settings,
+                           neutron_endpoint)  # fmt: skip
+    await host_agent.start()
     try:
         run = dhcp_agents(host_agent.host, host_ns)
         await alive_in_neutron(neutron, host_agent.host)
@@ -67,7 +74,8 @@ async def test_dhcp_agent_serves_a_subnet_on_its_host_and_leaves_nothing(
         assert pid is not None
         assert Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"dnsmasq")
         host_end = taps(host_ns)[tap]
-        assert host_end["linkinfo"]["info_kind"] == "veth" and host_end["master"] == "br0"
+        assert host_end["linkinfo"]["info_kind"] == "veth"
+        assert host_end["master"] == naming.bridge(network.id)
         assert f"ifdriver.adopted port={port.id} tap={tap}" in run.log_text
 
         assert run.stop() == 0
@@ -75,7 +83,7 @@ async def test_dhcp_agent_serves_a_subnet_on_its_host_and_leaves_nothing(
         assert qdhcp not in namespaces()
         assert taps(host_ns) == {}
     finally:
-        adopter.stop()
+        await host_agent.stop()
 
 
 @pytest.mark.slow
