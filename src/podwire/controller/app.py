@@ -128,8 +128,8 @@ class Controller:
     async def _term(self, _lease: Lease) -> None:
         self.term.begin(self.leadership.terms)
         follower = self.follower = MirrorFollower(self.etcd)
-        report = self.recovery = await self._recover(follower)
         try:
+            report = self.recovery = await self._recover(follower)
             async with asyncio.TaskGroup() as group:
                 group.create_task(follower.run(self.service))
                 group.create_task(self._watch_neutron())
