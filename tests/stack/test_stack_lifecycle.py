@@ -17,6 +17,7 @@ import pytest
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.stack import procs
+from podwire.stack.client import start_background
 from tests.conftest import PODWIRE, neutron_connection, start_stack
 
 
@@ -182,3 +183,39 @@ def test_rpc_bus_runs_private_and_leaves_nothing_behind(work_dir: Path) -> None:
     finally:
         assert run_cli("stack", "down", "--data-dir", str(data_dir)).returncode == 0
         proc.wait(timeout=60)
+
+
+def test_a_start_interrupted_stops_what_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or any error) while ``start_background`` waits for the stack: the supervisor
+    is stopped with everything it started, not left running without its parent."""
+    data_dir = tmp_path / "interrupted"
+    waits = []
+
+    def interrupted(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) > 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("podwire.stack.client.time.sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        start_background(data_dir)
+    monkeypatch.undo()
+    marker = str(data_dir)
+
+    def left() -> list[str]:
+        found = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, marker)]
+        return [(p / "cmdline").read_bytes().decode(errors="replace")[:120] for p in found]
+
+    deadline = time.monotonic() + 30  # its children go as their supervisor goes
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left() == []
+
+
+def _cmdline_has(proc_dir: Path, marker: str) -> bool:
+    try:
+        return marker in (proc_dir / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False

@@ -27,16 +27,27 @@ def start_background(
         stdout=console,
         stderr=subprocess.STDOUT,
     )
+    try:
+        return proc, _wait_ready(proc, data_dir, timeout, console.name)
+    except BaseException:
+        # Not ready, or interrupted (Ctrl-C) while it starts: its supervisor stops what it
+        # started so far (a SIGKILL would leave etcd, MariaDB and Neutron running).
+        stop_background(proc)
+        raise
+
+
+def _wait_ready(
+    proc: subprocess.Popen[bytes], data_dir: Path, timeout: float, console: str
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise StackError(f"stack up exited with {proc.returncode}; see {console.name}")
+            raise StackError(f"stack up exited with {proc.returncode}; see {console}")
         info = _read(data_dir / "stack.json")
         if info.get("pids", {}).get("supervisor") == proc.pid:
-            return proc, info
+            return info
         time.sleep(0.1)
-    proc.kill()
-    raise StackError(f"stack not ready after {timeout:.0f} s; see {console.name}")
+    raise StackError(f"stack not ready after {timeout:.0f} s; see {console}")
 
 
 def stop_background(proc: subprocess.Popen[bytes], timeout: float = 90.0) -> int:
