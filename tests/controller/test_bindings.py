@@ -181,6 +181,7 @@ async def test_recovery_deletes_ports_whose_binding_failed(
     assert ports[dead.name].binding_vif_type == "binding_failed"
     settings = settings_for(stack, [live, dead])
     controller = Controller(settings, nodes.etcd, connect(settings.neutron))
+    controller.term.begin(1)  # recovery runs in a leader term (its deletes check it)
     await recover(
         controller.service, controller.neutron, None
     )  # no etcd: always the Neutron listing
