@@ -131,6 +131,7 @@ async def _recover(stack: dict[str, Any], etcd: EtcdClient, use_mirror: bool) ->
         controller=ControllerSettings(listen="127.0.0.1:0", admin_token="a"),
     )
     fresh = Controller(settings, etcd, connect(settings.neutron))
+    fresh.term.begin(1)  # recovery runs in a leader term (its deletes check it)
     started = time.perf_counter()
     report = await recover(fresh.service, fresh.neutron, fresh.nested, etcd if use_mirror else None)
     elapsed = (time.perf_counter() - started) * 1000
