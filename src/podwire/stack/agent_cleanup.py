@@ -40,12 +40,13 @@ def clean_dhcp(state_path: Path, host: str) -> None:
 
 
 def _stop_dnsmasq(conf_dir: Path) -> None:
-    try:
-        pid = int((conf_dir / "pid").read_text().strip())
-    except (OSError, ValueError):
-        return
-    if procs.terminate(pid, str(conf_dir), timeout=10):
-        log.info("neutron_agent.dnsmasq_stopped", pid=pid, network=conf_dir.name)
+    """Every dnsmasq whose command line names this network's conf dir: the agent records only
+    the last one it started in the pid file, and a restart of it can leave an earlier one."""
+    for pid in procs.pids_marked(str(conf_dir)):
+        if not procs.cmdline(pid).startswith("dnsmasq"):
+            continue
+        if procs.terminate(pid, str(conf_dir), timeout=10):
+            log.info("neutron_agent.dnsmasq_stopped", pid=pid, network=conf_dir.name)
 
 
 async def _clean_namespaces(prefix: str, own: set[str], host: str) -> None:

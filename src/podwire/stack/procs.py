@@ -69,6 +69,15 @@ def is_ours(pid: int, marker: str) -> bool:
     return pid > 0 and marker in cmdline(pid)
 
 
+def pids_marked(marker: str) -> list[int]:
+    """Every running process whose command line mentions ``marker`` (a data dir of ours)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and is_ours(int(entry.name), marker):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 def terminate(pid: int, marker: str, timeout: float = 10.0) -> bool:
     """SIGTERM, then SIGKILL after ``timeout``; returns True if a process of ours was stopped."""
     if not is_ours(pid, marker):
