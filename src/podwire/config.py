@@ -530,9 +530,11 @@ def _check_type(value: Any, hint: Any, key: str) -> Any:
 
 
 def _check_url(value: str, key: str) -> None:
-    scheme, sep, rest = value.partition("://")
-    if not sep or scheme not in ("http", "https") or not rest:
-        raise ConfigError(f"{key}: {value!r} is not an http(s) URL")
+    """The schema's URL rule (the one etcd values are read with), as a configuration error."""
+    try:
+        fields.http_url(value, key)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _check_host_port(value: str, key: str) -> None:

@@ -202,20 +202,4 @@ def test_a_start_interrupted_stops_what_it_started(
     with pytest.raises(KeyboardInterrupt):
         start_background(data_dir)
     monkeypatch.undo()
-    marker = str(data_dir)
-
-    def left() -> list[str]:
-        found = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, marker)]
-        return [(p / "cmdline").read_bytes().decode(errors="replace")[:120] for p in found]
-
-    deadline = time.monotonic() + 30  # its children go as their supervisor goes
-    while left() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left() == []
-
-
-def _cmdline_has(proc_dir: Path, marker: str) -> bool:
-    try:
-        return marker in (proc_dir / "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
+    assert wait_gone(procs.pids_marked(str(data_dir)))  # its children go as it goes

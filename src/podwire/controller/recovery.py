@@ -64,10 +64,12 @@ async def recover(
     report.in_use = len(in_use)
     subports = await _trunk_subports(neutron, nested) if nested is not None else {}
     mirrored = await pools_from_mirror(etcd, in_use) if etcd is not None else None
+    ours: list[Any] | None = None  # compute:podwire ports, when Neutron was listed
     if mirrored is None:
-        ports = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
-        report.deleted = await _delete_leftovers(neutron, ports, in_use | subports.keys())
-        bound = [p for p in ports if is_bound(p) and str(p.id) not in in_use]
+        ours = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+        taken = in_use | subports.keys()  # a subport is pooled on its trunk's node, below
+        report.deleted = await _delete_leftovers(neutron, ours, taken)
+        bound = [p for p in ours if is_bound(p) and str(p.id) not in taken]
         report.pooled = await _pool_ports(bound, service, neutron, _host_of, {})
     else:
         report.source = "etcd"
@@ -75,7 +77,7 @@ async def recover(
         report.networks = {key.network_id for key in mirrored}
         report.pooled = _fill(service, mirrored)
     if subports:
-        report.subports = await _pool_subports(service, neutron, subports, in_use)
+        report.subports = await _pool_subports(service, neutron, subports, in_use, ours)
     log.info("controller.recovered", **report.summary())
     return report
 
@@ -169,14 +171,17 @@ async def _trunk_subports(neutron: PortOps, nested: NestedDriver) -> dict[str, _
 
 
 async def _pool_subports(
-    service: PoolService, neutron: PortOps, subports: dict[str, _Subport], in_use: set[str]
+    service: PoolService,
+    neutron: PortOps,
+    subports: dict[str, _Subport],
+    in_use: set[str],
+    ours: list[Any] | None,
 ) -> int:
-    """Pool the free subports, whichever owner their trunk driver left them with."""
-    ports = [
-        port
-        for owner in (SUBPORT_OWNER, DEVICE_OWNER)
-        for port in await neutron.list_port_summaries(device_owner=owner)
-        if str(port.id) in subports and str(port.id) not in in_use
-    ]
+    """Pool the free subports, whichever owner their trunk driver left them with; ``ours``:
+    the ``compute:podwire`` ports if recovery listed them already."""
+    if ours is None:
+        ours = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+    owned = await neutron.list_port_summaries(device_owner=SUBPORT_OWNER)
+    ports = [p for p in [*owned, *ours] if str(p.id) in subports and str(p.id) not in in_use]
     vlans = {port_id: sub.vlan_id for port_id, sub in subports.items()}
     return await _pool_ports(ports, service, neutron, lambda p: subports[str(p.id)].node, vlans)
