@@ -34,7 +34,7 @@ from podwire.etcd import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.schema.ports import tap_name
 from tests.agent.netenv import in_ns, sh
-from tests.neutron_agents.dhcp import DhcpAgentRun, dhcp_port
+from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port
 
 BUSYBOX = "/bin/busybox"
 POLL = 0.01
@@ -61,7 +61,7 @@ class _Node:
         self.work = Path(tempfile.mkdtemp(prefix="pwb-tap-", dir="/tmp"))
         self.namespaces: list[str] = []
         self.agent: AgentProcess | None = None
-        self.dhcp: DhcpAgentRun | None = None
+        self.dhcp: NeutronAgentRun | None = None
         self.loop = asyncio.new_event_loop()
         self.etcd = self.loop.run_until_complete(
             EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
@@ -72,7 +72,7 @@ class _Node:
         in_ns(self.host_ns, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo")
         self.agent = AgentProcess(self._config(), self._no_vifs())
         self.agent.start()
-        self.dhcp = DhcpAgentRun(
+        self.dhcp = NeutronAgentRun(
             Path(self.stack["data_dir"]), self.host, self.host_ns, self.work / "dhcp.out"
         )
         self._wait(lambda: any(a.is_alive for a in self.conn.network.agents(host=self.host)))

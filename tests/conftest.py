@@ -124,11 +124,24 @@ def neutron(neutron_endpoint: str) -> Any:
     return neutron_connection(neutron_endpoint)
 
 
+ROUTER_INTERFACE = "network:router_interface"
+
+
 @pytest.fixture
 def project_id(neutron: Any) -> Iterator[str]:
-    """A Neutron project of this test's own; its ports, trunks and networks go afterwards."""
+    """A Neutron project of this test's own; its floating IPs, routers, ports, trunks and
+    networks go afterwards."""
     project = uuid.uuid4().hex
     yield project
+    net = neutron.network
+    for floating_ip in list(net.ips(project_id=project)):
+        net.delete_ip(floating_ip)
+    for router in list(net.routers(project_id=project)):
+        if router.external_gateway_info:
+            net.update_router(router, external_gateway_info=None)
+        for port in list(net.ports(device_id=router.id, device_owner=ROUTER_INTERFACE)):
+            net.remove_interface_from_router(router, port_id=port.id)
+        net.delete_router(router)
     for trunk in list(neutron.network.trunks(project_id=project)):
         neutron.network.delete_trunk(trunk)
     for port in list(neutron.network.ports(project_id=project)):

@@ -1,8 +1,9 @@
 """An echo peer run inside a pod namespace, over TCP or UDP, IPv4 or IPv6.
 
-``serve tcp|udp PORT`` answers on every address; ``client tcp|udp HOST PORT [SOURCE]`` prints
-``connected`` (or ``failed ...``) and then echoes each stdin line through one flow, so a test
-can keep a flow open across an agent restart.
+``serve tcp|udp PORT`` answers on every address (``serve tcp PORT peer``: answers each line
+with the address the connection came from, for a test of source NAT); ``client tcp|udp HOST
+PORT [SOURCE]`` prints ``connected`` (or ``failed ...``) and then echoes each stdin line through
+one flow, so a test can keep a flow open across an agent restart.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import threading
 
 
-def serve(proto: str, port: int) -> None:
+def serve(proto: str, port: int, tell_peer: bool = False) -> None:
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     sock = socket.socket(socket.AF_INET6, kind)
     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -26,14 +27,15 @@ def serve(proto: str, port: int) -> None:
     sock.listen(16)
     print("listening", flush=True)
     while True:
-        conn, _ = sock.accept()
-        threading.Thread(target=echo, args=(conn,), daemon=True).start()
+        conn, peer = sock.accept()
+        answer = peer[0].removeprefix("::ffff:").encode() + b"\n" if tell_peer else None
+        threading.Thread(target=echo, args=(conn, answer), daemon=True).start()
 
 
-def echo(conn: socket.socket) -> None:
+def echo(conn: socket.socket, answer: bytes | None = None) -> None:
     with conn:
         while data := conn.recv(4096):
-            conn.sendall(data)
+            conn.sendall(answer or data)
 
 
 def client(proto: str, host: str, port: int, source: str = "") -> None:
@@ -64,6 +66,6 @@ def client(proto: str, host: str, port: int, source: str = "") -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        serve(sys.argv[2], int(sys.argv[3]))
+        serve(sys.argv[2], int(sys.argv[3]), sys.argv[4:5] == ["peer"])
     else:
         client(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import PIPE
@@ -22,6 +23,7 @@ from podwire.config import (
     NeutronSettings,
     Settings,
 )
+from tests.agent.netenv import NetEnv
 
 
 def plugin_binary(kind: str, tmp: Path) -> Path:
@@ -188,3 +190,18 @@ class HostAgent:
             "agentSocket": self.socket,
             **extra,
         }
+
+
+async def cni_pod(
+    agent: HostAgent, netenv: NetEnv, network: str, group: str, tmp: Path
+) -> dict[str, str]:
+    """A pod namespace given a port of ``network`` in security group ``group`` by a real CNI
+    ADD through ``agent``; returns its namespace, address and MAC."""
+    ns = netenv.namespace(f"p{uuid.uuid4().hex[:4]}")
+    call = await acni(
+        plugin_binary("c", tmp), "ADD", agent.conf(network, securityGroups=[group]),
+        container_id=uuid.uuid4().hex, netns=f"/run/netns/{ns}",
+    )  # fmt: skip
+    assert call.code == 0, call.stdout
+    pod = next(i for i in call.json["interfaces"] if i.get("sandbox"))
+    return {"ns": ns, "ip": call.json["ips"][0]["address"].split("/")[0], "mac": pod["mac"]}

@@ -25,7 +25,7 @@ from podwire.etcd import EtcdClient
 from podwire.schema import nodes as values
 from podwire.schema.ports import parse_desired_port
 from tests.agent.desired_keys import desired_value
-from tests.agent.harness import HostAgent, acni, plugin_binary
+from tests.agent.harness import HostAgent, cni_pod
 from tests.agent.netenv import NetEnv, in_ns, ping_settles
 from tests.scripted_agent import eventually
 
@@ -70,17 +70,6 @@ def open_group(neutron: Any, project_id: str) -> Any:
     net.delete_security_group(group)
 
 
-async def _pod(agent: HostAgent, netenv: NetEnv, net: str, sg: str, tmp: Path) -> dict[str, str]:
-    ns = netenv.namespace(f"p{uuid.uuid4().hex[:4]}")
-    call = await acni(
-        plugin_binary("c", tmp), "ADD", agent.conf(net, securityGroups=[sg]),
-        container_id=uuid.uuid4().hex, netns=f"/run/netns/{ns}",
-    )  # fmt: skip
-    assert call.code == 0, call.stdout
-    pod = next(i for i in call.json["interfaces"] if i.get("sandbox"))
-    return {"ns": ns, "ip": call.json["ips"][0]["address"].split("/")[0], "mac": pod["mac"]}
-
-
 def _hostile_node(netenv: NetEnv, vni: int, honest: list[str]) -> tuple[str, str]:
     """Host 3 of the underlay with a VXLAN device of the network, flooding to both honest
     VTEPs, and a namespace behind it; returns (that namespace, host 3's VTEP)."""
@@ -117,8 +106,8 @@ async def test_a_lying_node_cannot_take_a_pods_traffic(
     tmp_path: Path,
 ) -> None:
     h1, h2 = enforcing
-    victim = await _pod(h1, netenv, vxnet.id, open_group.id, tmp_path)
-    client = await _pod(h2, netenv, vxnet.id, open_group.id, tmp_path)
+    victim = await cni_pod(h1, netenv, vxnet.id, open_group.id, tmp_path)
+    client = await cni_pod(h2, netenv, vxnet.id, open_group.id, tmp_path)
     assert await ping_settles(client["ns"], victim["ip"])
     assert await ping_settles(victim["ns"], client["ip"])
     # Host 2 knew the victim before its own pod joined the bridge: the bridge's fixed address

@@ -1,4 +1,4 @@
-"""Fixtures of the Neutron-agent suite: namespaces, DHCP agents on the session's stack."""
+"""Fixtures of the Neutron-agent suite: DHCP and L3 agents on the session's stack."""
 
 from __future__ import annotations
 
@@ -8,32 +8,52 @@ from typing import Any
 
 import pytest
 
-from tests.neutron_agents.dhcp import DhcpAgentRun
+from tests.neutron_agents.dhcp import NeutronAgentRun
 from tests.scripted_agent import eventually
 
+DHCP_AGENT = "DHCP agent"
+L3_AGENT = "L3 agent"
 
-@pytest.fixture
-def dhcp_agents(
-    stack: dict[str, Any], neutron: Any, tmp_path: Path
-) -> Iterator[Callable[..., DhcpAgentRun]]:
-    """Starts DHCP agents; stops them and removes their records from Neutron afterwards."""
-    runs: list[DhcpAgentRun] = []
 
-    def start(host: str, netns: str, adopt_timeout: float = 10.0) -> DhcpAgentRun:
-        out = tmp_path / f"dhcp-{host}.err"
-        run = DhcpAgentRun(Path(stack["data_dir"]), host, netns, out, adopt_timeout)
+AGENT_TYPES = {"dhcp": DHCP_AGENT, "l3": L3_AGENT}
+
+
+def _agent_runs(
+    kind: str, stack: dict[str, Any], neutron: Any, tmp_path: Path
+) -> Iterator[Callable[..., NeutronAgentRun]]:
+    """Starts agents of ``kind``; stops them and removes their records from Neutron after."""
+    runs: list[NeutronAgentRun] = []
+
+    def start(host: str, netns: str, adopt_timeout: float = 10.0) -> NeutronAgentRun:
+        out = tmp_path / f"{kind}-{host}.err"
+        run = NeutronAgentRun(Path(stack["data_dir"]), host, netns, out, adopt_timeout, kind)
         runs.append(run)
         return run
 
     yield start
     for run in runs:
         run.stop()
-        for agent in neutron.network.agents(host=run.host):
+        for agent in neutron.network.agents(host=run.host, agent_type=AGENT_TYPES[kind]):
             neutron.network.delete_agent(agent)
 
 
-async def alive_in_neutron(neutron: Any, host: str) -> None:
-    async def alive() -> bool:
-        return any(agent.is_alive for agent in neutron.network.agents(host=host))
+@pytest.fixture
+def dhcp_agents(
+    stack: dict[str, Any], neutron: Any, tmp_path: Path
+) -> Iterator[Callable[..., NeutronAgentRun]]:
+    yield from _agent_runs("dhcp", stack, neutron, tmp_path)
 
-    await eventually(alive, f"the DHCP agent of {host} reporting", timeout=90)
+
+@pytest.fixture
+def l3_agents(
+    stack: dict[str, Any], neutron: Any, tmp_path: Path
+) -> Iterator[Callable[..., NeutronAgentRun]]:
+    yield from _agent_runs("l3", stack, neutron, tmp_path)
+
+
+async def alive_in_neutron(neutron: Any, host: str, agent_type: str = DHCP_AGENT) -> None:
+    async def alive() -> bool:
+        agents = neutron.network.agents(host=host, agent_type=agent_type)
+        return any(agent.is_alive for agent in agents)
+
+    await eventually(alive, f"the {agent_type} of {host} reporting", timeout=90)

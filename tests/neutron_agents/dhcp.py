@@ -1,4 +1,4 @@
-"""``podwire neutron-agent dhcp`` run by a test, and a scripted node agent's tap adoption."""
+"""``podwire neutron-agent dhcp|l3`` run by a test, and what the tests read of the DHCP agent."""
 
 from __future__ import annotations
 
@@ -14,17 +14,24 @@ from tests.neutron_agents.netinfo import links
 DHCP_OWNER = "network:dhcp"
 
 
-class DhcpAgentRun:
+class NeutronAgentRun:
     """The command in the foreground, as an operator runs it; ``stop`` sends SIGTERM."""
 
     def __init__(
-        self, data_dir: Path, host: str, netns: str, out: Path, adopt_timeout: float = 10.0
+        self,
+        data_dir: Path,
+        host: str,
+        netns: str,
+        out: Path,
+        adopt_timeout: float = 10.0,
+        kind: str = "dhcp",
     ) -> None:
         self.host = host
+        self.kind = kind
         self.console = out.open("ab")
         self.proc = subprocess.Popen(
             [
-                *PODWIRE, "neutron-agent", "dhcp", "--data-dir", str(data_dir),
+                *PODWIRE, "neutron-agent", kind, "--data-dir", str(data_dir),
                 "--host", host, "--netns", netns, "--adopt-timeout", str(adopt_timeout),
             ],
             stdout=subprocess.PIPE,
@@ -33,7 +40,7 @@ class DhcpAgentRun:
         )  # fmt: skip
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
-        assert line, f"neutron-agent dhcp exited with {self.proc.wait()}; see {out}"
+        assert line, f"neutron-agent {kind} exited with {self.proc.wait()}; see {out}"
         self.info: dict[str, Any] = json.loads(line)
 
     @property

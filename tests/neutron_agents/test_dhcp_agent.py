@@ -18,7 +18,7 @@ from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv
 from tests.conftest import PODWIRE
 from tests.neutron_agents.conftest import alive_in_neutron
-from tests.neutron_agents.dhcp import DhcpAgentRun, dhcp_port, process_running, taps
+from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port, process_running, taps
 from tests.neutron_agents.netinfo import addresses, links, namespaces
 from tests.scripted_agent import ScriptedAgent, eventually
 
@@ -41,7 +41,7 @@ async def test_dhcp_agent_serves_a_subnet_on_its_host_and_leaves_nothing(
     etcd_settings: EtcdSettings,
     neutron_endpoint: str,
     tmp_path: Path,
-    dhcp_agents: Callable[..., DhcpAgentRun],
+    dhcp_agents: Callable[..., NeutronAgentRun],
 ) -> None:
     """With podwire's own agent on the host: it adopts the DHCP agent's tap (the port's
     binding says ``tap``) onto the network's bridge."""
@@ -92,7 +92,7 @@ async def test_dhcp_agent_on_a_host_that_never_adopts_fails_clearly_and_cleanly(
     project_id: str,
     netenv: NetEnv,
     agents: Callable[[], ScriptedAgent],
-    dhcp_agents: Callable[..., DhcpAgentRun],
+    dhcp_agents: Callable[..., NeutronAgentRun],
 ) -> None:
     host_agent = agents()
     await host_agent.register(capabilities=TAP_CAPABILITIES)

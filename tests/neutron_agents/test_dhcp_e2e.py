@@ -22,7 +22,7 @@ from tests.agent.conftest import hostnames  # noqa: F401
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, in_ns
 from tests.neutron_agents.conftest import alive_in_neutron
-from tests.neutron_agents.dhcp import DhcpAgentRun, dhcp_port, taps
+from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port, taps
 from tests.scripted_agent import eventually
 
 BUSYBOX = Path("/bin/busybox")
@@ -81,7 +81,7 @@ async def test_guest_gets_its_lease_and_again_after_the_dhcp_agent_restarts(
     netenv: NetEnv,
     neutron: Any,
     project_id: str,
-    dhcp_agents: Callable[..., DhcpAgentRun],
+    dhcp_agents: Callable[..., NeutronAgentRun],
 ) -> None:
     run = dhcp_agents(node.host, node.netns)
     await alive_in_neutron(neutron, node.host)

@@ -24,7 +24,7 @@ from tests.agent.conftest import hostnames  # noqa: F401
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, ping_settles
 from tests.neutron_agents.conftest import alive_in_neutron, dhcp_agents  # noqa: F401
-from tests.neutron_agents.dhcp import DhcpAgentRun, dhcp_port
+from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port
 from tests.scripted_agent import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
@@ -89,7 +89,7 @@ async def test_vm_gets_its_lease_is_filtered_and_survives_restarts(
     netenv: NetEnv,
     neutron: Any,
     project_id: str,
-    dhcp_agents: Callable[..., DhcpAgentRun],  # noqa: F811
+    dhcp_agents: Callable[..., NeutronAgentRun],  # noqa: F811
     vm_image: image.Image,
     short_dir: Path,
     vms: list[launcher.Vm],

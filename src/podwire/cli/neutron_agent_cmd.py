@@ -1,4 +1,4 @@
-"""``podwire neutron-agent dhcp``: Neutron's own agents for a host of the local stack."""
+"""``podwire neutron-agent dhcp|l3``: Neutron's own agents for a host of the local stack."""
 
 from __future__ import annotations
 
@@ -12,29 +12,33 @@ from podwire.config import LogSettings
 from podwire.errors import ConfigError
 from podwire.log import setup_logging
 
+AGENT_BINARIES = {"dhcp": "neutron-dhcp-agent", "l3": "neutron-l3-agent"}
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "neutron-agent", help="run one of Neutron's agents for a host of the local stack"
     )
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
-    dhcp = kinds.add_parser(
-        "dhcp",
-        help="neutron-dhcp-agent with interface_driver = podwire, until SIGTERM/SIGINT",
-    )
-    dhcp.add_argument("--data-dir", required=True, type=Path, help="a stack up --rpc data dir")
-    dhcp.add_argument("--host", required=True, help="the agent's host (binding:host_id)")
-    dhcp.add_argument(
-        "--netns", default="", help="the simulated host's network namespace (tap ends go there)"
-    )
-    dhcp.add_argument(
-        "--adopt-timeout",
-        type=float,
-        default=10.0,
-        help="seconds a plug waits for podwire's node agent to adopt the tap",
-    )
-    dhcp.add_argument("--log-level", default="WARNING")
-    dhcp.set_defaults(handler=_run)
+    for kind, binary in AGENT_BINARIES.items():
+        agent = kinds.add_parser(
+            kind, help=f"{binary} with interface_driver = podwire, until SIGTERM/SIGINT"
+        )
+        agent.add_argument("--data-dir", required=True, type=Path, help="a stack up --rpc data dir")
+        agent.add_argument("--host", required=True, help="the agent's host (binding:host_id)")
+        agent.add_argument(
+            "--netns",
+            default="",
+            help="the simulated host's network namespace (tap ends go there)",
+        )
+        agent.add_argument(
+            "--adopt-timeout",
+            type=float,
+            default=10.0,
+            help="seconds a plug waits for podwire's node agent to adopt the tap",
+        )
+        agent.add_argument("--log-level", default="WARNING")
+        agent.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """What a stopped Neutron agent of the local stack leaves, removed: only what it made.
 
 Neutron's DHCP agent leaves its dnsmasqs, ``qdhcp-`` namespaces and devices running when it
-stops (so a restart does not interrupt DHCP). ``podwire neutron-agent`` removes them after the
+stops (so a restart does not interrupt DHCP); its L3 agent leaves its ``qrouter-`` namespaces
+with their devices, addresses, NAT rules and conntrack state. ``podwire neutron-agent`` removes them after the
 agent exits, and before it starts (a crashed run's): the dnsmasqs recorded in this agent's own
 state dir (recognised by their command line, which names that dir), the veth pairs whose
 agent end carries the interface driver's mark for this host, and a namespace of one of its
@@ -26,6 +27,7 @@ from podwire.stack import procs
 log = get_logger(__name__)
 
 DHCP_NAMESPACE_PREFIX = "qdhcp-"
+ROUTER_NAMESPACE_PREFIX = "qrouter-"
 
 
 def clean_dhcp(state_path: Path, host: str) -> None:
@@ -37,6 +39,12 @@ def clean_dhcp(state_path: Path, host: str) -> None:
     asyncio.run(_clean_namespaces(DHCP_NAMESPACE_PREFIX, own, host))
     for network in networks:
         shutil.rmtree(confs / network, ignore_errors=True)
+
+
+def clean_l3(state_path: Path, host: str) -> None:
+    """The routers' marked pairs of ``host``; a router's namespace goes once it holds only
+    ``lo`` (its iptables rules and conntrack entries go with it)."""
+    asyncio.run(_clean_namespaces(ROUTER_NAMESPACE_PREFIX, set(), host))
 
 
 def _stop_dnsmasq(conf_dir: Path) -> None:

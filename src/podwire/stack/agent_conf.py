@@ -1,8 +1,8 @@
 """Config files for Neutron's agents against the local stack (``podwire neutron-agent``).
 
 Every agent gets the same ``neutron.conf`` (the stack's RPC bus, the agent's ``host``, its state
-dir, privsep without sudo) plus one ini of its own kind; a new kind (the L3 agent) is one more
-template in ``AGENT_INIS``. The agents run as root: ``root_helper`` is empty, and each of
+dir, privsep without sudo) plus one ini of its own kind (``AGENT_INIS``: the DHCP and the L3
+agent). The agents run as root: ``root_helper`` is empty, and each of
 Neutron's privsep contexts starts its daemon with the venv's ``privsep-helper`` directly (the
 default command would prefix ``sudo``).
 """
@@ -61,7 +61,23 @@ host_netns = {host_netns}
 adopt_timeout = {adopt_timeout}
 """
 
-AGENT_INIS = {"dhcp": ("dhcp_agent.ini", DHCP_AGENT_INI)}
+L3_AGENT_INI = """\
+[DEFAULT]
+interface_driver = podwire
+# Legacy routers: one qrouter- namespace on this host routes, SNATs and holds floating IPs.
+agent_mode = legacy
+# No metadata proxy (haproxy) in the qrouter- namespaces.
+enable_metadata_proxy = False
+
+[podwire]
+host_netns = {host_netns}
+adopt_timeout = {adopt_timeout}
+"""
+
+AGENT_INIS = {
+    "dhcp": ("dhcp_agent.ini", DHCP_AGENT_INI),
+    "l3": ("l3_agent.ini", L3_AGENT_INI),
+}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
 """``podwire neutron-agent KIND``: one of Neutron's own agents for one host of the local stack.
 
-The agent (``neutron-dhcp-agent``; the L3 agent is one more entry in ``CLEANERS`` and a template
-in ``agent_conf``) runs as a child in the root namespace, where the stack's RabbitMQ and
+The agent (``neutron-dhcp-agent`` or ``neutron-l3-agent``) runs as a child in the root namespace, where the stack's RabbitMQ and
 Neutron listen; with ``--netns`` the host ends of its ports go into that simulated host's
 namespace (the interface driver's ``[podwire] host_netns``). It serves in the foreground until
 SIGTERM/SIGINT; then, and also before it starts, what the agent made for this host is removed
@@ -33,7 +32,10 @@ from podwire.stack.runner import (
 
 log = get_logger(__name__)
 
-CLEANERS: dict[str, Callable[[Path, str], None]] = {"dhcp": agent_cleanup.clean_dhcp}
+CLEANERS: dict[str, Callable[[Path, str], None]] = {
+    "dhcp": agent_cleanup.clean_dhcp,
+    "l3": agent_cleanup.clean_l3,
+}
 AGENTS_DIR = "neutron-agents"
 
 
@@ -79,6 +81,7 @@ def run_agent(options: AgentOptions, on_ready: Callable[[dict[str, Any]], None])
     config.base.mkdir(parents=True, exist_ok=True)
     with _agent_lock(config):
         config.write()
+        _stop_leftovers(config)
         clean(config.state_path, config.host)
         previous = install_stop_handlers()
         proc = None
@@ -95,9 +98,19 @@ def run_agent(options: AgentOptions, on_ready: Callable[[dict[str, Any]], None])
         finally:
             if proc is not None:
                 procs.stop_child(proc, timeout=options.stop_timeout)
+            _stop_leftovers(config)
             clean(config.state_path, config.host)
             log.info("neutron_agent.stopped", kind=config.kind, host=config.host)
             restore_signal_handlers(previous)
+
+
+def _stop_leftovers(config: AgentConfig) -> None:
+    """Helpers the agent started that outlived it (its privsep daemons, whose command lines
+    name its config files); a crashed run leaves them too, so this runs at start as well."""
+    marker = str(config.etc)
+    for pid in procs.pids_marked(marker):
+        if procs.terminate(pid, marker, timeout=5):
+            log.info("neutron_agent.helper_stopped", kind=config.kind, pid=pid)
 
 
 def _announcement(config: AgentConfig, pid: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""neutron.conf and ml2_conf.ini for the local stack (noauth, ML2 + trunk).
+"""neutron.conf and ml2_conf.ini for the local stack (noauth, ML2, trunks and routers).
 
 Without an RPC bus the transport is ``fake:/`` (in-process only) and the DHCP notifications
 are off. With ``--rpc`` the same files serve the API under gunicorn and ``neutron-rpc-server``:
@@ -20,7 +20,7 @@ from podwire.errors import StackError
 NEUTRON_CONF = """\
 [DEFAULT]
 core_plugin = ml2
-service_plugins = trunk
+service_plugins = trunk,router
 auth_strategy = noauth
 transport_url = {transport_url}
 dhcp_agent_notification = {dhcp_notification}

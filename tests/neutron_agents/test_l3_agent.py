@@ -1,0 +1,147 @@
+"""Neutron's own L3 agent on a podwire node: routers, source NAT and floating IPs.
+
+All real: ``podwire neutron-agent l3`` (neutron-l3-agent, interface_driver = podwire) on the
+session's RabbitMQ and Neutron, podwire's agents on two simulated hosts joined by VXLAN, pods
+from CNI ADDs, an outside namespace on host 1's external physnet, and every router, interface
+and floating IP made through Neutron's API as a user makes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podwire.config import EtcdSettings
+from podwire.schema.ports import tap_name
+from tests.agent.conftest import hostnames  # noqa: F401
+from tests.agent.netenv import NetEnv, links_in
+from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
+from tests.neutron_agents.dhcp import NeutronAgentRun
+from tests.neutron_agents.netinfo import links, namespaces
+from tests.neutron_agents.routing import (
+    OTHER_PORT,
+    SNAT_PORT,
+    WEB_PORT,
+    Site,
+    answer,
+    build_site,
+    pod,
+    router_ports_active,
+    settles,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def site(
+    netenv: NetEnv,
+    hostnames: list[str],  # noqa: F811
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    neutron: Any,
+    project_id: str,
+    l3_agents: Callable[..., NeutronAgentRun],
+    tmp_path: Path,
+) -> AsyncIterator[Site]:
+    built = await build_site(netenv, hostnames, etcd_settings, neutron_endpoint, neutron,
+                             project_id, l3_agents, tmp_path)  # fmt: skip
+    try:
+        yield built
+    finally:
+        built.stop_servers()
+        for agent in built.hosts:
+            await agent.stop()
+
+
+async def test_routes_between_networks_snats_and_follows_floating_ips(
+    site: Site, netenv: NetEnv, neutron: Any, project_id: str, tmp_path: Path
+) -> None:
+    a = await pod(site, 0, 0, netenv, tmp_path)  # host 1, network 1: the router's host
+    b = await pod(site, 1, 1, netenv, tmp_path)  # host 2, network 2: across VXLAN
+    # East-west through the router; the group still decides what arrives.
+    assert await settles(a["ns"], b["ip"], WEB_PORT, True)
+    assert await settles(b["ns"], a["ip"], WEB_PORT, True)
+    assert answer(a["ns"], b["ip"], OTHER_PORT) is None
+    # Out through the router's source NAT: the outside sees the gateway's address.
+    site.serve(site.outside, SNAT_PORT, tell_peer=True)
+    assert answer(b["ns"], "203.0.113.1", SNAT_PORT) == site.gateway_ip
+    assert answer(a["ns"], "203.0.113.1", SNAT_PORT) == site.gateway_ip
+
+    net = neutron.network
+    floating = net.create_ip(floating_network_id=site.external.id, project_id=project_id)
+    address = floating.floating_ip_address
+    assert not await settles(site.outside, address, WEB_PORT, True, within=1)
+    net.update_ip(floating, port_id=_port_of(neutron, b["mac"]))
+    assert await settles(site.outside, address, WEB_PORT, True)
+    assert answer(site.outside, address, OTHER_PORT) is None  # the group admits 8080 only
+    # The pod answers from its floating IP, also to what it opens itself.
+    assert answer(b["ns"], "203.0.113.1", SNAT_PORT) == address
+
+    net.update_ip(floating, port_id=None)
+    assert await settles(site.outside, address, WEB_PORT, False)
+    net.update_ip(floating, port_id=_port_of(neutron, a["mac"]))
+    assert await settles(site.outside, address, WEB_PORT, True)
+    assert answer(a["ns"], "203.0.113.1", SNAT_PORT) == address
+
+
+def _port_of(neutron: Any, mac: str) -> str:
+    (port,) = neutron.network.ports(mac_address=mac)
+    return str(port.id)
+
+
+async def test_interfaces_and_both_agents_restart_while_pods_run(
+    site: Site,
+    netenv: NetEnv,
+    neutron: Any,
+    project_id: str,
+    l3_agents: Callable[..., NeutronAgentRun],
+    tmp_path: Path,
+) -> None:
+    a = await pod(site, 0, 0, netenv, tmp_path)
+    b = await pod(site, 1, 1, netenv, tmp_path)
+    net = neutron.network
+    floating = net.create_ip(floating_network_id=site.external.id, project_id=project_id,
+                             port_id=_port_of(neutron, a["mac"]))  # fmt: skip
+    address = floating.floating_ip_address
+    assert await settles(site.outside, address, WEB_PORT, True)
+    assert await settles(a["ns"], b["ip"], WEB_PORT, True)
+    pod_links = links_in(b["ns"])
+
+    # An interface removed and added back while the pods run: only the route changes.
+    (subnet,) = net.subnets(network_id=site.networks[1].id)
+    net.remove_interface_from_router(site.router, subnet_id=subnet.id)
+    assert await settles(a["ns"], b["ip"], WEB_PORT, False)
+    net.add_interface_to_router(site.router, subnet_id=subnet.id)
+    assert await settles(a["ns"], b["ip"], WEB_PORT, True)
+    assert links_in(b["ns"]) == pod_links
+
+    # The L3 agent restarted with its router in place: served again, nothing twice.
+    assert site.l3.stop() == 0
+    assert f"qrouter-{site.router.id}" not in namespaces()
+    l3_agents(site.hosts[0].host, site.hosts[0].netns)
+    await alive_in_neutron(neutron, site.hosts[0].host, L3_AGENT)
+    assert await settles(site.outside, address, WEB_PORT, True, within=90)
+    assert await settles(a["ns"], b["ip"], WEB_PORT, True)
+    ports = await router_ports_active(neutron, site.router.id, 3)
+    assert _router_devices(site.router.id) == sorted(_device(p) for p in ports)
+    host_links = links(site.hosts[0].netns)
+    assert all(host_links[tap_name(p.id)]["master"].startswith("pwbr") for p in ports)
+
+    # podwire's agent on the router's host restarted: the router's taps adopted again.
+    await site.hosts[0].stop()
+    await site.hosts[0].start()
+    assert await settles(site.outside, address, WEB_PORT, True, within=10)
+    assert await settles(b["ns"], a["ip"], WEB_PORT, True, within=10)
+
+
+def _router_devices(router_id: str) -> list[str]:
+    return sorted(name for name in links_in(f"qrouter-{router_id}") if name != "lo")
+
+
+def _device(port: Any) -> str:
+    prefix = "qg-" if port.device_owner == "network:router_gateway" else "qr-"
+    return prefix + str(port.id)[:11]
