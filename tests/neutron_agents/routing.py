@@ -26,7 +26,6 @@ from tests.neutron_agents.dhcp import NeutronAgentRun
 from tests.scripted_agent import eventually
 
 OUTSIDE_IP = "203.0.113.1"
-EXTERNAL_CIDR = "203.0.113.0/24"
 TENANT_CIDRS = ("10.97.1.0/24", "10.97.2.0/24")
 WEB_PORT = 8080  # the port the pods' group admits
 OTHER_PORT = 9090  # served by the pods too, admitted by no rule
@@ -91,16 +90,17 @@ def outside_namespace(netenv: NetEnv, host_ns: str) -> str:
     return outside
 
 
-def external_network(neutron: Any, project_id: str, physnet: str) -> Any:
+def external_network(neutron: Any, project_id: str, physnet: str, prefix: str = "203.0.113") -> Any:
+    """A flat external network on ``physnet`` whose ``.1`` is the outside's address."""
     net = neutron.network
     external = net.create_network(
         name="pw-ext", project_id=project_id, provider_network_type="flat",
         provider_physical_network=physnet, is_router_external=True,
     )  # fmt: skip
     net.create_subnet(
-        network_id=external.id, cidr=EXTERNAL_CIDR, ip_version=4, project_id=project_id,
-        gateway_ip=OUTSIDE_IP, is_dhcp_enabled=False,
-        allocation_pools=[{"start": "203.0.113.10", "end": "203.0.113.99"}],
+        network_id=external.id, cidr=f"{prefix}.0/24", ip_version=4, project_id=project_id,
+        gateway_ip=f"{prefix}.1", is_dhcp_enabled=False,
+        allocation_pools=[{"start": f"{prefix}.10", "end": f"{prefix}.99"}],
     )  # fmt: skip
     return external
 

@@ -8,30 +8,36 @@ and floating IP made through Neutron's API as a user makes them.
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import openstack
 import pytest
 
 from podwire.config import EtcdSettings
 from podwire.schema.ports import tap_name
 from tests.agent.conftest import hostnames  # noqa: F401
-from tests.agent.netenv import NetEnv, links_in
+from tests.agent.netenv import NetEnv, links_in, sh
 from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
 from tests.neutron_agents.dhcp import NeutronAgentRun
 from tests.neutron_agents.netinfo import links, namespaces
 from tests.neutron_agents.routing import (
     OTHER_PORT,
+    OUTSIDE_IP,
     SNAT_PORT,
     WEB_PORT,
     Site,
     answer,
     build_site,
+    external_network,
     pod,
     router_ports_active,
     settles,
 )
+from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +74,8 @@ async def test_routes_between_networks_snats_and_follows_floating_ips(
     assert answer(a["ns"], b["ip"], OTHER_PORT) is None
     # Out through the router's source NAT: the outside sees the gateway's address.
     site.serve(site.outside, SNAT_PORT, tell_peer=True)
-    assert answer(b["ns"], "203.0.113.1", SNAT_PORT) == site.gateway_ip
-    assert answer(a["ns"], "203.0.113.1", SNAT_PORT) == site.gateway_ip
+    assert answer(b["ns"], OUTSIDE_IP, SNAT_PORT) == site.gateway_ip
+    assert answer(a["ns"], OUTSIDE_IP, SNAT_PORT) == site.gateway_ip
 
     net = neutron.network
     floating = net.create_ip(floating_network_id=site.external.id, project_id=project_id)
@@ -79,13 +85,13 @@ async def test_routes_between_networks_snats_and_follows_floating_ips(
     assert await settles(site.outside, address, WEB_PORT, True)
     assert answer(site.outside, address, OTHER_PORT) is None  # the group admits 8080 only
     # The pod answers from its floating IP, also to what it opens itself.
-    assert answer(b["ns"], "203.0.113.1", SNAT_PORT) == address
+    assert answer(b["ns"], OUTSIDE_IP, SNAT_PORT) == address
 
     net.update_ip(floating, port_id=None)
     assert await settles(site.outside, address, WEB_PORT, False)
     net.update_ip(floating, port_id=_port_of(neutron, a["mac"]))
     assert await settles(site.outside, address, WEB_PORT, True)
-    assert answer(a["ns"], "203.0.113.1", SNAT_PORT) == address
+    assert answer(a["ns"], OUTSIDE_IP, SNAT_PORT) == address
 
 
 def _port_of(neutron: Any, mac: str) -> str:
@@ -145,3 +151,61 @@ def _router_devices(router_id: str) -> list[str]:
 def _device(port: Any) -> str:
     prefix = "qg-" if port.device_owner == "network:router_gateway" else "qr-"
     return prefix + str(port.id)[:11]
+
+
+async def test_bad_requests_and_vanishing_parts_leave_the_node_serving(
+    site: Site, netenv: NetEnv, neutron: Any, project_id: str, tmp_path: Path
+) -> None:
+    a = await pod(site, 0, 0, netenv, tmp_path)
+    b = await pod(site, 1, 1, netenv, tmp_path)
+    net = neutron.network
+
+    # A floating IP for a port on a network no router of its external network reaches.
+    lonely = net.create_network(name="pw-l3-lonely", project_id=project_id)
+    net.create_subnet(network_id=lonely.id, cidr="10.97.9.0/24", ip_version=4,
+                      project_id=project_id)  # fmt: skip
+    stray = net.create_port(network_id=lonely.id, project_id=project_id)
+    with pytest.raises(openstack.exceptions.HttpException, match="not reachable"):
+        net.create_ip(floating_network_id=site.external.id, port_id=stray.id,
+                      project_id=project_id)  # fmt: skip
+
+    # A router whose gateway is on a physnet no node maps: its gateway port fails to bind,
+    # the L3 agent's log says why its plug failed, and the first router still routes.
+    nowhere = external_network(neutron, project_id, f"nowhere{uuid.uuid4().hex[:6]}",
+                               "198.51.100")  # fmt: skip
+    stranded = net.create_router(name="pw-l3-stranded", project_id=project_id,
+                                 external_gateway_info={"network_id": nowhere.id})  # fmt: skip
+    (gateway,) = net.ports(device_id=stranded.id, device_owner="network:router_gateway")
+
+    async def failed() -> bool:
+        port = await asyncio.to_thread(net.get_port, gateway.id)
+        return port.binding_vif_type == "binding_failed"
+
+    await eventually(failed, "the stranded gateway port binding_failed", timeout=60)
+
+    async def logged() -> bool:
+        return f"port {gateway.id}: podwire's node agent did not put" in site.l3.log_text
+
+    await eventually(logged, "the L3 agent logging the failed plug", timeout=60)
+    assert await settles(a["ns"], b["ip"], WEB_PORT, True)
+
+    # The outside namespace gone (the physnet's interface with it): the node serves on.
+    sh("ip", "netns", "delete", site.outside)
+    assert await settles(b["ns"], a["ip"], WEB_PORT, True)
+    assert site.hosts[0].task is not None and not site.hosts[0].task.done()
+
+    # The router deleted while its ports are adopted: its namespace and taps go.
+    ports = [p.id for p in net.ports(device_id=site.router.id)]
+    net.update_router(site.router, external_gateway_info=None)
+    for subnet in [s for n in site.networks for s in net.subnets(network_id=n.id)]:
+        net.remove_interface_from_router(site.router, subnet_id=subnet.id)
+    net.delete_router(site.router)
+
+    async def gone() -> bool:
+        taps = set(links_in(site.hosts[0].netns))
+        return f"qrouter-{site.router.id}" not in namespaces() and not any(
+            tap_name(port) in taps for port in ports
+        )
+
+    await eventually(gone, "the router's namespace and taps removed", timeout=60)
+    assert not await settles(a["ns"], b["ip"], WEB_PORT, True, within=1)
