@@ -16,6 +16,7 @@ from podwire.netlink import HostNetlink, NetlinkFailure, PodNetlink
 from podwire.netlink.nsexec import RtnlContext
 from podwire.netlink.rtnl import RtnlError
 from podwire.schema.checkpoints import Address
+from podwire.schema.ports import HostRoute
 from tests.agent.netenv import NetEnv, in_ns, links_in
 from tests.scripted_agent import eventually
 
@@ -64,7 +65,10 @@ def _spec(pod: str, bridge: str, gateway: str | None = "10.7.0.1") -> PlugSpec:
         "fa:16:3e:00:00:07",
         1400,
         bridge,
-        (Address("10.7.0.5/24", gateway), Address("fd00:7::5/64", None)),
+        (
+            Address("10.7.0.5/24", gateway, (HostRoute("192.168.0.0/16", "10.7.0.254"),)),
+            Address("fd00:7::5/64", None, (HostRoute("fd00:8::/64", "fd00:7::fe"),)),
+        ),
     )
 
 
@@ -78,6 +82,8 @@ async def test_plug_configures_the_pod_end_and_unplug_removes_both(
     addrs = in_ns(pod, "ip", "addr", "show", "eth0").stdout
     assert "10.7.0.5/24" in addrs and "fd00:7::5/64" in addrs
     assert "default via 10.7.0.1 dev eth0" in in_ns(pod, "ip", "route").stdout
+    assert "192.168.0.0/16 via 10.7.0.254 dev eth0" in in_ns(pod, "ip", "route").stdout
+    assert "fd00:8::/64 via fd00:7::fe dev eth0" in in_ns(pod, "ip", "-6", "route").stdout
     assert "master br-t" in in_ns(host, "ip", "link", "show", attached.host_ifname).stdout
     assert await plug.check(attached, "br-t") is None
     # Repeating the plug replaces the leftover instead of failing.

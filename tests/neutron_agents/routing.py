@@ -27,6 +27,8 @@ from tests.scripted_agent import eventually
 
 OUTSIDE_IP = "203.0.113.1"
 TENANT_CIDRS = ("10.97.1.0/24", "10.97.2.0/24")
+# Network 1's subnet carries a host route; its pods must install it.
+HOST_ROUTE = {"destination": "198.18.0.0/15", "nexthop": "10.97.1.254"}
 WEB_PORT = 8080  # the port the pods' group admits
 OTHER_PORT = 9090  # served by the pods too, admitted by no rule
 SNAT_PORT = 7000  # the outside's server that answers with the address it saw
@@ -111,7 +113,7 @@ def tenant_networks(neutron: Any, project_id: str) -> list[tuple[Any, Any]]:
         network = neutron.network.create_network(name=f"pw-l3-{index}", project_id=project_id)
         subnet = neutron.network.create_subnet(
             network_id=network.id, cidr=cidr, ip_version=4, project_id=project_id,
-            is_dhcp_enabled=False,
+            is_dhcp_enabled=False, host_routes=[HOST_ROUTE] if index == 1 else [],
         )  # fmt: skip
         made.append((network, subnet))
     return made

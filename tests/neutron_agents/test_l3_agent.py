@@ -20,11 +20,13 @@ import pytest
 from podwire.config import EtcdSettings
 from podwire.schema.ports import tap_name
 from tests.agent.conftest import hostnames  # noqa: F401
-from tests.agent.netenv import NetEnv, links_in, sh
+from tests.agent.harness import cni_pod
+from tests.agent.netenv import NetEnv, in_ns, links_in, sh
 from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
 from tests.neutron_agents.dhcp import NeutronAgentRun
 from tests.neutron_agents.netinfo import links, namespaces
 from tests.neutron_agents.routing import (
+    HOST_ROUTE,
     OTHER_PORT,
     OUTSIDE_IP,
     SNAT_PORT,
@@ -68,6 +70,10 @@ async def test_routes_between_networks_snats_and_follows_floating_ips(
 ) -> None:
     a = await pod(site, 0, 0, netenv, tmp_path)  # host 1, network 1: the router's host
     b = await pod(site, 1, 1, netenv, tmp_path)  # host 2, network 2: across VXLAN
+    # The subnet's gateway is the default route, its host route is installed too.
+    routes = in_ns(a["ns"], "ip", "route").stdout
+    assert "default via 10.97.1.1 dev eth0" in routes
+    assert f"{HOST_ROUTE['destination']} via {HOST_ROUTE['nexthop']} dev eth0" in routes
     # East-west through the router; the group still decides what arrives.
     assert await settles(a["ns"], b["ip"], WEB_PORT, True)
     assert await settles(b["ns"], a["ip"], WEB_PORT, True)
@@ -163,8 +169,13 @@ async def test_bad_requests_and_vanishing_parts_leave_the_node_serving(
     # A floating IP for a port on a network no router of its external network reaches.
     lonely = net.create_network(name="pw-l3-lonely", project_id=project_id)
     net.create_subnet(network_id=lonely.id, cidr="10.97.9.0/24", ip_version=4,
-                      project_id=project_id)  # fmt: skip
+                      project_id=project_id, gateway_ip=None)  # fmt: skip
     stray = net.create_port(network_id=lonely.id, project_id=project_id)
+    # ... and a pod there: a subnet without a gateway gives no default route.
+    loner = await cni_pod(site.hosts[0], netenv, lonely.id, site.group.id, tmp_path)
+    assert in_ns(loner["ns"], "ip", "route").stdout.split() == [
+        "10.97.9.0/24", "dev", "eth0", "proto", "kernel", "scope", "link", "src", loner["ip"],
+    ]  # fmt: skip
     with pytest.raises(openstack.exceptions.HttpException, match="not reachable"):
         net.create_ip(floating_network_id=site.external.id, port_id=stray.id,
                       project_id=project_id)  # fmt: skip

@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from podwire.cni.result import render
 from podwire.errors import ValidationError
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
+from podwire.schema.checkpoints import Address, Attached, _address
+from podwire.schema.ports import fixed_ip
 
 NET = SimpleNamespace(
     id="net-1",
@@ -63,3 +66,31 @@ def test_a_port_on_an_unknown_subnet_is_refused() -> None:
 def test_vif_type_comes_from_the_binding(bound: str | None, expected: str) -> None:
     vif = port_to_vif(_port(binding_vif_type=bound), NetworkInfo.from_neutron(NET, [SUBNET]))
     assert vif.vif_type == expected
+
+
+def test_host_routes_travel_with_the_address_and_bad_ones_name_the_subnet() -> None:
+    routes = [{"destination": "192.168.0.0/16", "nexthop": "10.1.0.254"}]
+    subnet = SimpleNamespace(**{**vars(SUBNET), "host_routes": routes})
+    vif = port_to_vif(_port(), NetworkInfo.from_neutron(NET, [subnet]))
+    (fixed,) = vif.fixed_ips
+    assert [route.to_dict() for route in fixed.host_routes] == routes
+    assert fixed_ip(fixed.to_dict(), "fixed") == fixed
+    attached = Address(fixed.interface, fixed.gateway_ip, fixed.host_routes)
+    rendered = render(Attached("h", "m", "eth0", "m", 1500, "/ns", (attached,)), "1.1.0", None)
+    assert rendered["routes"] == [
+        {"dst": "0.0.0.0/0", "gw": "10.1.0.1"},
+        {"dst": "192.168.0.0/16", "gw": "10.1.0.254"},
+    ]
+    for bad, problem in (
+        ({"destination": "fd00::/64", "nexthop": "10.1.0.254"}, "not an IPv4"),
+        ({"destination": "192.168.0.1/16", "nexthop": "10.1.0.254"}, "host bits"),
+        ({"destination": "192.168.0.0/16", "nexthop": "224.0.0.1"}, "224.0.0.1"),
+        ({"destination": "192.168.0.0/16", "nexthop": "10.1.0.254", "x": 1}, "unknown fields x"),
+    ):
+        broken = SimpleNamespace(**{**vars(SUBNET), "host_routes": [bad]})
+        with pytest.raises(ValidationError, match=f"subnet s1 host_routes\\[0\\].*{problem}"):
+            NetworkInfo.from_neutron(NET, [broken])
+
+
+def test_an_old_checkpoint_without_routes_still_reads() -> None:
+    assert _address({"address": "10.1.0.5/24", "gateway": None}, "a").routes == ()

@@ -37,7 +37,10 @@ def test_round_trip_normalises_mac() -> None:
 
 def test_to_json_writes_every_field() -> None:
     vif = replace(Vif.from_json(GOOD), vlan_id=7, security_groups=["sg-a"])
-    assert vif.to_json() == {"v": SCHEMA_VERSION, **asdict(vif)}
+    written = asdict(vif)
+    for item in written["fixed_ips"]:
+        del item["host_routes"]  # written only when there are some
+    assert vif.to_json() == {"v": SCHEMA_VERSION, **written}
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ Plug = Callable[[Gate | None], Awaitable[T]]
 
 
 def addresses_of(fixed_ips: Iterable[FixedIp]) -> tuple[Address, ...]:
-    return tuple(Address(ip.interface, ip.gateway_ip) for ip in fixed_ips)
+    return tuple(Address(ip.interface, ip.gateway_ip, ip.host_routes) for ip in fixed_ips)
 
 
 async def gate_open(gate: Gate | None) -> None:

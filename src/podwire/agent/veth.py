@@ -112,7 +112,8 @@ def _open_if_done(gate: asyncio.Future[None], opened: threading.Event) -> None:
 
 
 def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
-    """Inside the pod: link up, addresses, a default route via each address's gateway."""
+    """Inside the pod: link up, addresses, a default route via each address's gateway, then
+    the subnet's host routes (their next hops are on a subnet that is up by then)."""
     pod = ctx.in_netns(netns_fd)
     try:
         index = pod.require_index(spec.ifname)
@@ -121,7 +122,9 @@ def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
             pod.add_address(index, item.address)
         for item in spec.addresses:
             if item.gateway is not None:
-                pod.add_default_route(index, item.gateway)
+                pod.add_route(index, item.gateway)
+            for route in item.routes:
+                pod.add_route(index, route.nexthop, route.destination)
     finally:
         pod.close()
 

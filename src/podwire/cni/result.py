@@ -15,7 +15,8 @@ from podwire.schema.checkpoints import Address, Attached
 
 
 def render(attached: Attached, version: str, prev: dict[str, Any] | None) -> dict[str, Any]:
-    """Our interfaces, IPs and routes appended to ``prev`` (chaining), in ``version``'s shape."""
+    """Our interfaces, IPs and routes (each subnet's gateway as the default route, then its host
+    routes) appended to ``prev`` (chaining), in ``version``'s shape."""
     result = copy.deepcopy(prev) if prev else {}
     result["cniVersion"] = version
     interfaces = result.setdefault("interfaces", [])
@@ -28,6 +29,7 @@ def render(attached: Attached, version: str, prev: dict[str, Any] | None) -> dic
         if item.gateway:
             default = "::/0" if ipaddress.ip_address(item.gateway).version == 6 else "0.0.0.0/0"
             routes.append({"dst": default, "gw": item.gateway})
+        routes.extend({"dst": r.destination, "gw": r.nexthop} for r in item.routes)
     result.setdefault("dns", {})
     return result
 

@@ -12,7 +12,7 @@ from neutron.objects import trunk as trunk_objects
 from neutron_lib.plugins.ml2 import api
 
 from podwire.ml2.policy import address_pairs
-from podwire.schema.ports import DesiredPort, FixedIp, TrunkInfo
+from podwire.schema.ports import DesiredPort, FixedIp, HostRoute, TrunkInfo
 
 DRIVER_NAME = "podwire"
 
@@ -45,15 +45,23 @@ def _fixed_ips(context: Any, port: dict[str, Any]) -> tuple[FixedIp, ...]:
         found = context._plugin.get_subnets(
             context.plugin_context,
             filters={"id": subnet_ids},
-            fields=["id", "cidr", "gateway_ip"],
+            fields=["id", "cidr", "gateway_ip", "host_routes"],
         )
         subnets = {subnet["id"]: subnet for subnet in found}
     result = []
     for ip in port.get("fixed_ips") or []:
         subnet = subnets.get(ip["subnet_id"], {})
+        routes = tuple(
+            HostRoute(str(route["destination"]), str(route["nexthop"]))
+            for route in subnet.get("host_routes") or []
+        )
         result.append(
             FixedIp(
-                ip["ip_address"], ip["subnet_id"], subnet.get("cidr", ""), subnet.get("gateway_ip")
+                ip["ip_address"],
+                ip["subnet_id"],
+                subnet.get("cidr", ""),
+                subnet.get("gateway_ip"),
+                routes,
             )
         )
     return tuple(result)

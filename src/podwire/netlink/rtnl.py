@@ -35,7 +35,7 @@ IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER = 1, 3, 4, 10
 IFLA_LINKINFO, IFLA_IFALIAS, IFLA_NET_NS_FD = 18, 20, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_OIF, RTA_GATEWAY = 4, 5
+RTA_DST, RTA_OIF, RTA_GATEWAY = 1, 4, 5
 IFF_UP = 0x1
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 
@@ -117,10 +117,15 @@ def address_message(index: int, address: str) -> bytes:
     return body + attr(IFA_LOCAL, packed) + attr(IFA_ADDRESS, packed)
 
 
-def default_route_message(index: int, gateway: str) -> bytes:
+def route_message(index: int, gateway: str, destination: str | None = None) -> bytes:
+    """A unicast route via ``gateway`` out of link ``index``; no destination: the default."""
     via = ipaddress.ip_address(gateway)
     family = socket.AF_INET6 if via.version == 6 else socket.AF_INET
-    body = _RTMSG.pack(family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
+    dst = None if destination is None else ipaddress.ip_network(destination)
+    length = 0 if dst is None else dst.prefixlen
+    body = _RTMSG.pack(family, length, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, 0, RTN_UNICAST, 0)
+    if dst is not None and length:
+        body += attr(RTA_DST, dst.network_address.packed)
     return body + attr(RTA_GATEWAY, via.packed) + attr(RTA_OIF, _U32.pack(index))
 
 
@@ -314,10 +319,12 @@ class Rtnl:
         """Idempotent: an address already there is success."""
         self._create_ignoring_exists(RTM_NEWADDR, address_message(index, address), address)
 
-    def add_default_route(self, index: int, gateway: str) -> None:
-        """Idempotent, like ``add_address``."""
-        message = default_route_message(index, gateway)
-        self._create_ignoring_exists(RTM_NEWROUTE, message, f"default via {gateway}")
+    def add_route(self, index: int, gateway: str, destination: str | None = None) -> None:
+        """Idempotent, like ``add_address``; no destination: the default route."""
+        message = route_message(index, gateway, destination)
+        self._create_ignoring_exists(
+            RTM_NEWROUTE, message, f"route {destination or 'default'} via {gateway}"
+        )
 
     def _create_ignoring_exists(self, kind: int, body: bytes, what: str) -> None:
         try:

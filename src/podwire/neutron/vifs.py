@@ -8,11 +8,12 @@ network facts, so building a VIF for a pooled port costs no Neutron call.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
 from podwire.errors import ValidationError
-from podwire.schema.ports import PODWIRE_VIF_TYPES, FixedIp
+from podwire.schema.ports import PODWIRE_VIF_TYPES, FixedIp, HostRoute, host_routes
 from podwire.schema.vif import Vif
 
 BINDING_FAILED = "binding_failed"
@@ -23,6 +24,17 @@ class Subnet:
     id: str
     cidr: str
     gateway_ip: str | None
+    host_routes: tuple[HostRoute, ...] = ()
+
+    @classmethod
+    def from_neutron(cls, subnet: Any) -> Subnet:
+        """Read through the schema's route reader: a route the agent cannot install must fail
+        here, naming the subnet, not in a pod's namespace."""
+        version = ipaddress.ip_network(str(subnet.cidr)).version
+        routes = host_routes(
+            getattr(subnet, "host_routes", None) or [], f"subnet {subnet.id} host_routes", version
+        )
+        return cls(str(subnet.id), str(subnet.cidr), subnet.gateway_ip or None, routes)
 
 
 @dataclass(frozen=True)
@@ -47,9 +59,7 @@ class NetworkInfo:
             mtu=int(network.mtu or 1500),
             network_type=str(getattr(network, "provider_network_type", None) or "vxlan"),
             segmentation_id=_opt_int(getattr(network, "provider_segmentation_id", None)),
-            subnets={
-                str(s.id): Subnet(str(s.id), str(s.cidr), s.gateway_ip or None) for s in subnets
-            },
+            subnets={str(s.id): Subnet.from_neutron(s) for s in subnets},
             name=str(getattr(network, "name", None) or ""),
             admin_up=getattr(network, "is_admin_state_up", True) is not False,
             physnet=getattr(network, "provider_physical_network", None) or None,
@@ -69,7 +79,11 @@ def port_to_vif(port: Any, network: NetworkInfo, vlan_id: int | None = None) -> 
             raise ValidationError(
                 f"port {port.id}: subnet {item['subnet_id']} is not on its network"
             )
-        fixed_ips.append(FixedIp(item["ip_address"], subnet.id, subnet.cidr, subnet.gateway_ip))
+        fixed_ips.append(
+            FixedIp(
+                item["ip_address"], subnet.id, subnet.cidr, subnet.gateway_ip, subnet.host_routes
+            )
+        )
     vif_type = str(getattr(port, "binding_vif_type", None) or "veth")
     return Vif(
         port_id=str(port.id),

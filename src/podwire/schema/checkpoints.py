@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from podwire.schema import doc, fields
+from podwire.schema.ports import HostRoute, host_routes
 from podwire.schema.vif import Vif
 
 MAX_ADDRESSES = 8
@@ -24,6 +25,7 @@ MAX_ADDRESSES = 8
 class Address:
     address: str  # "10.0.0.5/24"
     gateway: str | None
+    routes: tuple[HostRoute, ...] = ()  # the subnet's host routes
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,10 @@ def _address(raw: Any, what: str) -> Address:
     obj = doc.Obj(doc.as_object(raw, what), what)
     address = obj.req("address", _interface)
     gateway = obj.maybe("gateway", lambda v, w: str(fields.ip_address(v, w)))
-    return Address(address, gateway)
+    version = ipaddress.ip_interface(address).version
+    no_routes: tuple[HostRoute, ...] = ()
+    routes = obj.opt("routes", lambda v, w: host_routes(v, w, version), no_routes)
+    return Address(address, gateway, routes)
 
 
 def _addresses(obj: doc.Obj) -> tuple[Address, ...]:

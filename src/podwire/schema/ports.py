@@ -37,9 +37,21 @@ def is_tap_name(name: str) -> bool:
 
 
 MAX_FIXED_IPS = 32
+MAX_HOST_ROUTES = 20  # Neutron's max_subnet_host_routes default
 MAX_SECURITY_GROUPS = 64
 MAX_ADDRESS_PAIRS = 64
 MAX_VIF_DETAILS = 4096
+
+
+@dataclass(frozen=True)
+class HostRoute:
+    """A subnet's extra route (Neutron's ``host_routes``): ``destination`` via ``nexthop``."""
+
+    destination: str
+    nexthop: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"destination": self.destination, "nexthop": self.nexthop}
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,7 @@ class FixedIp:
     subnet_id: str
     cidr: str
     gateway_ip: str | None
+    host_routes: tuple[HostRoute, ...] = ()
 
     @property
     def interface(self) -> str:
@@ -55,12 +68,15 @@ class FixedIp:
         return f"{self.ip_address}/{ipaddress.ip_network(self.cidr).prefixlen}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        value: dict[str, Any] = {
             "ip_address": self.ip_address,
             "subnet_id": self.subnet_id,
             "cidr": self.cidr,
             "gateway_ip": self.gateway_ip,
         }
+        if self.host_routes:  # only then: values without routes stay as they were written
+            value["host_routes"] = [route.to_dict() for route in self.host_routes]
+        return value
 
 
 @dataclass(frozen=True)
@@ -208,7 +224,24 @@ def fixed_ip(value: Any, what: str) -> FixedIp:
         obj.opt("subnet_id", fields.name, ""),
         str(network),
         None if gateway is None else str(gateway),
+        obj.opt("host_routes", lambda v, w: host_routes(v, w, address.version), ()),
     )
+
+
+def host_routes(value: Any, what: str, version: int) -> tuple[HostRoute, ...]:
+    """A subnet's host routes, each of the address family ``version`` (Neutron's shape)."""
+
+    def route(item: Any, where: str) -> HostRoute:
+        obj = doc.Obj(doc.closed_object(item, where, ROUTE_FIELDS), where)
+        return HostRoute(
+            str(obj.req("destination", lambda v, w: fields.cidr(v, w, version))),
+            str(obj.req("nexthop", lambda v, w: fields.host_address(v, w, version))),
+        )
+
+    return tuple(fields.each(value, what, route, MAX_HOST_ROUTES))
+
+
+ROUTE_FIELDS = frozenset({"destination", "nexthop"})
 
 
 def fixed_ips(value: Any, what: str) -> list[FixedIp]:

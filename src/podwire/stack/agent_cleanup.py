@@ -2,12 +2,12 @@
 
 Neutron's DHCP agent leaves its dnsmasqs, ``qdhcp-`` namespaces and devices running when it
 stops (so a restart does not interrupt DHCP); its L3 agent leaves its ``qrouter-`` namespaces
-with their devices, addresses, NAT rules and conntrack state. ``podwire neutron-agent`` removes them after the
-agent exits, and before it starts (a crashed run's): the dnsmasqs recorded in this agent's own
-state dir (recognised by their command line, which names that dir), the veth pairs whose
-agent end carries the interface driver's mark for this host, and a namespace of one of its
-networks once nothing but ``lo`` is left in it. Agents of other hosts on the same machine share
-the namespace names, never their marks or state dirs.
+with their devices, addresses, NAT rules and conntrack state. ``podwire neutron-agent`` removes
+them after the agent exits, and before it starts (a crashed run's): the dnsmasqs recorded in
+this agent's own state dir (recognised by their command line, which names that dir), the veth
+pairs whose agent end carries the interface driver's mark for this host, and a namespace of one
+of its networks once nothing but ``lo`` is left in it. Agents of other hosts on the same machine
+share the namespace names, never their marks or state dirs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """``podwire neutron-agent KIND``: one of Neutron's own agents for one host of the local stack.
 
-The agent (``neutron-dhcp-agent`` or ``neutron-l3-agent``) runs as a child in the root namespace, where the stack's RabbitMQ and
-Neutron listen; with ``--netns`` the host ends of its ports go into that simulated host's
-namespace (the interface driver's ``[podwire] host_netns``). It serves in the foreground until
-SIGTERM/SIGINT; then, and also before it starts, what the agent made for this host is removed
-(``agent_cleanup``). One agent of a kind per host and data dir: a lock file says so.
+The agent (``neutron-dhcp-agent`` or ``neutron-l3-agent``) runs as a child in the root
+namespace, where the stack's RabbitMQ and Neutron listen; with ``--netns`` the host ends of its
+ports go into that simulated host's namespace (the interface driver's ``[podwire] host_netns``).
+It serves in the foreground until SIGTERM/SIGINT; then, and also before it starts, what the
+agent made for this host is removed (``agent_cleanup``). One agent of a kind per host and data
+dir: a lock file says so.
 """
 
 from __future__ import annotations
