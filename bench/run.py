@@ -32,6 +32,7 @@ SECTIONS = [
     "sg_bench",
     "tap_bench",
     "l2pop_bench",
+    "l3_bench",  # samples capped at 20 floating IP associations
     "stack_bench",
     "deviceplugin_bench",
     "memif_bench",

@@ -124,15 +124,9 @@ def neutron(neutron_endpoint: str) -> Any:
     return neutron_connection(neutron_endpoint)
 
 
-ROUTER_INTERFACE = "network:router_interface"
-
-
-@pytest.fixture
-def project_id(neutron: Any) -> Iterator[str]:
-    """A Neutron project of this test's own; its floating IPs, routers, ports, trunks and
-    networks go afterwards."""
-    project = uuid.uuid4().hex
-    yield project
+def delete_project_resources(neutron: Any, project: str) -> None:
+    """A project's floating IPs, routers, trunks, ports and networks, in an order Neutron
+    accepts (a router's interfaces go before the router, ports before their networks)."""
     net = neutron.network
     for floating_ip in list(net.ips(project_id=project)):
         net.delete_ip(floating_ip)
@@ -142,9 +136,21 @@ def project_id(neutron: Any) -> Iterator[str]:
         for port in list(net.ports(device_id=router.id, device_owner=ROUTER_INTERFACE)):
             net.remove_interface_from_router(router, port_id=port.id)
         net.delete_router(router)
-    for trunk in list(neutron.network.trunks(project_id=project)):
-        neutron.network.delete_trunk(trunk)
-    for port in list(neutron.network.ports(project_id=project)):
-        neutron.network.delete_port(port)
-    for network in list(neutron.network.networks(project_id=project)):
-        neutron.network.delete_network(network)
+    for trunk in list(net.trunks(project_id=project)):
+        net.delete_trunk(trunk)
+    for port in list(net.ports(project_id=project)):
+        net.delete_port(port)
+    for network in list(net.networks(project_id=project)):
+        net.delete_network(network)
+
+
+ROUTER_INTERFACE = "network:router_interface"
+
+
+@pytest.fixture
+def project_id(neutron: Any) -> Iterator[str]:
+    """A Neutron project of this test's own; its floating IPs, routers, ports, trunks and
+    networks go afterwards."""
+    project = uuid.uuid4().hex
+    yield project
+    delete_project_resources(neutron, project)
