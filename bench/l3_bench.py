@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,7 @@ from typing import Any
 from bench.stats import row
 from podwire import keys
 from podwire.config import EtcdSettings
+from podwire.demo.router import router_updates
 from podwire.etcd import EtcdClient
 from podwire.neutron.client import neutron_connection
 from tests.agent.harness import cni_pod
@@ -43,7 +43,6 @@ from tests.scripted_agent import eventually
 
 IPERF_SECONDS = 3
 IPERF_RUNS = 3
-ELAPSED = re.compile(r"Finished a router update for (\S+), update_id \S+\. Time elapsed: ([\d.]+)")
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
@@ -117,7 +116,7 @@ async def _floating_rows(
 
 
 def _elapsed(l3: NeutronAgentRun, router_id: str) -> list[float]:
-    return [float(s) for r, s in ELAPSED.findall(l3.log_text) if r == router_id]
+    return router_updates(Path(l3.info["log"]), router_id)
 
 
 async def _until(done: Any) -> None:

@@ -22,6 +22,7 @@ from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.log import TextFormatter
 from podwire.neutron.client import neutron_connection
+from podwire.neutron.routers import delete_routers
 from podwire.stack.client import start_background, stop_background
 from tests.agent.netenv import NetEnv
 from tests.scripted_agent import agents  # noqa: F401  (a fixture every suite may use)
@@ -126,25 +127,15 @@ def neutron(neutron_endpoint: str) -> Any:
 
 def delete_project_resources(neutron: Any, project: str) -> None:
     """A project's floating IPs, routers, trunks, ports and networks, in an order Neutron
-    accepts (a router's interfaces go before the router, ports before their networks)."""
+    accepts."""
+    delete_routers(neutron, project)
     net = neutron.network
-    for floating_ip in list(net.ips(project_id=project)):
-        net.delete_ip(floating_ip)
-    for router in list(net.routers(project_id=project)):
-        if router.external_gateway_info:
-            net.update_router(router, external_gateway_info=None)
-        for port in list(net.ports(device_id=router.id, device_owner=ROUTER_INTERFACE)):
-            net.remove_interface_from_router(router, port_id=port.id)
-        net.delete_router(router)
     for trunk in list(net.trunks(project_id=project)):
         net.delete_trunk(trunk)
     for port in list(net.ports(project_id=project)):
         net.delete_port(port)
     for network in list(net.networks(project_id=project)):
         net.delete_network(network)
-
-
-ROUTER_INTERFACE = "network:router_interface"
 
 
 @pytest.fixture

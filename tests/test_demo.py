@@ -30,6 +30,16 @@ def test_demo_pods_reach_each_other_groups_decide_cnf_answers_nothing_left() -> 
     assert "nothing listening: refused; listening pod, group without that rule: timed out" in out
     assert re.search(r"rule create returned -> first connection accepted: -?\d+ ms", out)
     assert re.search(r"from a spoofed source [\d.]+ \(inside the rule's prefix\): timed out", out)
+    # Through Neutron's router: east-west across hosts, SNAT, then a floating IP.
+    assert re.search(
+        r"pinged a pod on network 1 \(host 1\): 5 of 5 answered; it pinged the outside"
+        r" through SNAT as 203\.0\.113\.\d+: answered",
+        out,
+    )
+    assert re.search(
+        r"floating IP 203\.0\.113\.\d+: associate returned -> first answer from outside \d+ ms",
+        out,
+    )
     if testpmd.available():
         assert re.search(r"memif CNF .* pinged from host 2: \d+ of 50 answered, RTT p50", out)
     else:

@@ -14,7 +14,7 @@ from typing import Any
 
 from podwire import keys
 from podwire.config import EtcdSettings
-from podwire.demo import cnf, secgroups, vmstep
+from podwire.demo import cnf, router, secgroups, vmstep
 from podwire.demo.pods import Pod, cni, cni_conf, new_pod
 from podwire.demo.services import Services
 from podwire.demo.topology import Topology, pings
@@ -22,6 +22,7 @@ from podwire.deviceplugin.model import PodName
 from podwire.errors import StackError
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
+from podwire.neutron.routers import delete_routers
 
 HOSTS = ("demo-node-1", "demo-node-2")
 CIDR = "10.88.0.0/24"
@@ -81,6 +82,9 @@ class Scenario:
         self.vm_missing = vmstep.missing()
         self.stack_dir = str(stack["data_dir"])
         self.kubelet: cnf.KubeletThread | None = None
+        self.router_missing = router.missing()
+        self.outside = ""  # the router step's outside namespace
+        self.routers: list[str] = []  # their qrouter- namespaces must be gone at the end
 
     def run(self) -> Figures:
         self._start_hosts()
@@ -97,6 +101,7 @@ class Scenario:
         self.figures.ports = len(list(self.neutron.network.ports(project_id=self.project)))
         self.figures.pool_hits = self.services.metric("podwire_pool_hits_total")
         self._security_groups(network.id)
+        self._router(network.id, sg.id)
         self._memif_cnf(network.id, sg.id)
         self._vm(network.id, sg.id)
         return self.figures
@@ -113,14 +118,24 @@ class Scenario:
             self.kubelet = cnf.KubeletThread(self.work / "kubelet")
             self.kubelet.start()
             memif_host = self.kubelet.settings_toml()
+        uplink = ""
+        if self.router_missing:
+            step(f"{self.router_missing}: the router step is skipped")
+        else:  # host 1 serves the external network: its uplink goes to an outside namespace
+            self.outside = self.topology.namespace("outside")
+            router.make_outside(hosts[0][0], self.outside)
+            uplink = router.agent_toml()
         for index, (host, (netns, vtep)) in enumerate(zip(HOSTS, hosts, strict=True)):
-            extra = memif_host if index == 0 else ""
+            extra = uplink + memif_host if index == 0 else ""
             self.sockets[host] = self.services.start_agent(host, netns, vtep, extra)
             self.netns[host] = netns
+        # Neutron's agents for host 1, registered by the time their steps need them.
         if self.vm_missing:
             step(f"{self.vm_missing}: the VM step is skipped")
-        else:  # registered with Neutron by the time the VM's port is made
-            self.services.start_dhcp_agent(self.stack_dir, HOSTS[0], self.netns[HOSTS[0]])
+        else:
+            self.services.start_neutron_agent("dhcp", self.stack_dir, HOSTS[0], hosts[0][0])
+        if not self.router_missing:
+            self.services.start_neutron_agent("l3", self.stack_dir, HOSTS[0], hosts[0][0])
 
     def _network(self) -> tuple[Any, Any]:
         network = self.neutron.network.create_network(name="demo-pods", project_id=self.project)
@@ -198,6 +213,25 @@ class Scenario:
         step("security groups: the Neutron rule let it in; a spoofed source stays out")
         self.figures.more += figures.lines()
 
+    def _router(self, network_id: str, sg_id: str) -> None:
+        if self.router_missing:
+            self.figures.more += router.RouterFigures(skipped=self.router_missing).lines()
+            return
+        step("router: a second network, and a Neutron router with a gateway to the outside")
+        self._wait_neutron_agent(HOSTS[0], "L3 agent")
+        second, made = router.build(self.neutron, self.project, network_id)
+        self.routers.append(str(made.id))
+        groups = [sg_id, router.public_group(self.neutron, self.project)]
+        conf = cni_conf(second.id, self.project, sg_id, self.sockets[HOSTS[1]])
+        client, result = self._attach_extra("routed", HOSTS[1], dict(conf, securityGroups=groups))
+        target = next(p for p in self.pods if p.host == HOSTS[0] and p is not client)
+        step(f"router: {client.name} on network 2 (host 2) pings {target.name}, the outside,"
+             " then answers the outside on a floating IP")  # fmt: skip
+        l3_log = Path(self.stack_dir) / "neutron-agents" / HOSTS[0] / "l3" / "l3-agent.log"
+        figures = router.check(self.neutron, self.project, made, (client.netns,
+                               self._port_of(result)), target.ip, self.outside, l3_log)  # fmt: skip
+        self.figures.more += figures.lines()
+
     def _memif_cnf(self, network_id: str, sg_id: str) -> None:
         if self.kubelet is None:
             self.figures.more += cnf.CnfFigures(skipped=self.memif_missing).lines()
@@ -216,7 +250,7 @@ class Scenario:
             self.figures.more += vmstep.VmFigures(skipped=self.vm_missing).lines()
             return
         step("VM: QEMU on host 1 on the tap it makes; its address from Neutron's DHCP agent")
-        self._wait_dhcp_agent(HOSTS[0])
+        self._wait_neutron_agent(HOSTS[0], "DHCP agent")
         client = next(p for p in self.pods if p.host == HOSTS[1])
         figures = vmstep.run(
             self.neutron,
@@ -229,11 +263,12 @@ class Scenario:
         )
         self.figures.more += figures.lines()
 
-    def _wait_dhcp_agent(self, host: str, timeout: float = 90.0) -> None:
+    def _wait_neutron_agent(self, host: str, kind: str, timeout: float = 90.0) -> None:
+        """``kind``: Neutron's agent type ("DHCP agent", "L3 agent")."""
         deadline = time.monotonic() + timeout
-        while not any(a.is_alive for a in self.neutron.network.agents(host=host)):
+        while not any(a.is_alive for a in self.neutron.network.agents(host=host, agent_type=kind)):
             if time.monotonic() > deadline:
-                raise StackError(f"Neutron's DHCP agent of {host} is not alive after {timeout} s")
+                raise StackError(f"Neutron's {kind} of {host} is not alive after {timeout} s")
             time.sleep(0.2)
 
     def _port_of(self, result: dict[str, Any]) -> str:
@@ -309,7 +344,8 @@ class Scenario:
         """Remove everything the demo made; returns what could not be removed."""
         for pod in list(self.pods):
             cni("DEL", pod, self.confs[pod.host])
-        self.services.stop_dhcp_agent()
+        delete_routers(self.neutron, self.project)  # while the L3 agent runs to unplug them
+        self.services.stop_neutron_agents()
         if self.services.children.get("controller"):
             self.services.admin("POST", "/v1/pools/free", {"nodes": list(HOSTS)})
         for port in list(self.neutron.network.ports(project_id=self.project)):
@@ -325,6 +361,6 @@ class Scenario:
             self.neutron.network.delete_security_group(group)
         self.topology.destroy()
         left = asyncio.run(self._etcd_leftovers())
-        left += [f"namespace {name}" for name in self.topology.leftovers()]
+        left += [f"namespace {name}" for name in self.topology.leftovers(self.routers)]
         left += [f"port {p.id}" for p in self.neutron.network.ports(project_id=self.project)]
         return left

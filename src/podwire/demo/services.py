@@ -70,13 +70,13 @@ class Services:
         self._wait(host, lambda: Path(socket_path).exists())
         return socket_path
 
-    def start_dhcp_agent(self, stack_dir: str, host: str, netns: str) -> None:
-        """Neutron's DHCP agent for ``host``, as ``podwire neutron-agent dhcp`` runs it."""
+    def start_neutron_agent(self, kind: str, stack_dir: str, host: str, netns: str) -> None:
+        """Neutron's DHCP or L3 agent for ``host``, as ``podwire neutron-agent KIND`` runs it."""
         argv = [
-            *(sys.executable, "-m", "podwire.cli.main", "neutron-agent", "dhcp"),
+            *(sys.executable, "-m", "podwire.cli.main", "neutron-agent", kind),
             *("--data-dir", stack_dir, "--host", host, "--netns", netns),
         ]
-        self.children["dhcp-agent"] = procs.spawn(argv, self.work / "dhcp-agent.log")
+        self.children[f"{kind}-agent"] = procs.spawn(argv, self.work / f"{kind}-agent.log")
 
     def _wait(self, name: str, ready: Any, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -111,14 +111,15 @@ class Services:
             if line.startswith(name) and not line.startswith("#")
         )
 
-    def stop_dhcp_agent(self) -> None:
+    def stop_neutron_agents(self) -> None:
         """Before the ports go: a running DHCP agent would make its port again."""
-        proc = self.children.pop("dhcp-agent", None)
-        if proc is not None:
-            procs.stop_child(proc, timeout=60)
+        for kind in ("dhcp", "l3"):
+            proc = self.children.pop(f"{kind}-agent", None)
+            if proc is not None:
+                procs.stop_child(proc, timeout=60)
 
     def stop(self) -> None:
-        self.stop_dhcp_agent()
+        self.stop_neutron_agents()
         for name in [n for n in self.children if n != "controller"] + ["controller"]:
             proc = self.children.pop(name, None)
             if proc is not None:

@@ -27,7 +27,7 @@ class Topology:
     tag: str = field(default_factory=lambda: f"pwd{uuid.uuid4().hex[:5]}")
     namespaces: list[str] = field(default_factory=list)
 
-    def _namespace(self, suffix: str) -> str:
+    def namespace(self, suffix: str) -> str:
         name = f"{self.tag}-{suffix}"
         ip("ip", "netns", "add", name)
         self.namespaces.append(name)
@@ -36,12 +36,12 @@ class Topology:
 
     def build_hosts(self, count: int) -> list[tuple[str, str]]:
         """``count`` host namespaces on one underlay bridge; returns (netns, underlay ip)."""
-        underlay = self._namespace("ul")
+        underlay = self.namespace("ul")
         ip("ip", "link", "add", "ul0", "type", "bridge", netns=underlay)
         ip("ip", "link", "set", "ul0", "up", netns=underlay)
         hosts = []
         for index in range(1, count + 1):
-            ns = self._namespace(f"h{index}")
+            ns = self.namespace(f"h{index}")
             address = f"192.0.2.{10 + index}"
             peer = f"ul{index}"
             ip("ip", "link", "add", "eth0", "type", "veth", "peer", "name", peer,
@@ -53,7 +53,7 @@ class Topology:
         return hosts
 
     def pod(self, name: str) -> str:
-        return self._namespace(name)
+        return self.namespace(name)
 
     def remove(self, name: str) -> None:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
@@ -64,9 +64,12 @@ class Topology:
         for name in reversed(list(self.namespaces)):
             self.remove(name)
 
-    def leftovers(self) -> list[str]:
+    def leftovers(self, routers: list[str]) -> list[str]:
+        """Namespaces of ours still there, and ``routers``' ``qrouter-`` namespaces."""
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        return [line.split()[0] for line in listed.splitlines() if line.startswith(self.tag)]
+        names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+        theirs = {f"qrouter-{router}" for router in routers}
+        return [name for name in names if name.startswith(self.tag) or name in theirs]
 
 
 def ping_times(netns: str, address: str, count: int) -> list[float]:
