@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from podwire.config import EtcdSettings
+from podwire.schema.ports import tap_name
 from tests.agent.harness import HostAgent, cni_pod
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.sgnet import ECHO
@@ -183,3 +184,29 @@ async def pod(site: Site, host: int, network: int, netenv: NetEnv, tmp: Path) ->
     for port in (WEB_PORT, OTHER_PORT):
         site.serve(made["ns"], port)
     return made
+
+
+def tap_guest(
+    site: Site, neutron: Any, project_id: str, netenv: NetEnv, host: int
+) -> dict[str, str]:
+    """A VM's port on network 1 of ``host`` (indices from 0): a ``compute:nova`` port bound
+    there, and a guest namespace behind a veth named as Nova names the tap (the node agent
+    adopts it as it adopts QEMU's). The guest configures its address and route itself, as a
+    guest does from DHCP; it serves WEB_PORT and OTHER_PORT."""
+    network = site.networks[0]
+    (subnet,) = neutron.network.subnets(network_id=network.id)
+    port = neutron.network.create_port(
+        network_id=network.id, project_id=project_id, device_owner="compute:nova",
+        device_id=str(uuid.uuid4()), binding_host_id=site.hosts[host].host,
+        security_group_ids=[site.group.id],
+    )  # fmt: skip
+    guest = netenv.namespace("vm")
+    in_ns(site.hosts[host].netns, "ip", "link", "add", tap_name(port.id), "type", "veth",
+          "peer", "eth0", "netns", guest)  # fmt: skip
+    address = port.fixed_ips[0]["ip_address"]
+    in_ns(guest, "ip", "link", "set", "eth0", "address", port.mac_address, "up")
+    in_ns(guest, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
+    in_ns(guest, "ip", "route", "add", "default", "via", subnet.gateway_ip)
+    for served in (WEB_PORT, OTHER_PORT):
+        site.serve(guest, served)
+    return {"ns": guest, "ip": address, "port": str(port.id)}

@@ -1,4 +1,5 @@
-"""Neutron's own L3 agent on a podwire node: routers, source NAT and floating IPs.
+"""Neutron's own L3 agent on a podwire node: routers, source NAT and floating IPs, for pods
+and for a VM's tap port.
 
 All real: ``podwire neutron-agent l3`` (neutron-l3-agent, interface_driver = podwire) on the
 session's RabbitMQ and Neutron, podwire's agents on two simulated hosts joined by VXLAN, pods
@@ -38,6 +39,7 @@ from tests.neutron_agents.routing import (
     pod,
     router_ports_active,
     settles,
+    tap_guest,
 )
 from tests.scripted_agent import eventually
 
@@ -98,6 +100,14 @@ async def test_routes_between_networks_snats_and_follows_floating_ips(
     net.update_ip(floating, port_id=_port_of(neutron, a["mac"]))
     assert await settles(site.outside, address, WEB_PORT, True)
     assert answer(a["ns"], OUTSIDE_IP, SNAT_PORT) == address
+
+    # A VM's tap port on host 2 behind the same router: east-west, and the floating IP.
+    vm = tap_guest(site, neutron, project_id, netenv, 1)
+    assert await settles(vm["ns"], b["ip"], WEB_PORT, True)
+    net.update_ip(floating, port_id=vm["port"])
+    assert await settles(site.outside, address, WEB_PORT, True)
+    assert answer(site.outside, address, OTHER_PORT) is None
+    assert answer(vm["ns"], OUTSIDE_IP, SNAT_PORT) == address
 
 
 def _port_of(neutron: Any, mac: str) -> str:
