@@ -33,6 +33,7 @@ HOST_ROUTE = {"destination": "198.18.0.0/15", "nexthop": "10.97.1.254"}
 WEB_PORT = 8080  # the port the pods' group admits
 OTHER_PORT = 9090  # served by the pods too, admitted by no rule
 SNAT_PORT = 7000  # the outside's server that answers with the address it saw
+VLAN_PHYSNET = "physnet1"  # the stack's VLAN ranges are on it
 
 
 @dataclass
@@ -82,14 +83,21 @@ async def settles(ns: str, address: str, port: int, wanted: bool, within: float 
         await asyncio.sleep(0.3)
 
 
-def outside_namespace(netenv: NetEnv, host_ns: str) -> str:
-    """The outside: a namespace whose ``eth0`` is the other end of host 1's ``phys0``."""
+def outside_namespace(netenv: NetEnv, host_ns: str, vlan: int | None = None) -> str:
+    """The outside: a namespace whose ``eth0`` is the other end of host 1's ``phys0`` (its
+    address on ``eth0.<vlan>`` for a VLAN external network)."""
     outside = netenv.namespace("out")
     in_ns(host_ns, "ip", "link", "add", "phys0", "type", "veth", "peer", "name", "eth0",
           "netns", outside)  # fmt: skip
     in_ns(host_ns, "ip", "link", "set", "phys0", "up")
-    in_ns(outside, "ip", "addr", "add", f"{OUTSIDE_IP}/24", "dev", "eth0")
     in_ns(outside, "ip", "link", "set", "eth0", "up")
+    device = "eth0"
+    if vlan is not None:
+        device = f"eth0.{vlan}"
+        in_ns(outside, "ip", "link", "add", "link", "eth0", "name", device, "type", "vlan",
+              "id", str(vlan))  # fmt: skip
+        in_ns(outside, "ip", "link", "set", device, "up")
+    in_ns(outside, "ip", "addr", "add", f"{OUTSIDE_IP}/24", "dev", device)
     return outside
 
 
@@ -149,21 +157,24 @@ async def build_site(
     project_id: str,
     l3_agents: Callable[..., NeutronAgentRun],
     tmp_path: Path,
+    vlan: int | None = None,
 ) -> Site:
-    physnet = f"ext{uuid.uuid4().hex[:6]}"  # one flat network per physnet in Neutron
+    """``vlan``: the external network is that VLAN of the stack's ``physnet1`` instead of a
+    flat network on a physnet of its own (Neutron allows one flat network per physnet)."""
+    physnet = f"ext{uuid.uuid4().hex[:6]}" if vlan is None else VLAN_PHYSNET
     hosts = []
     for index, host in enumerate(hostnames, start=1):
         ns, vtep = netenv.host(index)
         agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
         agent.security_groups = "enforce"
         hosts.append(agent)
-    outside = outside_namespace(netenv, hosts[0].netns)
+    outside = outside_namespace(netenv, hosts[0].netns, vlan)
     hosts[0].physnets = {physnet: "phys0"}
     for agent in hosts:
         await agent.start()
     l3 = l3_agents(hosts[0].host, hosts[0].netns)
     await alive_in_neutron(neutron, hosts[0].host, L3_AGENT)
-    external = external_network(neutron, project_id, physnet)
+    external = external_network(neutron, project_id, physnet, vlan=vlan)
     tenants = tenant_networks(neutron, project_id)
     router = neutron.network.create_router(
         name="pw-l3", project_id=project_id, external_gateway_info={"network_id": external.id}

@@ -18,6 +18,7 @@ from typing import Any
 import openstack
 import pytest
 
+from podwire.agent.service import vlan_capable
 from podwire.config import EtcdSettings
 from podwire.schema.ports import tap_name
 from tests.agent.conftest import hostnames  # noqa: F401
@@ -230,3 +231,33 @@ async def test_bad_requests_and_vanishing_parts_leave_the_node_serving(
 
     await eventually(gone, "the router's namespace and taps removed", timeout=60)
     assert not await settles(a["ns"], b["ip"], WEB_PORT, True, within=1)
+
+
+@pytest.mark.skipif(
+    not vlan_capable(), reason="kernel lacks 8021q (VLAN): no VLAN external network"
+)
+async def test_a_vlan_external_network_serves_snat_and_floating_ips(
+    netenv: NetEnv,
+    hostnames: list[str],  # noqa: F811
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    neutron: Any,
+    project_id: str,
+    l3_agents: Callable[..., NeutronAgentRun],
+    tmp_path: Path,
+) -> None:
+    vlan = 900 + uuid.uuid4().int % 99
+    site = await build_site(netenv, hostnames, etcd_settings, neutron_endpoint, neutron,
+                            project_id, l3_agents, tmp_path, vlan)  # fmt: skip
+    try:
+        a = await pod(site, 1, 0, netenv, tmp_path)
+        site.serve(site.outside, SNAT_PORT, tell_peer=True)
+        assert answer(a["ns"], OUTSIDE_IP, SNAT_PORT) == site.gateway_ip
+        floating = neutron.network.create_ip(floating_network_id=site.external.id,
+                                             project_id=project_id,
+                                             port_id=_port_of(neutron, a["mac"]))  # fmt: skip
+        assert await settles(site.outside, floating.floating_ip_address, WEB_PORT, True)
+    finally:
+        site.stop_servers()
+        for agent in site.hosts:
+            await agent.stop()
