@@ -11,6 +11,9 @@ two simulated hosts joined by VXLAN, ``podwire neutron-agent l3`` (Neutron's L3 
   agent's own figure for the same update ("Finished a router update ... Time elapsed", from
   its log): the part of the wait that is Neutron's processing. Each sample then disassociates
   and waits until the address stops answering.
+- podwire's agent on the router's host restarted -> the floating IP answers: from the start of
+  the agent's start-up (it was stopped just before) until the outside's connection through
+  the floating IP is answered again (the router's taps adopted again).
 - pod -> router -> pod TCP throughput (iperf3, 3 s): a pod on host 1 to a pod on host 2 on
   the other network, through the router on host 1; the reference is a pod on host 1 to a pod
   on host 2 on the same network (VXLAN, no router). Target: routed >= 0.5x switched.
@@ -43,6 +46,7 @@ from tests.scripted_agent import eventually
 
 IPERF_SECONDS = 3
 IPERF_RUNS = 3
+AGENT_RESTARTS = 3
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
@@ -106,12 +110,25 @@ async def _floating_rows(
         processing.append(_elapsed(site.l3, site.router.id)[seen] * 1000)
         conn.network.update_ip(floating, port_id=None)
         await _until(lambda: answer(site.outside, address, WEB_PORT) is None)
+    conn.network.update_ip(floating, port_id=port.id)
+    await _until(lambda: answer(site.outside, address, WEB_PORT) is not None)
+    resumed = []
+    for _ in range(AGENT_RESTARTS):
+        await site.hosts[0].stop()
+        started = time.perf_counter()
+        await site.hosts[0].start()
+        await _until(lambda: answer(site.outside, address, WEB_PORT) is not None)
+        resumed.append((time.perf_counter() - started) * 1000)
     return [
         row(
             "floating IP associated -> first answer from outside (target p50 <= 2 s)",
             answered,
         ),
         row("  of which Neutron's L3 agent processing the router update", processing),
+        row(
+            "podwire's agent on the router's host restarted -> floating IP answers (target 2 s)",
+            resumed,
+        ),
     ]
 
 
