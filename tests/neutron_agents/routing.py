@@ -101,12 +101,18 @@ def outside_namespace(netenv: NetEnv, host_ns: str, vlan: int | None = None) -> 
     return outside
 
 
-def external_network(neutron: Any, project_id: str, physnet: str, prefix: str = "203.0.113") -> Any:
-    """A flat external network on ``physnet`` whose ``.1`` is the outside's address."""
+def external_network(
+    neutron: Any, project_id: str, physnet: str, prefix: str = "203.0.113", vlan: int | None = None
+) -> Any:
+    """A flat (or VLAN ``vlan``) external network on ``physnet`` whose ``.1`` is the
+    outside's address."""
     net = neutron.network
+    segment: dict[str, Any] = {"provider_network_type": "flat"}
+    if vlan is not None:
+        segment = {"provider_network_type": "vlan", "provider_segmentation_id": vlan}
     external = net.create_network(
-        name="pw-ext", project_id=project_id, provider_network_type="flat",
-        provider_physical_network=physnet, is_router_external=True,
+        name="pw-ext", project_id=project_id, provider_physical_network=physnet,
+        is_router_external=True, **segment,
     )  # fmt: skip
     net.create_subnet(
         network_id=external.id, cidr=f"{prefix}.0/24", ip_version=4, project_id=project_id,
