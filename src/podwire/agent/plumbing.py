@@ -18,6 +18,7 @@ from typing import Any
 from podwire.agent import naming
 from podwire.errors import PermanentError
 from podwire.netlink import links
+from podwire.netlink.announce import announce
 from podwire.netlink.links import RemoteMac
 from podwire.schema.ports import DesiredPort
 
@@ -120,7 +121,8 @@ def _ensure_vlan_uplink(ipr: Any, name: str, parent: str, vlan_id: int) -> None:
 def sync_peers(
     ipr: Any, vxlan_device: str, bridge: str, peers: set[str], remote: dict[str, RemoteMac]
 ) -> None:
-    """Flood entries for ``peers``, and exactly ``remote`` as the device's remote MACs."""
+    """Flood entries for ``peers``, and exactly ``remote`` as the device's remote MACs; the
+    local ports hear of each new one's addresses by gratuitous ARP."""
     if links.get_link(ipr, vxlan_device) is None or links.get_link(ipr, bridge) is None:
         return
     links.sync_flood(ipr, vxlan_device, peers)
@@ -128,9 +130,24 @@ def sync_peers(
     for mac, found in current.items():
         if remote.get(mac) != found:
             links.drop_remote_mac(ipr, vxlan_device, bridge, found)
+    appeared: list[RemoteMac] = []
     for mac, wanted in remote.items():
         if current.get(mac) != wanted:
             links.set_remote_mac(ipr, vxlan_device, bridge, wanted)
+            appeared.append(wanted)
+    if appeared:
+        _announce(ipr, vxlan_device, bridge, appeared)
+
+
+def _announce(ipr: Any, vxlan_device: str, bridge: str, remotes: list[RemoteMac]) -> None:
+    """What neighbour suppression keeps from crossing: the new remote ports' GARPs, to the
+    local ports (``netlink.announce``)."""
+    local = [p.name for p in links.bridge_ports(ipr, bridge) if p.name != vxlan_device]
+    if not local:
+        return
+    for remote in remotes:
+        for ip in sorted(remote.ips):
+            announce(local, ip, remote.mac, naming.bridge_mac(bridge))
 
 
 def pods_on(ipr: Any, bridge: str) -> list[str]:
