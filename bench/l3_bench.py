@@ -78,9 +78,7 @@ async def _run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         )
     finally:
         if site is not None:
-            site.stop_servers()
-            for agent in site.hosts:
-                await agent.stop()
+            await site.close()
         for agent_run in l3_runs:
             agent_run.stop()
         for host in hostnames:

@@ -59,10 +59,13 @@ class Site:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
         self.servers.append(proc)
 
-    def stop_servers(self) -> None:
+    async def close(self) -> None:
+        """The servers and podwire's agents stop; Neutron's side goes with the project."""
         for proc in self.servers:
             proc.kill()
             proc.wait()
+        for agent in self.hosts:
+            await agent.stop()
 
 
 def answer(ns: str, address: str, port: int) -> str | None:

@@ -63,9 +63,7 @@ async def site(
     try:
         yield built
     finally:
-        built.stop_servers()
-        for agent in built.hosts:
-            await agent.stop()
+        await built.close()
 
 
 async def test_routes_between_networks_snats_and_follows_floating_ips(
@@ -260,6 +258,4 @@ async def test_a_vlan_external_network_serves_snat_and_floating_ips(
                                              port_id=_port_of(neutron, a["mac"]))  # fmt: skip
         assert await settles(site.outside, floating.floating_ip_address, WEB_PORT, True)
     finally:
-        site.stop_servers()
-        for agent in site.hosts:
-            await agent.stop()
+        await site.close()
