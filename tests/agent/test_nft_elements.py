@@ -1,6 +1,7 @@
 """Set element changes packed by podwire and sent as one batch, against the real kernel: the
 tables end exactly where libnftables' text would have put them, a refused batch changes
-nothing, and sets the packer does not know still change (through libnftables)."""
+nothing, and sets the packer does not know still change (through libnftables, each time told
+to the caller, which counts it in ``podwire_agent_policy_element_text_fallbacks``)."""
 
 from __future__ import annotations
 
@@ -48,10 +49,15 @@ def _inputs(ids: list[int], first_port: int, members: tuple[str, ...] = ()) -> P
     )
 
 
+FALLBACKS: list[str] = []  # why ``packed`` sent element changes as text
+
+
 @pytest.fixture
 def two() -> Iterator[tuple[Nftables, Nftables]]:
     env = NetEnv()
-    packed, text = Nftables(env.namespace("nfa")), Nftables(env.namespace("nfb"))
+    FALLBACKS.clear()
+    packed = Nftables(env.namespace("nfa"), on_fallback=FALLBACKS.append)
+    text = Nftables(env.namespace("nfb"))
     yield packed, text
     packed.close()
     text.close()
@@ -79,6 +85,7 @@ async def test_pods_and_rules_changed_by_packed_elements_end_where_text_does(
     for item in change.elements:
         assert bodies(item)  # packed, not handed to libnftables
     await packed.apply_elements(change.elements)
+    assert FALLBACKS == []
     await text.apply(change.text())
     listed = [nft_shape(await nft.query("list ruleset")) for nft in two]
     assert listed[0] == listed[1]
@@ -114,6 +121,7 @@ async def test_sets_the_packer_does_not_know_change_through_libnftables(
     assert change is not None and change.elements_only
     assert [c.set_name for c in change.elements] == [f"rg4_{REMOTE}"]  # one-field intervals
     await packed.apply_elements(change.elements)
+    assert len(FALLBACKS) == 1 and "set declaration" in FALLBACKS[0]  # counted, not silent
     await text.apply(change.text())
     listed = [nft_shape(await nft.query("list ruleset")) for nft in two]
     assert listed[0] == listed[1] and "10.1.0.9" in listed[0]

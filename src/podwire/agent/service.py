@@ -249,7 +249,8 @@ class Agent:
         agent = self.settings.agent
         if agent.security_groups == "off":
             return None
-        nft = Nftables(agent.host_netns)
+        fallbacks = self.metrics.policy_text_fallbacks
+        nft = Nftables(agent.host_netns, on_fallback=lambda _reason: fallbacks.inc())
         stack.callback(nft.close)  # the tables stay: they keep enforcing while we are down
         settings = EnforcerSettings(agent.host, agent.security_group_wait)
         policy = PolicyEnforcer(etcd, nft, settings, self.metrics)

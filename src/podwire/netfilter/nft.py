@@ -11,7 +11,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -88,9 +88,12 @@ class Nftables:
     ``apply_elements`` for changes of set elements only, ``query`` for JSON listings
     (counters, the tables podwire owns)."""
 
-    def __init__(self, netns: str = "") -> None:
+    def __init__(self, netns: str = "", on_fallback: Callable[[str], None] | None = None) -> None:
+        """``on_fallback``: told why, each time element changes went as text (a set the
+        packer does not know: every pod's ADD would then pay libnftables' parse, unseen)."""
         self._lib = _load()
         self._netns = netns
+        self._on_fallback = on_fallback
         self._entered = False
         self._contexts: dict[bool, _Context] = {}
         self._nfnl: NfnlSocket | None = None
@@ -130,6 +133,8 @@ class Nftables:
             sock.apply(changes)
         except Unencodable as exc:
             log.debug("netfilter.elements_as_text", reason=str(exc))
+            if self._on_fallback is not None:
+                self._on_fallback(str(exc))
             await self.apply("\n".join(change.text() for change in changes) + "\n")
         except OSError as exc:
             raise NftError(f"nftables set elements: {exc}") from exc
