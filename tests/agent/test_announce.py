@@ -17,12 +17,18 @@ from podwire.netlink import HostNetlink
 from podwire.netlink.links import RemoteMac
 from tests.agent.netenv import NetEnv, in_ns
 
-GATEWAY = "10.9.0.1"
+GATEWAY, GATEWAY6 = "10.9.0.1", "fd00:9::1"
 OLD_MAC, NEW_MAC = "fa:16:3e:00:00:0a", "fa:16:3e:00:00:0b"
 
 
-def _pod_neighbour(pod: str) -> str:
-    return in_ns(pod, "ip", "neigh", "show", GATEWAY, "dev", "eth0").stdout
+def _pod_neighbour(pod: str, address: str = GATEWAY) -> str:
+    return in_ns(pod, "ip", "neigh", "show", address, "dev", "eth0").stdout
+
+
+def _stale(pod: str) -> None:
+    for address in (GATEWAY, GATEWAY6):
+        in_ns(pod, "ip", "neigh", "replace", address, "lladdr", OLD_MAC, "dev", "eth0", "nud",
+              "reachable")  # fmt: skip
 
 
 async def test_a_new_remote_port_corrects_a_pods_stale_neighbour(netenv: NetEnv) -> None:
@@ -37,21 +43,20 @@ async def test_a_new_remote_port_corrects_a_pods_stale_neighbour(netenv: NetEnv)
         in_ns(host, "ip", "link", "set", link, "master", bridge, "up")
     in_ns(host, "ip", "link", "set", bridge, "up")
     in_ns(pod, "ip", "addr", "add", "10.9.0.5/24", "dev", "eth0")
+    in_ns(pod, "ip", "addr", "add", "fd00:9::5/64", "dev", "eth0", "nodad")
     in_ns(pod, "ip", "link", "set", "eth0", "up")
-    in_ns(pod, "ip", "neigh", "replace", GATEWAY, "lladdr", OLD_MAC, "dev", "eth0", "nud",
-          "reachable")  # fmt: skip
-    assert OLD_MAC in _pod_neighbour(pod)
+    _stale(pod)
+    assert OLD_MAC in _pod_neighbour(pod) and OLD_MAC in _pod_neighbour(pod, GATEWAY6)
 
-    remote = {NEW_MAC: RemoteMac(NEW_MAC, "192.0.2.2", frozenset({GATEWAY}))}
+    remote = {NEW_MAC: RemoteMac(NEW_MAC, "192.0.2.2", frozenset({GATEWAY, GATEWAY6}))}
     nl = HostNetlink(host)
     try:
         await nl.run(_sync, vxlan, bridge, remote)
-        assert NEW_MAC in _pod_neighbour(pod)
-        # Already known: nothing is announced again (the pod's entry is left as it is).
-        in_ns(pod, "ip", "neigh", "replace", GATEWAY, "lladdr", OLD_MAC, "dev", "eth0", "nud",
-              "reachable")  # fmt: skip
+        assert NEW_MAC in _pod_neighbour(pod) and NEW_MAC in _pod_neighbour(pod, GATEWAY6)
+        # Already known: nothing is announced again (the pod's entries are left as they are).
+        _stale(pod)
         await nl.run(_sync, vxlan, bridge, remote)
-        assert OLD_MAC in _pod_neighbour(pod)
+        assert OLD_MAC in _pod_neighbour(pod) and OLD_MAC in _pod_neighbour(pod, GATEWAY6)
     finally:
         nl.close()
 

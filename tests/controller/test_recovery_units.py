@@ -31,7 +31,7 @@ async def test_bound_ports_are_pooled_leftovers_deleted_in_use_adopted() -> None
     assert sorted(w.neutron.deleted) == sorted([unbound.id, failed.id])
     assert w.service.snapshot(KEY).groups == [((), [free.id])]
     assert w.service.pool_size(PoolKey("n2", PROJECT, NET)) == 1
-    assert w.service.in_use_ports() == {used.id}
+    assert {r.vif.port_id for r in w.service.attachments.values()} == {used.id}
     assert w.service.knows(used.id)  # adopted: its release can be recycled
 
 

@@ -501,9 +501,6 @@ class PoolService:
             self._pools.forget(port_id)
             log.info("pool.port_gone", key=key, port=port_id)
 
-    def in_use_ports(self) -> set[str]:
-        return {record.vif.port_id for record in self._attachments.values()}
-
     def add_free(self, key: PoolKey, vifs: list[Vif]) -> None:
         """Pool ready ports (found by recovery); waiting requests get them first."""
         self._pools.add(key, vifs)
