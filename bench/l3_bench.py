@@ -39,8 +39,8 @@ from podwire.neutron.client import neutron_connection
 from tests.agent.harness import cni_pod
 from tests.agent.netenv import NetEnv, in_ns
 from tests.conftest import delete_project_resources
+from tests.neutron_agents.agents import NeutronAgentRun
 from tests.neutron_agents.conftest import L3_AGENT
-from tests.neutron_agents.dhcp import NeutronAgentRun
 from tests.neutron_agents.routing import WEB_PORT, Site, answer, build_site, pod
 from tests.scripted_agent import eventually
 

@@ -34,7 +34,7 @@ from podwire.etcd import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.schema.ports import tap_name
 from tests.agent.netenv import in_ns, sh
-from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port
+from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port
 
 BUSYBOX = "/bin/busybox"
 POLL = 0.01

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.neutron_agents.dhcp import NeutronAgentRun
+from tests.neutron_agents.agents import NeutronAgentRun
 from tests.scripted_agent import eventually
 
 DHCP_AGENT = "DHCP agent"

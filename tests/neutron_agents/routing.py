@@ -22,8 +22,8 @@ from podwire.schema.ports import tap_name
 from tests.agent.harness import HostAgent, cni_pod
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.sgnet import ECHO
+from tests.neutron_agents.agents import NeutronAgentRun
 from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
-from tests.neutron_agents.dhcp import NeutronAgentRun
 from tests.scripted_agent import eventually
 
 OUTSIDE_IP = "203.0.113.1"

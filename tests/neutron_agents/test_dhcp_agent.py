@@ -17,8 +17,8 @@ from podwire.config import EtcdSettings
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv
 from tests.conftest import PODWIRE
+from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port, process_running, taps
 from tests.neutron_agents.conftest import alive_in_neutron
-from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port, process_running, taps
 from tests.neutron_agents.netinfo import addresses, links, namespaces
 from tests.scripted_agent import ScriptedAgent, eventually
 

@@ -21,8 +21,8 @@ from podwire.schema.ports import tap_name
 from tests.agent.conftest import hostnames  # noqa: F401
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, in_ns
+from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port, taps
 from tests.neutron_agents.conftest import alive_in_neutron
-from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port, taps
 from tests.scripted_agent import eventually
 
 BUSYBOX = Path("/bin/busybox")

@@ -24,8 +24,8 @@ from podwire.schema.ports import tap_name
 from tests.agent.conftest import hostnames  # noqa: F401
 from tests.agent.harness import cni_pod
 from tests.agent.netenv import NetEnv, in_ns, links_in, sh
+from tests.neutron_agents.agents import NeutronAgentRun
 from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
-from tests.neutron_agents.dhcp import NeutronAgentRun
 from tests.neutron_agents.netinfo import links, namespaces
 from tests.neutron_agents.routing import (
     HOST_ROUTE,

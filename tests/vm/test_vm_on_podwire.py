@@ -23,8 +23,8 @@ from podwire.vm import image, launcher
 from tests.agent.conftest import hostnames  # noqa: F401
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, ping_settles
+from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port
 from tests.neutron_agents.conftest import alive_in_neutron, dhcp_agents  # noqa: F401
-from tests.neutron_agents.dhcp import NeutronAgentRun, dhcp_port
 from tests.scripted_agent import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
