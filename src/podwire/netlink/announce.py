@@ -54,7 +54,7 @@ def _icmpv6_checksum(
 ) -> int:
     pseudo = source.packed + dest.packed + struct.pack("!I3xB", len(body), ICMPV6)
     data = pseudo + body + b"\0" * (len(body) % 2)
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF
