@@ -68,11 +68,3 @@ def dhcp_port(neutron: Any, network_id: str) -> Any:
 
 def taps(netns: str) -> dict[str, dict[str, Any]]:
     return {name: link for name, link in links(netns).items() if name.startswith("tap")}
-
-
-def process_running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

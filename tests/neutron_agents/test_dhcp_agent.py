@@ -14,10 +14,11 @@ import pytest
 
 from podwire.agent import naming
 from podwire.config import EtcdSettings
+from podwire.stack.procs import running as process_running
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv
 from tests.conftest import PODWIRE
-from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port, process_running, taps
+from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port, taps
 from tests.neutron_agents.conftest import alive_in_neutron
 from tests.neutron_agents.netinfo import addresses, links, namespaces
 from tests.scripted_agent import ScriptedAgent, eventually

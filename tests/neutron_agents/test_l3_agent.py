@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-async def site(
+async def sites(
     netenv: NetEnv,
     hostnames: list[str],  # noqa: F811
     etcd_settings: EtcdSettings,
@@ -57,13 +57,25 @@ async def site(
     project_id: str,
     l3_agents: Callable[..., NeutronAgentRun],
     tmp_path: Path,
-) -> AsyncIterator[Site]:
-    built = await build_site(netenv, hostnames, etcd_settings, neutron_endpoint, neutron,
-                             project_id, l3_agents, tmp_path)  # fmt: skip
+) -> AsyncIterator[Callable[..., Awaitable[Site]]]:
+    """Builds the routed site (``vlan``: its external network a VLAN); closes it after."""
+    built: list[Site] = []
+
+    async def build(vlan: int | None = None) -> Site:
+        built.append(await build_site(netenv, hostnames, etcd_settings, neutron_endpoint,
+                                      neutron, project_id, l3_agents, tmp_path, vlan))  # fmt: skip
+        return built[-1]
+
     try:
-        yield built
+        yield build
     finally:
-        await built.close()
+        for made in built:
+            await made.close()
+
+
+@pytest.fixture
+async def site(sites: Callable[..., Awaitable[Site]]) -> Site:
+    return await sites()
 
 
 async def test_routes_between_networks_snats_and_follows_floating_ips(
@@ -237,25 +249,17 @@ async def test_bad_requests_and_vanishing_parts_leave_the_node_serving(
     not vlan_capable(), reason="kernel lacks 8021q (VLAN): no VLAN external network"
 )
 async def test_a_vlan_external_network_serves_snat_and_floating_ips(
+    sites: Callable[..., Awaitable[Site]],
     netenv: NetEnv,
-    hostnames: list[str],  # noqa: F811
-    etcd_settings: EtcdSettings,
-    neutron_endpoint: str,
     neutron: Any,
     project_id: str,
-    l3_agents: Callable[..., NeutronAgentRun],
     tmp_path: Path,
 ) -> None:
-    vlan = 900 + uuid.uuid4().int % 99
-    site = await build_site(netenv, hostnames, etcd_settings, neutron_endpoint, neutron,
-                            project_id, l3_agents, tmp_path, vlan)  # fmt: skip
-    try:
-        a = await pod(site, 1, 0, netenv, tmp_path)
-        site.serve(site.outside, SNAT_PORT, tell_peer=True)
-        assert answer(a["ns"], OUTSIDE_IP, SNAT_PORT) == site.gateway_ip
-        floating = neutron.network.create_ip(floating_network_id=site.external.id,
-                                             project_id=project_id,
-                                             port_id=_port_of(neutron, a["mac"]))  # fmt: skip
-        assert await settles(site.outside, floating.floating_ip_address, WEB_PORT, True)
-    finally:
-        await site.close()
+    site = await sites(900 + uuid.uuid4().int % 99)
+    a = await pod(site, 1, 0, netenv, tmp_path)
+    site.serve(site.outside, SNAT_PORT, tell_peer=True)
+    assert answer(a["ns"], OUTSIDE_IP, SNAT_PORT) == site.gateway_ip
+    floating = neutron.network.create_ip(floating_network_id=site.external.id,
+                                         project_id=project_id,
+                                         port_id=_port_of(neutron, a["mac"]))  # fmt: skip
+    assert await settles(site.outside, floating.floating_ip_address, WEB_PORT, True)

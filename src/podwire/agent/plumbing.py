@@ -145,9 +145,10 @@ def _announce(ipr: Any, vxlan_device: str, bridge: str, remotes: list[RemoteMac]
     local = [p.name for p in links.bridge_ports(ipr, bridge) if p.name != vxlan_device]
     if not local:
         return
+    source = naming.bridge_mac(bridge)
     for remote in remotes:
         for ip in sorted(remote.ips):
-            announce(local, ip, remote.mac, naming.bridge_mac(bridge))
+            announce(local, ip, remote.mac, source)
 
 
 def pods_on(ipr: Any, bridge: str) -> list[str]:

@@ -11,8 +11,7 @@ from typing import Any
 from podwire.config import LogSettings
 from podwire.errors import ConfigError
 from podwire.log import setup_logging
-
-AGENT_BINARIES = {"dhcp": "neutron-dhcp-agent", "l3": "neutron-l3-agent"}
+from podwire.stack.agent_conf import AGENT_INIS
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,9 +19,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "neutron-agent", help="run one of Neutron's agents for a host of the local stack"
     )
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for kind, binary in AGENT_BINARIES.items():
+    for kind in AGENT_INIS:
         agent = kinds.add_parser(
-            kind, help=f"{binary} with interface_driver = podwire, until SIGTERM/SIGINT"
+            kind, help=f"neutron-{kind}-agent with interface_driver = podwire, until SIGTERM/SIGINT"
         )
         agent.add_argument("--data-dir", required=True, type=Path, help="a stack up --rpc data dir")
         agent.add_argument("--host", required=True, help="the agent's host (binding:host_id)")

@@ -23,6 +23,8 @@ from podwire.errors import StackError
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.routers import delete_routers
+from podwire.stack.agent_conf import agent_log
+from podwire.stack.neutron_agent import agent_base
 
 HOSTS = ("demo-node-1", "demo-node-2")
 CIDR = "10.88.0.0/24"
@@ -227,7 +229,7 @@ class Scenario:
         target = next(p for p in self.pods if p.host == HOSTS[0] and p is not client)
         step(f"router: {client.name} on network 2 (host 2) pings {target.name}, the outside,"
              " then answers the outside on a floating IP")  # fmt: skip
-        l3_log = Path(self.stack_dir) / "neutron-agents" / HOSTS[0] / "l3" / "l3-agent.log"
+        l3_log = agent_log(agent_base(Path(self.stack_dir), HOSTS[0], "l3"), "l3")
         figures = router.check(self.neutron, self.project, made, (client.netns,
                                self._port_of(result)), target.ip, self.outside, l3_log)  # fmt: skip
         self.figures.more += figures.lines()

@@ -99,7 +99,7 @@ class AgentConfig:
 
     @property
     def log_file(self) -> Path:
-        return self.base / f"{self.kind}-agent.log"
+        return agent_log(self.base, self.kind)
 
     @property
     def files(self) -> list[Path]:
@@ -126,6 +126,11 @@ class AgentConfig:
     def argv(self) -> list[str]:
         binary = _venv_binary(f"neutron-{self.kind}-agent")
         return [binary, *_config_args(self.files)]
+
+
+def agent_log(base: Path, kind: str) -> Path:
+    """The log file of the agent whose files are in ``base``."""
+    return base / f"{kind}-agent.log"
 
 
 def _privsep_sections(files: list[Path]) -> str:

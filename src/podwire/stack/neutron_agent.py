@@ -50,6 +50,11 @@ class AgentOptions:
     stop_timeout: float = 30.0
 
 
+def agent_base(data_dir: Path, host: str, kind: str) -> Path:
+    """Where the agent of ``kind`` for ``host`` keeps its files, config, state and log."""
+    return data_dir / AGENTS_DIR / host / kind
+
+
 def agent_config(options: AgentOptions) -> AgentConfig:
     """The agent's files for the stack on ``options.data_dir``; refused without an RPC bus."""
     data_dir = options.data_dir.resolve()
@@ -67,7 +72,7 @@ def agent_config(options: AgentOptions) -> AgentConfig:
         )
     return AgentConfig(
         kind=options.kind,
-        base=data_dir / AGENTS_DIR / host / options.kind,
+        base=agent_base(data_dir, host, options.kind),
         host=host,
         transport_url=transport_url,
         host_netns=options.netns,

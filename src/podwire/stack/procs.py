@@ -85,11 +85,11 @@ def terminate(pid: int, marker: str, timeout: float = 10.0) -> bool:
     _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _running(pid):
+        if not running(pid):
             return True
         time.sleep(0.05)
     _signal(pid, signal.SIGKILL)
-    while _running(pid):
+    while running(pid):
         time.sleep(0.05)
     return True
 
@@ -110,7 +110,7 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Alive and not a zombie (a zombie child of ours is already stopped)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
