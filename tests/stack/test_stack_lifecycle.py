@@ -28,7 +28,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def wait_gone(pids: list[int], timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(procs._running(pid) for pid in pids):
+        if not any(procs.running(pid) for pid in pids):
             return True
         time.sleep(0.1)
     return False
