@@ -37,6 +37,11 @@ stop_stack = stop_background
 # the other Pythons) needs no hand-kept list; tests that create namespaces otherwise are marked
 # in their module.
 ROOT_KERNEL_FIXTURES = frozenset({"netenv"})
+# The session's Neutron serves the default deployment and a second one, "tenant-b" (two
+# clusters sharing one Neutron and one etcd: tests/controller/test_deployments.py).
+SECOND_DEPLOYMENT = "tenant-b"
+DEPLOYMENTS = f"podwire,{SECOND_DEPLOYMENT}"
+
 # Fixtures that start real servers: the session's stack, or an etcd of the test's own.
 STACK_FIXTURES = frozenset({"stack", "private_etcd", "authed", "cluster_stack"})
 
@@ -90,7 +95,7 @@ def work_dir() -> Iterator[Path]:
 def stack(work_dir: Path) -> Iterator[dict[str, Any]]:
     """The session's stack, with its RPC bus (RabbitMQ + neutron-rpc-server) for Neutron's
     agents: the broker boots while the rest starts, so it adds little to the start-up."""
-    proc, info = start_stack(work_dir / "stack", extra=("--rpc",))
+    proc, info = start_stack(work_dir / "stack", extra=("--rpc", "--deployments", DEPLOYMENTS))
     yield info
     stop_stack(proc)
 

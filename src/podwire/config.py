@@ -20,9 +20,13 @@ from typing import Any
 from podwire.errors import ConfigError, ValidationError
 from podwire.keys import check_segment
 from podwire.schema import fields
+from podwire.schema.deployment import Deployment
 from podwire.schema.nodes import POD_DRIVERS, RENAMED_POD_DRIVERS
 
 ENV_PREFIX = "PODWIRE_"
+# Keys outside any section: ``deployment`` (env ``PODWIRE_DEPLOYMENT``).
+TOP_LEVEL = ("deployment",)
+DEFAULT_DEPLOYMENT = Deployment().name
 
 
 @dataclass(frozen=True)
@@ -362,6 +366,8 @@ class LogSettings:
 
 @dataclass(frozen=True)
 class Settings:
+    # The top-level ``deployment = "<name>"``: which installation this component belongs to.
+    deployment: Deployment = field(default_factory=Deployment)
     etcd: EtcdSettings = field(default_factory=EtcdSettings)
     neutron: NeutronSettings = field(default_factory=NeutronSettings)
     controller: ControllerSettings = field(default_factory=ControllerSettings)
@@ -398,13 +404,18 @@ def _build_sections(
     except ConfigError as exc:
         problems.append(str(exc))
         return {}
-    sections = [f.name for f in dataclasses.fields(Settings)]
+    sections = [f.name for f in dataclasses.fields(Settings) if f.name not in TOP_LEVEL]
     problems += [
         f"unknown section [{name}]; known: {', '.join(sections)}"
         for name in raw
-        if name not in sections
+        if name not in sections and name not in TOP_LEVEL
     ]
     built: dict[str, Any] = {}
+    deployment = env.get(f"{ENV_PREFIX}DEPLOYMENT", raw.get("deployment", DEFAULT_DEPLOYMENT))
+    try:
+        built["deployment"] = Deployment.named(deployment)
+    except ValidationError as exc:
+        problems.append(str(exc))
     for name in sections:
         section_raw = raw.get(name, {})
         if not isinstance(section_raw, dict):

@@ -94,9 +94,8 @@ class FakeNeutron:
         self.listed.append(wanted)
         return [p for p in self.ports.values() if p.id in wanted]
 
-    async def list_port_summaries(self, **filters: str) -> list[PortSummary]:
-        owner = filters.get("device_owner", DEVICE_OWNER)
-        return [p for p in self.ports.values() if owner == DEVICE_OWNER]
+    async def owned_ports(self, device_owner: str) -> list[PortSummary]:
+        return [p for p in self.ports.values() if device_owner == DEVICE_OWNER]
 
     async def list_trunks(self, **filters: Any) -> list[Any]:
         return list(self.trunks)

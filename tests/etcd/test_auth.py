@@ -16,6 +16,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.etcd.errors import EtcdPermissionDenied
 from podwire.etcd.roles import Grant, RoleSpec, node_role, server_role
 from podwire.etcd.watch import PrefixWatcher, WatchBatch
+from podwire.schema.deployment import Deployment
 from podwire.stack.netutil import free_port
 from tests.etcd.authetcd import AuthEtcd, started
 from tests.etcd.test_client import make_tls_files
@@ -70,6 +71,34 @@ async def test_node_role_allows_exactly_its_own_keys(authed: AuthEtcd) -> None:
             with pytest.raises(EtcdPermissionDenied):
                 await a.put(forbidden, b"")
         assert (await b.get(keys.state_vtep("b"))) is not None
+
+
+async def test_a_deployments_node_role_covers_its_namespace_only(authed: AuthEtcd) -> None:
+    """A node of deployment "blue" reads and writes its keys in blue's namespace; the same
+    keys of the default deployment, and the other deployment's server keys, are refused."""
+    blue = Deployment("blue")
+    spec = node_role("a", blue)
+    assert spec.name == "podwire-node-a@blue"
+    user = await authed.user(spec.name, spec)
+    server = server_role("ml2", [Deployment(), blue])
+    assert {g.key for g in server.grants} >= {keys.nodes_prefix(), NAMESPACE + keys.nodes_prefix()}
+    async with (
+        await EtcdClient.connect(user, namespace=blue.etcd_namespace) as node,
+        await EtcdClient.connect(authed.root) as root,
+    ):
+        await root.put(NAMESPACE + keys.node_port("a", "p1"), b"{}")
+        await root.put(keys.node_port("a", "p0"), b"{}")
+        await node.put(keys.state_vtep("a"), b"{}")
+        assert await root.get(NAMESPACE + keys.state_vtep("a")) is not None
+        assert await node.get(keys.node_port("a", "p1")) is not None
+        outside = node.within("")
+        with pytest.raises(EtcdPermissionDenied):
+            await outside.get(keys.node_port("a", "p0"))
+        with pytest.raises(EtcdPermissionDenied):
+            await outside.put(keys.state_vtep("a"), b"{}")
+
+
+NAMESPACE = Deployment("blue").etcd_namespace
 
 
 async def test_denied_watch_is_permanent_and_names_the_prefix(authed: AuthEtcd) -> None:

@@ -27,11 +27,12 @@ from podwire.controller.app import Controller
 from podwire.errors import RetryableError
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.ml2.forwarder import ForwarderSettings
-from podwire.ml2.host_cache import HostCache
+from podwire.ml2.host_cache import HostDirectory
 from podwire.ml2.journal import SqlJournal
 from podwire.ml2.worker import Worker
 from podwire.neutron.client import connect
 from podwire.schema import nodes as values
+from podwire.schema.deployment import Deployment
 from podwire.stack.netutil import free_port
 from tests.agent.desired_keys import desired_value
 from tests.agent.harness import HostAgent, acni, plugin_binary
@@ -238,7 +239,7 @@ async def test_every_component_serves_again_after_etcd_stall(
     sink = RecordingSink()
     journal = own_journal[0]
     forwarding = ForwarderSettings(identity="stall-test", lease_ttl=TTL, poll_interval=0.2)
-    worker = Worker(settings, HostCache(), journal, sink, forwarding)
+    worker = Worker(settings, HostDirectory([Deployment()]), journal, sink, forwarding)
     async with (
         await EtcdClient.connect(settings) as client,
         mirror_relay(etcd, client, node.name),

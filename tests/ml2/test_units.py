@@ -16,9 +16,10 @@ from podwire.ml2 import feedback as feedback_module
 from podwire.ml2.binding import Binding, Decline, Segment, decide
 from podwire.ml2.feedback import Feedback
 from podwire.ml2.forwarder import batch_ops
-from podwire.ml2.host_cache import HostCache, StateChange
+from podwire.ml2.host_cache import HostCache, HostDirectory, StateChange
 from podwire.ml2.journal import Entry
 from podwire.schema import nodes as values
+from podwire.schema.deployment import Deployment
 from podwire.schema.ports import DesiredPort, FixedIp, TrunkInfo, parse_desired_port
 
 HOST = "node-1"
@@ -156,6 +157,32 @@ def test_batch_keeps_the_last_change_per_key() -> None:
     ops = batch_ops(rows)
     described = [(op.message.request_put.key, op.message.request_put.value) for op in ops]
     assert described == [(b"/b", b"1"), (b"/a", b"3")]
+
+
+def test_a_policy_row_goes_to_every_deployment_a_port_row_to_its_own() -> None:
+    blue = Deployment("blue").etcd_namespace
+    secgroup, port = keys.secgroup("sg1"), blue + keys.node_port("h", "p")
+    rows = [Entry(1, secgroup, "{}"), Entry(2, port, None)]
+    ops = batch_ops(rows, ["", blue])
+    described = [op.message.request_put.key or op.message.request_delete_range.key for op in ops]
+    assert described == [secgroup.encode(), (blue + secgroup).encode(), port.encode()]
+
+
+def _alive_in(cache: HostCache, host: str) -> None:
+    cache.apply("put", keys.state_alive(host), json.dumps({"v": 1, "started_at": 1.0}).encode())
+
+
+def test_a_host_belongs_to_the_deployment_it_is_alive_in() -> None:
+    default, blue = Deployment(), Deployment("blue")
+    hosts = HostDirectory([default, blue])
+    _alive_in(hosts.caches["blue"], "h1")
+    assert hosts.get("h1").alive and hosts.deployment_of("h1") == blue
+    assert hosts.key("h1", "/podwire/x") == blue.etcd_namespace + "/podwire/x"
+    assert hosts.deployment_of("unknown") == default  # the home deployment
+    _alive_in(hosts.caches["podwire"], "h1")  # registered in both: bound by neither
+    assert not hosts.get("h1").alive
+    hosts.caches["blue"].apply("delete", keys.state_alive("h1"), b"")
+    assert hosts.get("h1").alive and hosts.deployment_of("h1") == default
 
 
 class FlakySink:

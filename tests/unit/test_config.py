@@ -169,3 +169,23 @@ def test_agent_dataplane_none_is_a_setting(tmp_path: Path) -> None:
     path.write_text('[agent]\ndataplane = "dpdk"\n')
     with pytest.raises(ConfigError, match=r"agent\.dataplane: must be 'linux'"):
         load_settings(path, env={})
+
+
+def test_deployment_is_a_top_level_key(tmp_path: Path) -> None:
+    path = write(tmp_path, 'deployment = "blue"\n[agent]\nhost = "n1"\n')
+    settings = load_settings(path, env={})
+    assert settings.deployment.name == "blue"
+    assert settings.deployment.tag == "podwire-deployment=blue"
+    assert settings.deployment.etcd_namespace == "/podwire-deployments/blue"
+    assert load_settings(path, env={"PODWIRE_DEPLOYMENT": "green"}).deployment.name == "green"
+    default = load_settings(env={}).deployment
+    assert (default.name, default.etcd_namespace, default.adopts_untagged) == ("podwire", "", True)
+
+
+@pytest.mark.parametrize("name", ["Blue", "a/b", "-x", "x" * 41, ""])
+def test_bad_deployment_names_are_refused(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path, f"deployment = {name!r}\n")
+    with pytest.raises(ConfigError, match=r"deployment: .* is not a deployment name"):
+        load_settings(path, env={})
+    with pytest.raises(ConfigError, match=r"deployment: .* is not a deployment name"):
+        load_settings(env={"PODWIRE_DEPLOYMENT": name})

@@ -25,9 +25,11 @@ class UnknownNetworkError(PermanentError):
 
 
 class NeutronVifSource:
-    def __init__(self, client: NeutronClient, host: str) -> None:
+    def __init__(self, client: NeutronClient, host: str, tag: str) -> None:
+        """``tag``: the deployment's, carried by every port this source creates."""
         self._client = client
         self._host = host
+        self._tag = tag
         self._networks: dict[tuple[str, str | None], Any] = {}
 
     @staticmethod
@@ -76,7 +78,7 @@ class NeutronVifSource:
         if req.security_groups:
             body["security_group_ids"] = list(req.security_groups)
         try:
-            (port,) = await asyncio.to_thread(self._client.create_ports, [body])
+            (port,) = await asyncio.to_thread(self._client.create_ports, [body], self._tag)
         except NeutronNotFound as exc:
             raise UnknownNetworkError(f"{exc}: check 'securityGroups' in the CNI config") from exc
         except NeutronRequestError as exc:

@@ -95,7 +95,9 @@ class Agent:
         """Run until cancelled; an unreachable etcd is waited for, a permanent error leaves."""
         settings = self.settings
         agent = settings.agent
-        etcd = await EtcdClient.connect(settings.etcd, check=False)  # registration waits for it
+        etcd = await EtcdClient.connect(
+            settings.etcd, check=False, namespace=settings.deployment.etcd_namespace
+        )  # registration waits for it
         try:
             async with contextlib.AsyncExitStack() as stack:
                 kernel: tuple[HostNetlink, PodNetlink] | None = None
@@ -404,7 +406,7 @@ async def _default_vifs(settings: Settings) -> VifSource:
         from podwire.agent.neutron_vifs import NeutronVifSource
         from podwire.neutron.client import connect
 
-        return NeutronVifSource(connect(settings.neutron), agent.host)
+        return NeutronVifSource(connect(settings.neutron), agent.host, settings.deployment.tag)
     return ControllerVifSource(agent.controller_url, agent.host, agent.token)
 
 

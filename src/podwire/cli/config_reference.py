@@ -38,6 +38,17 @@ applies the environment overrides too.
 
 The ml2 driver runs inside neutron-server and reads its `[ml2_podwire]` options from
 neutron.conf instead: [ml2.md](ml2.md#options-ml2_podwire-in-neutronconf).
+
+## Top-level keys
+
+Before the first section (env `PODWIRE_DEPLOYMENT`):
+
+| key | type | default | meaning |
+|---|---|---|---|
+| `deployment` | str | `"podwire"` | The deployment (cluster) this component belongs to: \
+lower-case letters, digits and `-`, at most 40 characters. The controller, agents and `podwire status` of \
+one cluster name the same; several clusters on one Neutron and one etcd \
+name different ones ([deployments.md](deployments.md)). |
 """
 
 DOC_PAGE = re.compile(r"\bdocs/([a-z0-9-]+\.md)")
@@ -47,6 +58,8 @@ def render() -> str:
     """The whole page, Markdown."""
     parts = [INTRO]
     for section in dataclasses.fields(config.Settings):
+        if section.name in config.TOP_LEVEL:
+            continue
         parts.append(_section(section.name, typing.get_type_hints(config.Settings)[section.name]))
     return "\n".join(parts)
 

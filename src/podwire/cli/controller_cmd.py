@@ -31,7 +31,10 @@ async def _serve(settings: Settings) -> None:
     from podwire.etcd.client import EtcdClient
     from podwire.neutron.client import connect
 
-    etcd = await EtcdClient.connect(settings.etcd, check=False)  # the election waits for it
+    namespace = settings.deployment.etcd_namespace
+    etcd = await EtcdClient.connect(
+        settings.etcd, check=False, namespace=namespace
+    )  # the election waits
     try:
         await Controller(settings, etcd, connect(settings.neutron)).run()
     finally:

@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 from podwire.config import EtcdSettings, load_settings
-from podwire.errors import ConfigError
+from podwire.errors import ConfigError, ValidationError
 from podwire.etcd import admin
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.roles import COMPONENTS, RoleSpec, node_role, server_role
 from podwire.keys import check_segment
+from podwire.schema.deployment import Deployment
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,11 +47,30 @@ def _common(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--data-dir", type=Path, help="a local stack started with --etcd-auth")
     where.add_argument("--config", help="podwire TOML file whose [etcd] names the root user")
     parser.add_argument("--rotate", action="store_true", help="set a new password")
+    parser.add_argument(
+        "--deployment",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the deployment the user serves (default podwire); ml2 takes it once per"
+        " deployment it serves",
+    )
+
+
+def _deployments(args: argparse.Namespace) -> list[Deployment]:
+    try:
+        chosen = [Deployment.named(name, "--deployment") for name in args.deployment]
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+    return chosen or [Deployment()]
 
 
 def _grant_node(args: argparse.Namespace) -> int:
+    deployments = _deployments(args)
+    if len(deployments) != 1:
+        raise ConfigError("--deployment: a node belongs to exactly one deployment")
     try:
-        spec = node_role(args.node)
+        spec = node_role(args.node, deployments[0])
     except ValueError as exc:
         raise ConfigError(f"NODE: {exc}") from exc
     return _grant(args, spec.name, spec)
@@ -61,7 +81,12 @@ def _grant_server(args: argparse.Namespace) -> int:
         name = check_segment(args.name, "user name")
     except ValueError as exc:
         raise ConfigError(f"NAME: {exc}") from exc
-    return _grant(args, name, server_role(args.component))
+    deployments = _deployments(args)
+    try:
+        spec = server_role(args.component, deployments)
+    except ValueError as exc:
+        raise ConfigError(f"--deployment: {exc}") from exc
+    return _grant(args, name, spec)
 
 
 def _grant(args: argparse.Namespace, user: str, spec: RoleSpec) -> int:

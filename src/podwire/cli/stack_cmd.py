@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from podwire.config import LogSettings
-from podwire.errors import ConfigError
+from podwire.errors import ConfigError, ValidationError
 from podwire.log import setup_logging
+from podwire.schema.deployment import Deployment
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="also a private RabbitMQ and neutron-rpc-server, for Neutron's DHCP and L3 agents"
         " (stack.json: transport_url)",
     )
+    up.add_argument(
+        "--deployments",
+        default="podwire",
+        metavar="NAMES",
+        help="comma-separated podwire deployments Neutron's ml2 driver serves (default podwire)",
+    )
     up.set_defaults(handler=_up)
     down = actions.add_parser("down", help="stop the stack running on a data dir")
     down.add_argument("--data-dir", required=True, type=Path)
@@ -67,6 +74,7 @@ def _up(args: argparse.Namespace) -> int:
         etcd_members=args.etcd_members,
         neutron_servers=args.neutron_servers,
         rpc=args.rpc,
+        deployments=_deployments(args.deployments),
     )
     stack = Stack(options)
 
@@ -84,6 +92,16 @@ def _up(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     return stack.run(announce)
+
+
+def _deployments(names: str) -> tuple[str, ...]:
+    try:
+        chosen = [Deployment.named(n.strip(), "--deployments").name for n in names.split(",")]
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+    if len(set(chosen)) != len(chosen):
+        raise ConfigError(f"--deployments: {names!r} names a deployment twice")
+    return tuple(chosen)
 
 
 def _down(args: argparse.Namespace) -> int:

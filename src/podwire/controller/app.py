@@ -60,7 +60,7 @@ class Controller:
             etcd, identity or f"{socket.gethostname()}:{os.getpid()}", self.url, election_ttl
         )
         self.term = TermGuard()
-        self.neutron = NeutronOps(neutron, self.metrics, self.term)
+        self.neutron = NeutronOps(neutron, self.metrics, self.term, settings.deployment)
         port_debug = settings.pool.port_debug
         self.nested = NestedDriver(self.neutron, port_debug, VlanAllocator())
         drivers: dict[str, PortDriver] = {

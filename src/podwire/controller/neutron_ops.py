@@ -25,6 +25,7 @@ from podwire.controller.errors import (
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.term import TermGuard
 from podwire.errors import PodwireError
+from podwire.log import get_logger
 from podwire.neutron.client import (
     NeutronClient,
     NeutronNotFound,
@@ -32,6 +33,10 @@ from podwire.neutron.client import (
     PortSummary,
 )
 from podwire.neutron.vifs import NetworkInfo
+from podwire.schema.deployment import TAG_PREFIX, Deployment
+
+log = get_logger(__name__)
+DEFAULT_DEPLOYMENT = Deployment()
 
 T = TypeVar("T")
 SLOW_CALL = 5.0  # seconds without an answer before readiness names Neutron
@@ -46,16 +51,22 @@ class PortOps(Protocol):
     async def update_port(self, port_id: str, **changes: Any) -> Any: ...
     async def delete_port(self, port_id: str) -> None: ...
     async def list_ports(self, **filters: Any) -> list[Any]: ...
-    async def list_port_summaries(self, **filters: str) -> list[PortSummary]: ...
+    async def owned_ports(self, device_owner: str) -> list[PortSummary]: ...
     async def list_trunks(self, **filters: Any) -> list[Any]: ...
 
 
 class NeutronOps:
     def __init__(
-        self, client: NeutronClient, metrics: ControllerMetrics, term: TermGuard | None = None
+        self,
+        client: NeutronClient,
+        metrics: ControllerMetrics,
+        term: TermGuard | None = None,
+        deployment: Deployment = DEFAULT_DEPLOYMENT,
     ) -> None:
-        """``term``: every write checks first that the term it was decided in is held."""
+        """``term``: every write checks first that the term it was decided in is held.
+        ``deployment``: whose ports these are (their tag)."""
         self._client = client
+        self._deployment = deployment
         self._metrics = metrics
         self._term = term
         self._networks: dict[str, NetworkInfo] = {}
@@ -210,7 +221,8 @@ class NeutronOps:
     # --- plain calls ----------------------------------------------------------------------
 
     async def create_ports(self, bodies: Sequence[Mapping[str, Any]]) -> list[Any]:
-        return await self._write("create_ports", self._client.create_ports, list(bodies))
+        tag = self._deployment.tag
+        return await self._write("create_ports", self._client.create_ports, list(bodies), tag)
 
     async def update_port(self, port_id: str, **changes: Any) -> Any:
         return await self._write("update_port", self._client.update_port, port_id, **changes)
@@ -223,6 +235,22 @@ class NeutronOps:
 
     async def list_port_summaries(self, **filters: str) -> list[PortSummary]:
         return await self._call("list_ports", self._client.list_port_summaries, **filters)
+
+    async def owned_ports(self, device_owner: str) -> list[PortSummary]:
+        """This deployment's ports of ``device_owner``: those with its tag. The default
+        deployment also adopts (tags) ports with no deployment's tag, which podwire created
+        before deployments existed; no other deployment ever sees them."""
+        deployment = self._deployment
+        if not deployment.adopts_untagged:
+            return await self.list_port_summaries(device_owner=device_owner, tags=deployment.tag)
+        ports = await self.list_port_summaries(device_owner=device_owner)
+        untagged = [p for p in ports if not any(t.startswith(TAG_PREFIX) for t in p.tags)]
+        for port in untagged:
+            await self._write("tag_port", self._client.tag_port, port.id, deployment.tag)
+        if untagged:
+            log.info("controller.ports_adopted", tag=deployment.tag, ports=len(untagged))
+        adopted = {p.id for p in untagged}
+        return [p for p in ports if deployment.tag in p.tags or p.id in adopted]
 
     async def list_trunks(self, **filters: Any) -> list[Any]:
         return await self._call("list_trunks", self._client.list_trunks, **filters)

@@ -66,7 +66,7 @@ async def recover(
     mirrored = await pools_from_mirror(etcd, in_use) if etcd is not None else None
     ours: list[Any] | None = None  # compute:podwire ports, when Neutron was listed
     if mirrored is None:
-        ours = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+        ours = await neutron.owned_ports(DEVICE_OWNER)
         taken = in_use | subports.keys()  # a subport is pooled on its trunk's node, below
         report.deleted = await _delete_leftovers(neutron, ours, taken)
         bound = [p for p in ours if is_bound(p) and str(p.id) not in taken]
@@ -88,7 +88,7 @@ async def verify(service: PoolService, neutron: PortOps, report: RecoveryReport)
     predate recovery: a port being created right now is unbound for a moment too. Also loads
     the pooled networks into the cache, so first requests make no Neutron call either."""
     await neutron.networks(report.networks)
-    ports = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+    ports = await neutron.owned_ports(DEVICE_OWNER)
     older = [p for p in ports if _created_before(p, report.started_at)]
     known = {str(p.id) for p in older if service.knows(str(p.id))}  # pooled subports too
     deleted = await _delete_leftovers(neutron, older, known)
@@ -180,8 +180,8 @@ async def _pool_subports(
     """Pool the free subports, whichever owner their trunk driver left them with; ``ours``:
     the ``compute:podwire`` ports if recovery listed them already."""
     if ours is None:
-        ours = await neutron.list_port_summaries(device_owner=DEVICE_OWNER)
-    owned = await neutron.list_port_summaries(device_owner=SUBPORT_OWNER)
+        ours = await neutron.owned_ports(DEVICE_OWNER)
+    owned = await neutron.owned_ports(SUBPORT_OWNER)
     ports = [p for p in [*owned, *ours] if str(p.id) in subports and str(p.id) not in in_use]
     vlans = {port_id: sub.vlan_id for port_id, sub in subports.items()}
     return await _pool_ports(ports, service, neutron, lambda p: subports[str(p.id)].node, vlans)

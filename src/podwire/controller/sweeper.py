@@ -53,7 +53,7 @@ class NodeSweeper:
                 del self._dead_since[node]
 
     async def _sweep_unbound(self) -> int:
-        ports = await self._neutron.list_port_summaries(device_owner=DEVICE_OWNER)
+        ports = await self._neutron.owned_ports(DEVICE_OWNER)
         unbound = {
             str(p.id) for p in ports if not is_bound(p) and not self._service.knows(str(p.id))
         }

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
-from podwire.etcd.client import EtcdClient, prefix_end
+from podwire.etcd.client import EtcdClient
 from podwire.etcd.roles import Grant, RoleSpec
 from podwire.log import get_logger
 
@@ -38,9 +38,9 @@ def new_password() -> str:
     return secrets.token_urlsafe(24)
 
 
-def _range(grant: Grant) -> tuple[bytes, bytes]:
-    key = grant.key.encode()
-    return key, (prefix_end(grant.key) if grant.prefix else b"")
+def _range(client: EtcdClient, grant: Grant) -> tuple[bytes, bytes]:
+    """The grant's range in the client's namespace (a deployment's roles cover its keys)."""
+    return client.raw_range(grant.key) if grant.prefix else (client.raw_key(grant.key), b"")
 
 
 async def auth_enabled(client: EtcdClient) -> bool:
@@ -69,7 +69,7 @@ async def ensure_role(client: EtcdClient, spec: RoleSpec) -> None:
         "RoleGet", rpc.AuthRoleGetRequest(role=spec.name), f"get role {spec.name}"
     )
     have = {(p.permType, bytes(p.key), bytes(p.range_end)) for p in current.perm}
-    want = {(_PERM_TYPES[g.access], *_range(g)) for g in spec.grants}
+    want = {(_PERM_TYPES[g.access], *_range(client, g)) for g in spec.grants}
     for _type, key, end in have - want:
         request = rpc.AuthRoleRevokePermissionRequest(role=spec.name, key=key, range_end=end)
         await client.auth_rpc("RoleRevokePermission", request, f"revoke on role {spec.name}")

@@ -10,6 +10,10 @@ With ``etcd.user`` set, every call carries a token from the Authenticate RPC. et
 tokens when a member restarts and when they expire, and then answers "invalid auth token" (for
 unary calls) or cancels a new watch as "permission denied": the client then authenticates
 again, once for all callers that held the stale token, and repeats the call once.
+
+A client may carry a namespace (a deployment's, see ``schema.deployment``): it is prepended to
+every key on the way out and removed on the way back, as etcd's own namespace proxy does, so
+callers build keys with ``podwire.keys`` whichever deployment they belong to.
 """
 
 from __future__ import annotations
@@ -123,9 +127,9 @@ def delete_op(key: str) -> Op:
     return Op(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key.encode())))
 
 
-def _to_kv(kv: Any) -> KeyValue:
+def _to_kv(kv: Any, namespace: bytes) -> KeyValue:
     return KeyValue(
-        key=kv.key.decode(),
+        key=kv.key[len(namespace) :].decode(),
         value=bytes(kv.value),
         create_revision=kv.create_revision,
         mod_revision=kv.mod_revision,
@@ -185,8 +189,12 @@ class EtcdClient:
         endpoints: Sequence[Endpoint],
         timeout: float,
         login: tuple[str, str] | None = None,
+        namespace: str = "",
+        owns_channels: bool = True,
     ) -> None:
         self._endpoints = list(endpoints)
+        self._namespace = namespace.encode()
+        self._owns_channels = owns_channels
         self._active = 0
         self._timeout = timeout
         self._login = login
@@ -196,7 +204,9 @@ class EtcdClient:
         self.failovers = 0
 
     @classmethod
-    async def connect(cls, settings: EtcdSettings, check: bool = True) -> EtcdClient:
+    async def connect(
+        cls, settings: EtcdSettings, check: bool = True, namespace: str = ""
+    ) -> EtcdClient:
         """Open the channels; with ``check``, fail now with EtcdUnavailable if etcd does not
         answer."""
         targets, tls = _channel_targets(settings.endpoints)
@@ -222,7 +232,7 @@ class EtcdClient:
             for i, target in enumerate(targets)
         ]
         login = (settings.user, settings.password) if settings.user else None
-        client = cls(endpoints, settings.timeout, login)
+        client = cls(endpoints, settings.timeout, login, namespace)
         try:
             if check:
                 await client.status()
@@ -231,6 +241,27 @@ class EtcdClient:
             await client.close()
             raise
         return client
+
+    def within(self, namespace: str) -> EtcdClient:
+        """A client on the same channels whose keys live under ``namespace`` (the ml2 driver
+        serves several deployments over one connection); closing it leaves them open."""
+        return EtcdClient(self._endpoints, self._timeout, self._login, namespace, False)
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace.decode()
+
+    def raw_key(self, key: str) -> bytes:
+        """``key`` as etcd stores it: with this client's namespace in front."""
+        return self._namespace + key.encode()
+
+    def logical_key(self, raw: bytes) -> str:
+        """A key etcd sent, without this client's namespace."""
+        return raw[len(self._namespace) :].decode()
+
+    def raw_range(self, prefix: str) -> tuple[bytes, bytes]:
+        """The key range of everything under ``prefix``, as etcd stores it."""
+        return self.raw_key(prefix), prefix_end(self.namespace + prefix)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -303,6 +334,8 @@ class EtcdClient:
         return (("token", str(response.token)),)
 
     async def close(self) -> None:
+        if not self._owns_channels:
+            return
         for endpoint in self._endpoints:
             await endpoint.channel.close()
 
@@ -373,37 +406,37 @@ class EtcdClient:
         return int(response.header.revision)
 
     async def get(self, key: str) -> KeyValue | None:
-        request = rpc.RangeRequest(key=key.encode())
+        request = rpc.RangeRequest(key=self.raw_key(key))
         response = await self._call(lambda e: e.kv.Range, request, f"get {key}", read=True)
-        return _to_kv(response.kvs[0]) if response.kvs else None
+        return _to_kv(response.kvs[0], self._namespace) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys under ``prefix`` at one consistent revision, fetched in pages."""
-        end = prefix_end(prefix)
-        start = prefix.encode()
+        start, end = self.raw_range(prefix)
         revision = 0
         items: list[KeyValue] = []
         while True:
             request = rpc.RangeRequest(key=start, range_end=end, limit=PAGE_SIZE, revision=revision)
             response = await self._call(lambda e: e.kv.Range, request, f"list {prefix}", read=True)
             revision = revision or int(response.header.revision)
-            items.extend(_to_kv(kv) for kv in response.kvs)
+            items.extend(_to_kv(kv, self._namespace) for kv in response.kvs)
             if not response.more:
                 return items, revision
             start = response.kvs[-1].key + b"\0"
 
     async def put(self, key: str, value: bytes, lease: int = 0) -> int:
-        request = rpc.PutRequest(key=key.encode(), value=value, lease=lease)
+        request = rpc.PutRequest(key=self.raw_key(key), value=value, lease=lease)
         response = await self._call(lambda e: e.kv.Put, request, f"put {key}")
         return int(response.header.revision)
 
     async def delete(self, key: str) -> bool:
-        request = rpc.DeleteRangeRequest(key=key.encode())
+        request = rpc.DeleteRangeRequest(key=self.raw_key(key))
         response = await self._call(lambda e: e.kv.DeleteRange, request, f"delete {key}")
         return bool(response.deleted)
 
     async def delete_prefix(self, prefix: str) -> int:
-        request = rpc.DeleteRangeRequest(key=prefix.encode(), range_end=prefix_end(prefix))
+        start, end = self.raw_range(prefix)
+        request = rpc.DeleteRangeRequest(key=start, range_end=end)
         response = await self._call(lambda e: e.kv.DeleteRange, request, f"delete {prefix}*")
         return int(response.deleted)
 
@@ -424,6 +457,8 @@ class EtcdClient:
             success=[o.message for o in success],
             failure=[o.message for o in failure],
         )
+        if self._namespace:
+            _prefix_keys(request, self._namespace)
         response = await self._call(
             lambda e: e.kv.Txn, request, lambda: _txn_what(request), within=within
         )
@@ -491,6 +526,16 @@ def _not_applied(cause: BaseException | None) -> bool:
     return cause.code() == grpc.StatusCode.UNAVAILABLE and (
         "connect" in detail or "no address" in detail or "refused" in detail
     )
+
+
+def _prefix_keys(request: Any, namespace: bytes) -> None:
+    """Put ``namespace`` in front of every key of a txn (its messages are the request's own
+    copies, so shared guards and ops stay as built)."""
+    for compare in request.compare:
+        compare.key = namespace + compare.key
+    for op in [*request.success, *request.failure]:
+        inner = op.request_put if op.HasField("request_put") else op.request_delete_range
+        inner.key = namespace + inner.key
 
 
 def _txn_what(request: Any) -> str:

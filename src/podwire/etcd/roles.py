@@ -2,16 +2,20 @@
 
 Each role lists exactly the ranges its component reads or writes, so a node's credentials
 cannot touch another node's keys: an agent reads the ports desired for its own host only and
-writes only under its own state prefix.
+writes only under its own state prefix. Grants name keys as etcd stores them: a deployment's
+namespace in front, so a node of one deployment cannot read another's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from podwire import keys
+from podwire.schema.deployment import Deployment
 
+DEFAULT = Deployment()
 Access = Literal["read", "readwrite"]
 COMPONENTS = ("ml2", "controller")
 
@@ -31,21 +35,34 @@ class RoleSpec:
     grants: tuple[Grant, ...]
 
 
-def node_role(host: str) -> RoleSpec:
+def node_role(host: str, deployment: Deployment = DEFAULT) -> RoleSpec:
     """What ``podwire agent`` on ``host`` touches."""
-    return RoleSpec(
-        f"podwire-node-{keys.check_segment(host, 'node')}",
-        (
-            Grant("read", keys.node_prefix(host)),
-            Grant("read", keys.state_prefix() + "nodes/"),  # peers: VTEPs, alive
-            Grant("readwrite", keys.state_node_prefix(host)),
-            Grant("read", keys.global_prefix()),
-        ),
+    grants = (
+        Grant("read", keys.node_prefix(host)),
+        Grant("read", keys.state_prefix() + "nodes/"),  # peers: VTEPs, alive
+        Grant("readwrite", keys.state_node_prefix(host)),
+        Grant("read", keys.global_prefix()),
     )
+    name = deployment.role_name(f"podwire-node-{keys.check_segment(host, 'node')}")
+    return RoleSpec(name, _within(deployment, grants))
 
 
-def server_role(component: str) -> RoleSpec:
-    """What the ml2 driver (inside neutron-server) or the controller touches."""
+def server_role(component: str, deployments: Sequence[Deployment] = (DEFAULT,)) -> RoleSpec:
+    """What the ml2 driver (inside neutron-server, serving every deployment it lists) or a
+    deployment's controller touches."""
+    if component == "controller" and len(deployments) != 1:
+        raise ValueError("a controller belongs to exactly one deployment")
+    grants = tuple(g for d in deployments for g in _within(d, _server_grants(component)))
+    name = f"podwire-{component}"
+    return RoleSpec(deployments[0].role_name(name) if component == "controller" else name, grants)
+
+
+def _within(deployment: Deployment, grants: tuple[Grant, ...]) -> tuple[Grant, ...]:
+    namespace = deployment.etcd_namespace
+    return tuple(Grant(g.access, namespace + g.key, g.prefix) for g in grants)
+
+
+def _server_grants(component: str) -> tuple[Grant, ...]:
     if component == "ml2":
         grants = (
             Grant("readwrite", keys.nodes_prefix()),  # desired ports, written by the forwarder
@@ -67,4 +84,4 @@ def server_role(component: str) -> RoleSpec:
         )
     else:
         raise ValueError(f"component {component!r}: expected one of {', '.join(COMPONENTS)}")
-    return RoleSpec(f"podwire-{component}", grants)
+    return grants

@@ -27,7 +27,7 @@ from aetcd import rpc
 
 from podwire.backoff import Backoff
 from podwire.errors import EtcdCompacted, EtcdUnavailable
-from podwire.etcd.client import Endpoint, EtcdClient, KeyValue, prefix_end
+from podwire.etcd.client import Endpoint, EtcdClient, KeyValue
 from podwire.etcd.errors import EtcdPermissionDenied, denied, translate
 from podwire.health import Health
 from podwire.log import get_logger
@@ -130,9 +130,10 @@ class PrefixWatcher:
         return WatchBatch(events, revision, relisted)
 
     async def _stream(self) -> AsyncIterator[WatchBatch]:
+        start, end = self._client.raw_range(self._prefix)
         create = rpc.WatchCreateRequest(
-            key=self._prefix.encode(),
-            range_end=prefix_end(self._prefix),
+            key=start,
+            range_end=end,
             start_revision=self.revision + 1,
             progress_notify=True,
         )
@@ -198,7 +199,7 @@ class PrefixWatcher:
             # revision is a safe resume point after a long quiet period.
             self.revision = max(self.revision, int(response.header.revision))
             return None
-        events = [_event(raw) for raw in response.events]
+        events = [_event(raw, self._client) for raw in response.events]
         for event in events:
             if event.kind == "put":
                 self._seen[event.key] = event.mod_revision
@@ -212,6 +213,7 @@ def _put(kv: KeyValue) -> WatchEvent:
     return WatchEvent("put", kv.key, kv.value, kv.mod_revision)
 
 
-def _event(raw: Any) -> WatchEvent:
+def _event(raw: Any, client: EtcdClient) -> WatchEvent:
     kind: Literal["put", "delete"] = "delete" if raw.type == rpc.Event.DELETE else "put"
-    return WatchEvent(kind, raw.kv.key.decode(), bytes(raw.kv.value), int(raw.kv.mod_revision))
+    key = client.logical_key(raw.kv.key)
+    return WatchEvent(kind, key, bytes(raw.kv.value), int(raw.kv.mod_revision))

@@ -20,14 +20,16 @@ from oslo_config import cfg
 
 from podwire import keys
 from podwire.config import EtcdSettings
+from podwire.errors import ValidationError
 from podwire.ml2 import binding, journal, options, policy
 from podwire.ml2.desired import bound_segment, desired_port
 from podwire.ml2.forwarder import ForwarderSettings
-from podwire.ml2.host_cache import HostCache
+from podwire.ml2.host_cache import HostDirectory
 from podwire.ml2.mlog import get_logger
 from podwire.ml2.policy_callbacks import PolicyJournal
 from podwire.ml2.policy_db import PolicySnapshot
 from podwire.ml2.trunk_driver import PodwireTrunkDriver
+from podwire.schema.deployment import Deployment
 
 if TYPE_CHECKING:
     from podwire.ml2.worker import Worker
@@ -47,10 +49,22 @@ def _segments(context: Any) -> list[binding.Segment]:
     ]
 
 
+def _deployments(names: list[str]) -> list[Deployment]:
+    """``[ml2_podwire] deployments``, read strictly: a bad name stops neutron-server's start
+    with the option named, as any other bad Neutron option does."""
+    try:
+        chosen = [Deployment.named(name, "[ml2_podwire] deployments") for name in names]
+    except ValidationError as exc:
+        raise cfg.Error(str(exc)) from exc
+    if not chosen or len({d.name for d in chosen}) != len(chosen):
+        raise cfg.Error(f"[ml2_podwire] deployments: {names!r}: name each deployment once")
+    return chosen
+
+
 class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
     def initialize(self) -> None:
         self.conf = options.register()
-        self.cache = HostCache()
+        self.hosts = HostDirectory(_deployments(self.conf.deployments))
         self.trunk_driver = PodwireTrunkDriver.create()
         self.etcd = EtcdSettings(
             endpoints=list(self.conf.etcd_endpoints),
@@ -81,13 +95,15 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
 
         forwarder = ForwarderSettings(
             identity=f"{socket.gethostname()}:{os.getpid()}",
+            election_key=self.hosts.home.etcd_namespace + keys.election("forwarder"),
+            kick_key=self.hosts.home.etcd_namespace + keys.KICK,
             lease_ttl=self.conf.election_ttl,
             batch_size=self.conf.forwarder_batch_size,
             poll_interval=self.conf.forwarder_poll_interval,
         )
         self.worker = Worker(
             self.etcd,
-            self.cache,
+            self.hosts,
             self.journal,
             NeutronPortStatus(),
             forwarder,
@@ -95,7 +111,7 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             policy=PolicySnapshot(cfg.CONF.database.connection),
         )
         self.worker.start()
-        if not self.cache.synced.wait(self.conf.startup_sync_timeout):
+        if not self.hosts.wait_synced(self.conf.startup_sync_timeout):
             log.warning("ml2.driver.host_state_not_synced", timeout=self.conf.startup_sync_timeout)
         log.info("ml2.driver.initialized", pid=os.getpid(), etcd=",".join(self.etcd.endpoints))
 
@@ -124,7 +140,7 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             device_owner=port.get("device_owner") or "",
             port_id=port["id"],
             segments=_segments(context),
-            host=self.cache.get(host),
+            host=self.hosts.get(host),
             vhostuser_dir=self.conf.vhostuser_socket_dir,
         )
         if isinstance(decision, binding.Decline):
@@ -149,7 +165,7 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
         new_segment = bound_segment(context.binding_levels)
         old_host, new_host = context.original_host or "", context.host or ""
         if old_segment is not None and old_host and (new_segment is None or old_host != new_host):
-            self._journal(context, keys.node_port(old_host, port_id), None)
+            self._journal(context, self._port_key(old_host, port_id), None)
         if new_segment is None or not new_host:
             return
         rebound = (
@@ -171,7 +187,7 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             )
             if before.encode() == after.encode():
                 return  # status-only update: nothing for the agent
-            self._journal(context, keys.node_port(new_host, port_id), after.encode())
+            self._journal(context, self._port_key(new_host, port_id), after.encode())
             return
         self._journal_put(context, new_host, new_segment)
         with db_api.CONTEXT_WRITER.using(context.plugin_context):
@@ -186,13 +202,17 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
         self._journal_membership(context, context.current, None)
         segment = bound_segment(context.binding_levels)
         if segment is not None and context.host:
-            self._journal(context, keys.node_port(context.host, context.current["id"]), None)
+            self._journal(context, self._port_key(context.host, context.current["id"]), None)
 
     def _journal_put(self, context: Any, host: str, segment: dict[str, Any]) -> None:
         value = desired_port(
             context, context.current, segment, context.vif_type, context.vif_details
         )
-        self._journal(context, keys.node_port(host, value.port_id), value.encode())
+        self._journal(context, self._port_key(host, value.port_id), value.encode())
+
+    def _port_key(self, host: str, port_id: str) -> str:
+        """The desired port's key in the deployment ``host`` belongs to."""
+        return self.hosts.key(host, keys.node_port(host, port_id))
 
     def _journal_membership(
         self, context: Any, before: dict[str, Any] | None, after: dict[str, Any] | None

@@ -54,7 +54,7 @@ class Feedback:
         prefix: str = keys.state_prefix(),
     ) -> None:
         self._client = client
-        self._cache = cache
+        self.cache = cache
         self._sink = sink
         self._is_active = is_active
         self._prefix = prefix
@@ -86,9 +86,9 @@ class Feedback:
         async for batch in self.watcher.batches():
             changes: list[StateChange] = []
             for event in batch.events:
-                changes += self._cache.apply(event.kind, event.key, event.value)
-            first = not self._cache.synced.is_set()
-            self._cache.synced.set()
+                changes += self.cache.apply(event.kind, event.key, event.value)
+            first = not self.cache.synced.is_set()
+            self.cache.synced.set()
             if not self._is_active():
                 continue
             if first or batch.relisted:
@@ -99,8 +99,8 @@ class Feedback:
 
     async def resync(self) -> None:
         """Bring Neutron in line with everything the cache knows."""
-        changes = [StateChange("host_down", host) for host in self._cache.dead_hosts()]
-        for host, port in self._cache.wired_ports():
+        changes = [StateChange("host_down", host) for host in self.cache.dead_hosts()]
+        for host, port in self.cache.wired_ports():
             changes.append(StateChange("port_wired", host, port))
         await self._act(changes)
 
@@ -127,7 +127,7 @@ class Feedback:
         host, port = change.host, change.port_id
         try:
             if change.kind == "port_wired" and port is not None:
-                if not self._cache.get(host).alive:
+                if not self.cache.get(host).alive:
                     log.info("ml2.feedback.wired_on_dead_host", host=host, port=port)
                     return
                 done = await asyncio.to_thread(self._sink.port_wired, host, port)
@@ -140,7 +140,7 @@ class Feedback:
                 log.warning("ml2.feedback.host_down", host=host, ports_down=count)
             elif change.kind == "host_up":
                 log.info("ml2.feedback.host_up", host=host)
-                for _host, wired in self._cache.wired_ports(host):
+                for _host, wired in self.cache.wired_ports(host):
                     await self._act_one(StateChange("port_wired", host, wired))
         except RetryableError as exc:
             delay = RETRY.delay(attempt)

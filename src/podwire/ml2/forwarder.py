@@ -6,6 +6,10 @@ each batch is one etcd txn guarded by the election's fence, so a forwarder that 
 its TTL and woke up after another took over cannot write a single stale key.
 Rows are deleted only after etcd accepted their txn; a crash in between replays them, which is
 harmless because later rows are never sent before earlier ones.
+
+Rows name keys as etcd stores them, a deployment's namespace in front, except the policy keys
+(``/podwire/global/``): every deployment's agents read the same groups, so such a row is written
+once into each namespace the driver serves.
 """
 
 from __future__ import annotations
@@ -72,7 +76,14 @@ def within_bytes(rows: Sequence[Entry], limit: int) -> list[Entry]:
     return list(rows)
 
 
-def batch_ops(rows: Sequence[Entry]) -> list[Op]:
+def stored_keys(key: str, namespaces: Sequence[str]) -> list[str]:
+    """The keys one journal row is written to: a policy key into every namespace."""
+    if key.startswith(keys.global_prefix()):
+        return [namespace + key for namespace in namespaces]
+    return [key]
+
+
+def batch_ops(rows: Sequence[Entry], namespaces: Sequence[str] = ("",)) -> list[Op]:
     """One op per key, the last row for it winning.
 
     etcd rejects a txn that touches a key twice; inside one atomic txn the earlier rows for a
@@ -83,8 +94,9 @@ def batch_ops(rows: Sequence[Entry]) -> list[Op]:
         last.pop(row.key, None)
         last[row.key] = row
     return [
-        delete_op(row.key) if row.value is None else put_op(row.key, row.value.encode())
+        delete_op(key) if row.value is None else put_op(key, row.value.encode())
         for row in last.values()
+        for key in stored_keys(row.key, namespaces)
     ]
 
 
@@ -96,8 +108,15 @@ class Forwarder:
         settings: ForwarderSettings,
         on_leadership: Callable[[bool], None] | None = None,
         policy: PolicySource | None = None,
+        namespaces: Sequence[str] = ("",),
     ) -> None:
+        """``namespaces``: the etcd namespaces of the deployments served."""
         self._client = client
+        self._namespaces = list(namespaces)
+        # A policy row becomes one op per namespace: batches shrink so a txn stays within
+        # etcd's --max-txn-ops and --max-request-bytes.
+        self._rows_per_batch = max(1, settings.batch_size // len(self._namespaces))
+        self._bytes_per_batch = max(1, settings.batch_bytes // len(self._namespaces))
         self._journal = journal
         self._settings = settings
         self._on_leadership = on_leadership or (lambda _leader: None)
@@ -182,30 +201,34 @@ class Forwarder:
         assert self._policy is not None
         wanted = await asyncio.to_thread(self._policy.read)
         guards = fence(self._settings.election_key, lease.id)
-        result = await resync(self._client, wanted, guards, self._settings.batch_size)
-        if result is None:
-            raise NotLeader(f"election key {self._settings.election_key} lost during resync")
-        self.policy_revision = max(self.policy_revision, result.revision)
-        log.info(
-            "ml2.forwarder.policy_resynced",
-            put=result.put,
-            deleted=result.deleted,
-            unchanged=result.unchanged,
-            revision=result.revision,
-        )
+        for namespace in self._namespaces:
+            batch = self._settings.batch_size
+            result = await resync(self._client, wanted, guards, batch, namespace)
+            if result is None:
+                raise NotLeader(f"election key {self._settings.election_key} lost during resync")
+            self.policy_revision = max(self.policy_revision, result.revision)
+            log.info(
+                "ml2.forwarder.policy_resynced",
+                namespace=namespace or "/",
+                put=result.put,
+                deleted=result.deleted,
+                unchanged=result.unchanged,
+                revision=result.revision,
+            )
 
     async def drain_once(self, lease: Lease) -> int:
         """Send the oldest batch; returns how many rows went (0 when the journal is empty)."""
         settings = self._settings
-        fetched = await asyncio.to_thread(self._journal.fetch, settings.batch_size)
+        fetched = await asyncio.to_thread(self._journal.fetch, self._rows_per_batch)
         self.backlog = False
         if not fetched:
             return 0
-        rows = within_bytes(fetched, settings.batch_bytes)
+        rows = within_bytes(fetched, self._bytes_per_batch)
         ids = [row.id for row in rows]
         guards = fence(settings.election_key, lease.id)
         try:
-            accepted, revision = await self._client.txn(guards, batch_ops(rows), within=ATTEMPT)
+            ops = batch_ops(rows, self._namespaces)
+            accepted, revision = await self._client.txn(guards, ops, within=ATTEMPT)
         except EtcdUnavailable:
             with contextlib.suppress(RetryableError):
                 await asyncio.to_thread(self._journal.mark_attempt, ids)
@@ -218,5 +241,5 @@ class Forwarder:
             self.policy_revision = revision
         log.debug("ml2.forwarder.sent", rows=len(rows), first=ids[0], revision=revision)
         # More may be waiting: the batch was full, or cut short by its size.
-        self.backlog = len(fetched) == settings.batch_size or len(rows) < len(fetched)
+        self.backlog = len(fetched) == self._rows_per_batch or len(rows) < len(fetched)
         return len(rows)

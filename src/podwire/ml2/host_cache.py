@@ -9,6 +9,8 @@ absent, so a broken agent can only make its own host unbindable.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -16,6 +18,7 @@ from podwire import keys
 from podwire.errors import ValidationError
 from podwire.ml2.mlog import get_logger
 from podwire.schema import nodes as values
+from podwire.schema.deployment import Deployment
 
 log = get_logger(__name__)
 
@@ -65,6 +68,10 @@ class HostCache:
             return HostState(
                 host, entry.alive, dict(entry.physnets), entry.vtep, entry.capabilities
             )
+
+    def knows(self, host: str) -> bool:
+        with self._lock:
+            return host in self._hosts
 
     def hosts(self) -> list[str]:
         with self._lock:
@@ -160,3 +167,53 @@ class HostCache:
                 entry.alive = False
                 return [StateChange("host_down", host)]
             return []
+
+
+class HostDirectory:
+    """The host caches of every deployment the driver serves, as one view for bindings.
+
+    A host belongs to the deployment under whose namespace its agent registered (its alive
+    key). A host alive in two deployments at once is a misconfiguration that would send its
+    ports to two controllers: it is not bound until one of them lets it go.
+    """
+
+    def __init__(self, deployments: Sequence[Deployment]) -> None:
+        self.deployments = list(deployments)
+        self.home = self.deployments[0]  # where the forwarder's own keys live
+        self.caches = {d.name: HostCache() for d in self.deployments}
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(
+            cache.synced.wait(max(0.0, deadline - time.monotonic()))
+            for cache in self.caches.values()
+        )
+
+    def _claims(self, host: str) -> list[tuple[Deployment, HostState]]:
+        states = [(d, self.caches[d.name].get(host)) for d in self.deployments]
+        return [(d, state) for d, state in states if state.alive]
+
+    def get(self, host: str) -> HostState:
+        claims = self._claims(host)
+        if len(claims) == 1:
+            return claims[0][1]
+        if len(claims) > 1:
+            log.error(
+                "ml2.host.in_two_deployments",
+                host=host,
+                deployments=[d.name for d, _ in claims],
+            )
+        return HostState(host)
+
+    def deployment_of(self, host: str) -> Deployment:
+        """Where ``host``'s desired ports go: the deployment it is alive in, else the one it
+        left state in, else the home deployment."""
+        claims = self._claims(host)
+        if len(claims) == 1:
+            return claims[0][0]
+        known = [d for d in self.deployments if self.caches[d.name].knows(host)]
+        return known[0] if len(known) == 1 else self.home
+
+    def key(self, host: str, key: str) -> str:
+        """``key`` (a key of ``host``'s) as etcd stores it in ``host``'s deployment."""
+        return self.deployment_of(host).etcd_namespace + key

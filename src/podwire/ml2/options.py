@@ -24,6 +24,13 @@ OPTS = [
         help="etcd user (see `podwire etcd grant-server NAME --component ml2`).",
     ),
     cfg.StrOpt("etcd_password", default="", secret=True, help="That user's password."),
+    cfg.ListOpt(
+        "deployments",
+        default=["podwire"],
+        help="The podwire deployments whose nodes this Neutron binds ports to (several"
+        " clusters sharing one Neutron and one etcd). A port goes to the deployment its host's"
+        " agent registered in; the first one also holds the forwarder's election.",
+    ),
     cfg.StrOpt(
         "vhostuser_socket_dir",
         default="/var/run/podwire/vhostuser",

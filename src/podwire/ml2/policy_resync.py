@@ -42,12 +42,13 @@ class ResyncResult:
     revision: int
 
 
-async def current_keys(client: EtcdClient) -> tuple[dict[str, bytes], int]:
-    """Every policy key's value, and the newest mod revision among them."""
+async def current_keys(client: EtcdClient, namespace: str = "") -> tuple[dict[str, bytes], int]:
+    """Every policy key's value in ``namespace`` (keys as stored), and the newest mod
+    revision among them."""
     found: dict[str, bytes] = {}
     newest = 0
     for prefix in POLICY_PREFIXES:
-        values, _revision = await client.get_prefix(prefix)
+        values, _revision = await client.get_prefix(namespace + prefix)
         found.update({kv.key: kv.value for kv in values})
         newest = max([newest, *(kv.mod_revision for kv in values)])
     return found, newest
@@ -69,10 +70,13 @@ async def resync(
     wanted: dict[str, str],
     guards: Sequence[Compare],
     batch_size: int,
+    namespace: str = "",
 ) -> ResyncResult | None:
-    """Write the difference in fenced txns; None when the fence failed (no longer leader)."""
-    present, revision = await current_keys(client)
-    ops, puts, deletes = resync_ops(wanted, present)
+    """Write the difference into ``namespace`` in fenced txns; None when the fence failed (no
+    longer leader)."""
+    present, revision = await current_keys(client, namespace)
+    stored = {namespace + key: value for key, value in wanted.items()}
+    ops, puts, deletes = resync_ops(stored, present)
     for start in range(0, len(ops), batch_size):
         accepted, revision = await client.txn(guards, ops[start : start + batch_size])
         if not accepted:

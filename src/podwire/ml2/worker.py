@@ -2,8 +2,12 @@
 
 Neutron serves requests on plain threads (no eventlet monkey patching under gunicorn), so the
 worker owns a private event loop in a daemon thread. Every API worker runs one; the election
-inside the forwarder makes exactly one of them active deployment-wide. Request threads talk to
+inside the forwarder makes exactly one of them active Neutron-wide. Request threads talk to
 it only through thread-safe, non-blocking calls (``kick``).
+
+One connection serves every deployment the driver lists: the forwarder writes keys as etcd
+stores them (namespaces included) under one election, and each deployment's state is followed
+through a view of the connection in that deployment's namespace.
 """
 
 from __future__ import annotations
@@ -13,12 +17,11 @@ import concurrent.futures
 import threading
 from collections.abc import Callable
 
-from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.ml2.feedback import Feedback, PortStatusSink
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings, Journal
-from podwire.ml2.host_cache import HostCache
+from podwire.ml2.host_cache import HostDirectory
 from podwire.ml2.mlog import get_logger
 from podwire.ml2.policy_resync import PolicySource
 from podwire.ml2.status import publish_forever
@@ -32,26 +35,24 @@ class Worker:
     def __init__(
         self,
         etcd: EtcdSettings,
-        cache: HostCache,
+        hosts: HostDirectory,
         journal: Journal,
         sink: PortStatusSink,
         forwarder_settings: ForwarderSettings,
-        state_prefix: str = keys.state_prefix(),
         journal_depth: Callable[[], tuple[int, float]] | None = None,
         policy: PolicySource | None = None,
     ) -> None:
         self._journal_depth = journal_depth
         self._policy = policy
         self._etcd = etcd
-        self._cache = cache
+        self._hosts = hosts
         self._journal = journal
         self._sink = sink
         self._forwarder_settings = forwarder_settings
-        self._state_prefix = state_prefix
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: EtcdClient | None = None
         self._forwarder: Forwarder | None = None
-        self._feedback: Feedback | None = None
+        self._feedbacks: list[Feedback] = []
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -98,36 +99,46 @@ class Worker:
         client = await EtcdClient.connect(self._etcd, check=False)
         self._client = client
         try:
+            namespaces = [d.etcd_namespace for d in self._hosts.deployments]
             forwarder = Forwarder(
-                client, self._journal, self._forwarder_settings, self._on_leadership, self._policy
-            )
-            feedback = Feedback(
                 client,
-                self._cache,
-                self._sink,
-                lambda: forwarder.is_leader,
-                self._state_prefix,
+                self._journal,
+                self._forwarder_settings,
+                self._on_leadership,
+                self._policy,
+                namespaces,
             )
+            views = {d.name: client.within(d.etcd_namespace) for d in self._hosts.deployments}
+            feedbacks = {
+                name: Feedback(
+                    view, self._hosts.caches[name], self._sink, lambda: forwarder.is_leader
+                )
+                for name, view in views.items()
+            }
             self._forwarder = forwarder
-            self._feedback = feedback
+            self._feedbacks = list(feedbacks.values())
             async with asyncio.TaskGroup() as group:
-                group.create_task(feedback.run())
                 group.create_task(forwarder.run())
-                if self._journal_depth is not None:
-                    identity = self._forwarder_settings.identity
-                    group.create_task(
-                        publish_forever(client, identity, forwarder, feedback, self._journal_depth)
-                    )
+                for name, feedback in feedbacks.items():
+                    group.create_task(feedback.run())
+                    if self._journal_depth is not None:
+                        identity = self._forwarder_settings.identity
+                        report = publish_forever(
+                            views[name], identity, forwarder, feedback, self._journal_depth
+                        )
+                        group.create_task(report)
         finally:
             self._forwarder = None
+            self._feedbacks = []
             self._client = None
             await client.close()
 
     def _on_leadership(self, leader: bool) -> None:
         log.info("ml2.worker.leadership", leader=leader)
-        if leader and self._feedback is not None and self._cache.synced.is_set():
-            # Whatever the previous leader left undone is redone from the full picture.
-            self._feedback.request_resync()
+        for feedback in self._feedbacks if leader else []:
+            if feedback.cache.synced.is_set():
+                # Whatever the previous leader left undone is redone from the full picture.
+                feedback.request_resync()
 
 
 def _log_kick_failure(future: concurrent.futures.Future[int]) -> None:

@@ -144,6 +144,7 @@ class PortSummary:
     binding_vif_type: str
     device_id: str
     created_at: str = ""  # ISO 8601 UTC as Neutron reports it
+    tags: tuple[str, ...] = ()
 
     @classmethod
     def from_api(cls, raw: Mapping[str, Any]) -> PortSummary:
@@ -158,12 +159,13 @@ class PortSummary:
             binding_vif_type=str(raw.get("binding:vif_type") or ""),
             device_id=str(raw.get("device_id") or ""),
             created_at=str(raw.get("created_at") or ""),
+            tags=tuple(str(tag) for tag in raw.get("tags") or ()),
         )
 
 
 SUMMARY_FIELDS = (
     "id", "network_id", "project_id", "mac_address", "fixed_ips", "security_groups",
-    "binding:host_id", "binding:vif_type", "device_id", "created_at",
+    "binding:host_id", "binding:vif_type", "device_id", "created_at", "tags",
 )  # fmt: skip
 
 
@@ -179,11 +181,36 @@ class NeutronClient:
         # may fail and must fail inside a translated call, not at construction.
         return self._conn.network
 
+    def create_ports(self, bodies: list[Mapping[str, Any]], tag: str) -> list[Any]:
+        """Create the ports carrying ``tag`` (their deployment's) in the same request.
+
+        Neutron drops tags of a port create silently unless its ML2 extension driver
+        ``tag_ports_during_bulk_creation`` is loaded; an untagged port would be invisible to
+        its deployment's cleanups, so such ports are deleted again and the call refused.
+        """
+        created = self._create_ports([{**body, "tags": [tag]} for body in bodies])
+        if all(tag in (port.tags or ()) for port in created):
+            return created
+        for port in created:
+            self.delete_port(port.id)
+        raise NeutronRequestError(
+            f"neutron create ports: Neutron ignored the ports' tag {tag!r}: load the ML2"
+            " extension driver tag_ports_during_bulk_creation ([ml2] extension_drivers)",
+            400,
+        )
+
     @_translated("create ports")
-    def create_ports(self, bodies: list[Mapping[str, Any]]) -> list[Any]:
+    def _create_ports(self, bodies: list[dict[str, Any]]) -> list[Any]:
         if len(bodies) == 1:
             return [self._network.create_port(**bodies[0])]
-        return list(self._network.create_ports([dict(body) for body in bodies]))
+        return list(self._network.create_ports(bodies))
+
+    @_translated("tag port")
+    def tag_port(self, port_id: str, tag: str) -> None:
+        """Add ``tag`` to the port's tags (idempotent: Neutron keeps one of each)."""
+        response = self._network.put(f"/ports/{port_id}/tags/{tag}")
+        if response.status_code not in (200, 201, 204):
+            raise _from_http(os_exc.HttpException(response=response), "tag port")
 
     @_translated("update port")
     def update_port(self, port_id: str, **changes: Any) -> Any:

@@ -57,6 +57,7 @@ quota_security_group_rule = -1
 
 [ml2_podwire]
 etcd_endpoints = {etcd_url}
+deployments = {deployments}
 {etcd_auth}"""
 
 ML2_CONF = """\
@@ -64,7 +65,7 @@ ML2_CONF = """\
 type_drivers = flat,vlan,vxlan
 project_network_types = vxlan
 mechanism_drivers = podwire
-extension_drivers = port_security
+extension_drivers = port_security,tag_ports_during_bulk_creation
 
 [ml2_type_flat]
 flat_networks = *
@@ -91,6 +92,7 @@ class NeutronConfig:
     etcd_user: str = ""
     etcd_password: str = ""
     transport_url: str = ""  # empty: no RPC bus (fake:/, no DHCP notifications)
+    deployments: tuple[str, ...] = ("podwire",)  # whose nodes the ml2 driver serves
 
     def write(self) -> None:
         # Owner-only: neutron.conf may carry the etcd server user's password.
@@ -106,6 +108,7 @@ class NeutronConfig:
             "etcd_url": self.etcd_url,
             "vlan_ranges": self.vlan_ranges,
             "vni_ranges": self.vni_ranges,
+            "deployments": ",".join(self.deployments),
             "transport_url": self.transport_url or "fake:/",
             "dhcp_notification": bool(self.transport_url),
             "etcd_auth": (

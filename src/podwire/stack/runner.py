@@ -54,6 +54,7 @@ class StackOptions:
     etcd_members: int = 1  # 1, 3 or 5: a cluster on loopback
     neutron_servers: int = 1  # neutron-server processes on the same database
     rpc: bool = False  # RabbitMQ + neutron-rpc-server, for Neutron's agents
+    deployments: tuple[str, ...] = ("podwire",)  # [ml2_podwire] deployments
 
 
 class StopRequested(Exception):
@@ -198,6 +199,7 @@ class Stack:
             etcd_user=server.user if server else "",
             etcd_password=server.password if server else "",
             transport_url=transport_url,
+            deployments=self.options.deployments,
         )
         config.write()
         return config

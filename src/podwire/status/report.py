@@ -67,7 +67,7 @@ async def collect_pools(controller: ControllerSettings) -> dict[str, Any]:
 async def collect(settings: Settings) -> Report:
     report = Report()
     try:
-        etcd = await EtcdClient.connect(settings.etcd)
+        etcd = await EtcdClient.connect(settings.etcd, namespace=settings.deployment.etcd_namespace)
     except PodwireError as exc:
         report.etcd = {"state": "unreachable", "error": str(exc)}
         report.problems.append(f"etcd unreachable: {exc}")
