@@ -46,8 +46,8 @@ Before the first section (env `PODWIRE_DEPLOYMENT`):
 | key | type | default | meaning |
 |---|---|---|---|
 | `deployment` | str | `"podwire"` | The deployment (cluster) this component belongs to: \
-lower-case letters, digits and `-`, at most 40 characters. The controller, agents and `podwire status` of \
-one cluster name the same; several clusters on one Neutron and one etcd \
+lower-case letters, digits and `-`, at most 40 characters. The controller, agents and \
+`podwire status` of one cluster name the same; several clusters on one Neutron and one etcd \
 name different ones ([deployments.md](deployments.md)). |
 """
 
