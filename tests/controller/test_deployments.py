@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from podwire.controller.app import Controller
 from podwire.controller.leader import ELECTION
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from podwire.schema import nodes as values
 from podwire.schema.deployment import Deployment
 from tests.conftest import SECOND_DEPLOYMENT
 from tests.controller.conftest import (
@@ -155,6 +157,12 @@ async def test_two_deployments_on_one_neutron_never_touch_each_others_ports(
     assert {kv.key.rsplit("/", 1)[1] for kv in desired[0]} == ports[SECOND.name]
     leaked, _ = await first.etcd.get_prefix(keys.node_ports_prefix(second.node.name))
     assert leaked == []
+    # ... and reads its agents' reports there: a port wired on the second deployment's host
+    # goes ACTIVE in Neutron.
+    wired = held[SECOND.name][0]
+    state = keys.state_port(second.node.name, wired)
+    await second.etcd.put(state, values.port_state_value(time.time()))
+    await eventually(lambda: _active(neutron, wired), "the wired port ACTIVE")
 
     for restarted, other in ((first, second), (second, first)):
         before = tagged(neutron, network, other.deployment)
@@ -167,6 +175,10 @@ async def test_two_deployments_on_one_neutron_never_touch_each_others_ports(
         assert not any(running.service.knows(p) for p in before)
         name = restarted.deployment.name
         assert set(held[name]) <= tagged(neutron, network, restarted.deployment)
+
+
+async def _active(neutron: Any, port_id: str) -> bool:
+    return bool(neutron.network.get_port(port_id).status == "ACTIVE")
 
 
 async def _no_mirror(*_args: Any) -> None:
