@@ -111,17 +111,47 @@ async def test_a_refused_batch_changes_nothing_and_names_the_set(
         assert nft_shape(await packed.query("list ruleset")) == before
 
 
+async def test_remote_group_intervals_are_packed_and_end_where_text_does(
+    two: tuple[Nftables, Nftables],
+) -> None:
+    """One-field interval sets (a remote group's members): members added next to, between
+    and after others, one removed, the last address of the family, all in packed batches."""
+    packed, text = two
+    steps = [
+        ("10.1.0.7",),
+        ("10.1.0.7", "10.1.0.9"),
+        ("10.1.0.7", "10.1.0.8", "10.1.0.9", "10.1.0.20"),  # merged into one range
+        ("10.1.0.9", "10.1.0.20", "255.255.255.255"),  # a range split, the last address
+        ("10.1.0.20",),
+    ]
+    base = await _both(two, _inputs([1, 2], 1000, steps[0]))
+    for members in steps[1:]:
+        new = compile_ruleset(_inputs([1, 2], 1000, members)).ruleset
+        change = ruleset.change(base, new)
+        assert change is not None and change.elements_only
+        assert {c.set_name for c in change.elements} == {f"rg4_{REMOTE}"}
+        await packed.apply_elements(change.elements)
+        await text.apply(change.text())
+        listed = [nft_shape(await nft.query("list ruleset")) for nft in two]
+        assert listed[0] == listed[1], members
+        base = new
+    assert FALLBACKS == []
+    assert "10.1.0.20" in listed[0] and "10.1.0.9" not in listed[0]
+
+
 async def test_sets_the_packer_does_not_know_change_through_libnftables(
     two: tuple[Nftables, Nftables],
 ) -> None:
     packed, text = two
-    base = await _both(two, _inputs([1, 2], 1000, ("10.1.0.7",)))
-    new = compile_ruleset(_inputs([1, 2], 1000, ("10.1.0.7", "10.1.0.9"))).ruleset
-    change = ruleset.change(base, new)
-    assert change is not None and change.elements_only
-    assert [c.set_name for c in change.elements] == [f"rg4_{REMOTE}"]  # one-field intervals
-    await packed.apply_elements(change.elements)
+    await _both(two, _inputs([1, 2], 1000))
+    spec = "type ether_addr; flags interval;"  # no set of podwire's: a MAC range
+    for nft in two:
+        await nft.apply(f"add set bridge podwire extra {{ {spec} }}")
+    change = ElementChange(
+        "bridge", "podwire", "extra", spec, "add", frozenset({"fa:16:3e:00:00:01"})
+    )
+    await packed.apply_elements([change])
     assert len(FALLBACKS) == 1 and "set declaration" in FALLBACKS[0]  # counted, not silent
     await text.apply(change.text())
     listed = [nft_shape(await nft.query("list ruleset")) for nft in two]
-    assert listed[0] == listed[1] and "10.1.0.9" in listed[0]
+    assert listed[0] == listed[1] and "fa:16:3e:00:00:01" in listed[0]

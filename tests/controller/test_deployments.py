@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from podwire import keys
+from podwire.config import EtcdSettings
 from podwire.controller import recovery
 from podwire.controller.app import Controller
 from podwire.controller.leader import ELECTION
@@ -28,6 +29,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
 from podwire.schema import nodes as values
 from podwire.schema.deployment import Deployment
+from podwire.status.report import collect
 from tests.conftest import SECOND_DEPLOYMENT
 from tests.controller.conftest import (
     Node,
@@ -262,3 +264,23 @@ async def test_a_host_alive_in_two_deployments_is_not_bound(
     finally:
         await second.etcd.delete_prefix(keys.state_node_prefix(twin_node.name))
         await twin.cleanup()
+
+
+async def test_status_of_the_second_deployment_names_the_forwarder(
+    clusters: tuple[Cluster, Cluster], stack: dict[str, Any]
+) -> None:
+    """Its election lives in the first deployment's namespace; the report it publishes in
+    every namespace names it, so `podwire status` of either deployment finds no problem there."""
+    _first, second = clusters
+    assert second.node is not None
+    settings = replace(settings_for(stack, [second.node]), deployment=SECOND)
+    settings = replace(settings, etcd=EtcdSettings(endpoints=[stack["etcd"]]))
+
+    async def named() -> bool:
+        report = await collect(settings)
+        return report.leaders.get("forwarder") is not None
+
+    await eventually(named, "the forwarder named in the second deployment's status")
+    report = await collect(settings)
+    assert [n.host for n in report.nodes] == [second.node.name]
+    assert not [p for p in report.problems if "forwarder" in p], report.problems

@@ -11,7 +11,14 @@ import time
 
 import pytest
 
-from podwire.netfilter.elements import ElementChange, Packed, Unencodable, layout, pack
+from podwire.netfilter.elements import (
+    ElementChange,
+    Packed,
+    Unencodable,
+    layout,
+    pack,
+    pack_all,
+)
 from podwire.netfilter.nfnl import MAX_NEST, TIMEOUT, NfnlSocket, bodies
 from podwire.netlink.rtnl import NLMSG_ERROR, RtnlError, message
 
@@ -47,6 +54,27 @@ def test_nd_targets_are_raw_128_bit_payloads_in_network_order() -> None:
     )
 
 
+def test_a_one_field_interval_is_its_start_and_the_value_after_its_end() -> None:
+    """As libnftables sends ``10.1.0.7`` and ``10.2.0.0/16`` to an ``ipv4_addr`` interval set
+    (``nft --debug=netlink``): the start, and the next address flagged as an interval end."""
+    shape = layout("type ipv4_addr; flags interval;")
+    assert pack_all(shape, "10.1.0.7") == [
+        Packed(socket.inet_aton("10.1.0.7")),
+        Packed(socket.inet_aton("10.1.0.8"), interval_end=True),
+    ]
+    assert pack_all(shape, "10.2.0.0/16")[1].key == socket.inet_aton("10.3.0.0")
+    assert pack_all(shape, "255.255.255.0/24") == [Packed(socket.inet_aton("255.255.255.0"))]
+    six = pack_all(layout("type ipv6_addr; flags interval;"), "fd00::1")
+    assert six[1].key == socket.inet_pton(socket.AF_INET6, "fd00::2") and six[1].interval_end
+    ((_kind, _flags, body),) = bodies(
+        ElementChange(
+            "inet", "t", "s", "type ipv4_addr; flags interval;", "add", frozenset({"10.1.0.7"})
+        )
+    )
+    flags_attr = struct.pack("=HH", 8, 3) + struct.pack(">I", 1)  # NFTA_SET_ELEM_FLAGS: END
+    assert body.count(flags_attr) == 1
+
+
 def test_maps_carry_marks_in_host_order_and_verdicts_by_chain() -> None:
     assert pack(layout("type ifname : mark;"), '"pwp1" : 101') == Packed(
         b"pwp1" + b"\0" * 12, value=(101).to_bytes(4, sys.byteorder)
@@ -68,7 +96,6 @@ def test_ports_and_protocols_are_big_endian_ranges_in_whole_registers() -> None:
 @pytest.mark.parametrize(
     ("spec", "element"),
     [
-        ("type ipv4_addr; flags interval;", "10.0.0.0/8"),  # one field: start/end pairs
         ("type ipv4_addr; flags timeout;", "10.0.0.1"),
         ("type ct_state;", "established"),
         ("type ifname;", '"pwp*"'),  # a wildcard is not a name
@@ -77,6 +104,8 @@ def test_ports_and_protocols_are_big_endian_ranges_in_whole_registers() -> None:
         ("type ether_addr;", "fa:16:3e:00:00"),
         ("type ipv4_addr;", "fd00::1"),  # the wrong family
         ("type ipv4_addr;", "10.0.0.0/8"),  # a prefix in a set without intervals
+        ("type ether_addr; flags interval;", "fa:16:3e:00:00:01"),  # not a number range
+        ("type mark; flags interval;", "1-5"),  # host byte order: no ordered range
         ("type inet_service;", "70000"),
         ("type inet_proto . inet_service;", "6"),  # a field missing
         ("type mark : verdict;", "1 : accept"),

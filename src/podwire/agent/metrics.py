@@ -69,8 +69,7 @@ class AgentMetrics:
         self.policy_text_fallbacks = prom.Counter(
             "podwire_agent_policy_element_text_fallbacks",
             "Set element changes sent through libnftables as text, not packed: sets the packer"
-            " does not encode (remote groups' one-field interval sets); each costs a parse and"
-            " a cache dump",
+            " does not encode (none of podwire's own); each costs a parse and a cache dump",
             registry=r,
         )
         self.policy_seconds = prom.Histogram(

@@ -8,8 +8,11 @@ kernel does the same work either way, and the batch is one transaction just the 
 
 Only what podwire's sets hold is encoded: interface names, MACs, IPv4/IPv6 addresses, marks,
 protocols, ports, ICMP types and codes, ND targets (a ``typeof`` key of a raw payload) and
-verdicts; interval sets only when concatenated (one
-element with a closing key). Anything else raises ``Unencodable`` and goes through libnftables.
+verdicts. Intervals of a concatenation are one element with a closing key; a one-field interval
+set (remote-group members) stores each range as two elements, as libnftables sends them: its
+first value, and the value after its last flagged as an interval's end (none when the range
+reaches the type's last value). Anything else raises ``Unencodable`` and goes through
+libnftables.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Packed:
     key_end: bytes | None = None
     value: bytes | None = None  # a map's data value
     verdict: tuple[int, str] | None = None  # a verdict map's (code, chain)
+    interval_end: bool = False  # a one-field interval set's closing element
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ def layout(spec: str) -> _Layout:
     for kind in (*key, data or "mark"):
         if kind not in _WIDTH and kind != "verdict":
             raise Unencodable(f"type {kind!r} in {spec!r}")
-    if "verdict" in key or (interval and len(key) == 1):
+    if "verdict" in key:
+        raise Unencodable(f"set declaration {spec!r}")
+    if interval and len(key) == 1 and (key[0] not in _BIG_ENDIAN or data):
         raise Unencodable(f"set declaration {spec!r}")
     return _Layout(key, data.strip() or None, interval)
 
@@ -102,7 +108,22 @@ def _typeof(expressions: str, spec: str) -> str:
     return " . ".join(k for k in kinds if k)
 
 
+def pack_all(item: _Layout, element: str) -> list[Packed]:
+    """The kernel elements of one element of text: one, or a one-field interval's two."""
+    if not (item.interval and len(item.key) == 1):
+        return [pack(item, element)]
+    low, high = _field(item.key[0], element.strip(), True)
+    start = Packed(_padded(low))
+    following = int.from_bytes(high, "big") + 1
+    if following >> (8 * len(high)):  # the range reaches the last value: no closing element
+        return [start]
+    return [start, Packed(_padded(following.to_bytes(len(high), "big")), interval_end=True)]
+
+
 def pack(item: _Layout, element: str) -> Packed:
+    """One element of a set that is not a one-field interval set (``pack_all`` takes both)."""
+    if item.interval and len(item.key) == 1:
+        raise Unencodable(f"element {element!r} of a one-field interval set")
     key_text, sep, data_text = element.partition(" : ")
     if bool(sep) != (item.data is not None):
         raise Unencodable(f"element {element!r}")
@@ -138,6 +159,8 @@ _WIDTH = {
     "icmpv6_code": 1,
     "integer128": 16,  # a raw 128-bit payload (an ND target), big-endian as loaded
 }
+# The types loaded in network byte order: a range of them is a range of big-endian numbers.
+_BIG_ENDIAN = frozenset(_WIDTH) - {"ifname", "ether_addr", "mark"}
 
 
 def _padded(data: bytes) -> bytes:

@@ -13,7 +13,7 @@ import socket
 import struct
 from collections.abc import Iterable, Sequence
 
-from podwire.netfilter.elements import ElementChange, Packed, Unencodable, layout, pack
+from podwire.netfilter.elements import ElementChange, Packed, Unencodable, layout, pack_all
 from podwire.netlink.rtnl import (
     NLM_F_ACK,
     NLM_F_CREATE,
@@ -34,7 +34,8 @@ NFT_MSG_NEWSETELEM, NFT_MSG_DELSETELEM = 12, 14
 NLA_F_NESTED = 0x8000
 NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_ELEMENTS = 1, 2, 3
 NFTA_LIST_ELEM = 1
-NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_KEY_END = 1, 2, 10
+NFTA_SET_ELEM_KEY, NFTA_SET_ELEM_DATA, NFTA_SET_ELEM_FLAGS, NFTA_SET_ELEM_KEY_END = 1, 2, 3, 10
+NFT_SET_ELEM_INTERVAL_END = 1
 NFTA_DATA_VALUE, NFTA_DATA_VERDICT = 1, 2
 NFTA_VERDICT_CODE, NFTA_VERDICT_CHAIN = 1, 2
 FAMILIES = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
@@ -54,6 +55,8 @@ def _strz(text: str) -> bytes:
 
 def _element(item: Packed) -> bytes:
     body = _nested(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, item.key))
+    if item.interval_end:
+        body += attr(NFTA_SET_ELEM_FLAGS, struct.pack(">I", NFT_SET_ELEM_INTERVAL_END))
     if item.key_end is not None:
         body += _nested(NFTA_SET_ELEM_KEY_END, attr(NFTA_DATA_VALUE, item.key_end))
     if item.value is not None:
@@ -86,7 +89,11 @@ def bodies(change: ElementChange) -> list[tuple[int, int, bytes]]:
     if change.family not in FAMILIES or change.verb not in ("add", "delete"):
         raise Unencodable(f"{change.verb} element in family {change.family}")
     shape = layout(change.spec)
-    encoded = [_element(pack(shape, element)) for element in sorted(change.elements)]
+    encoded = [
+        _element(packed)
+        for element in sorted(change.elements)
+        for packed in pack_all(shape, element)
+    ]
     head = _nfgen(FAMILIES[change.family]) + attr(NFTA_SET_ELEM_LIST_TABLE, _strz(change.table))
     head += attr(NFTA_SET_ELEM_LIST_SET, _strz(change.set_name))
     adding = change.verb == "add"

@@ -77,6 +77,10 @@ async def collect(settings: Settings) -> Report:
         report.nodes = await collect_nodes(etcd)
         report.leaders = await collect_leaders(etcd, ("forwarder", "controller"))
         report.ml2 = await ml2_report(etcd)
+        if report.leaders.get("forwarder") is None and report.ml2.get("state") == "ok":
+            # The forwarder's election is in the first deployment the ml2 driver serves; in
+            # the others, its fresh report (published in every one) names it.
+            report.leaders["forwarder"] = str(report.ml2["forwarder"])
     report.pools = await collect_pools(settings.controller)
     report.problems += _problems(report)
     return report
