@@ -12,7 +12,7 @@ import pytest
 from podwire.agent.policy import ruleset
 from podwire.agent.policy.compile import PolicyInputs, PortPolicy, compile_ruleset
 from podwire.netfilter import Nftables, NftError
-from podwire.netfilter.elements import ElementChange
+from podwire.netfilter.elements import Element, ElementChange, IfName, Mac
 from podwire.netfilter.nfnl import bodies
 from podwire.schema.secgroups import Rule, SecurityGroup
 from tests.agent.netenv import NetEnv
@@ -99,12 +99,10 @@ async def test_a_refused_batch_changes_nothing_and_names_the_set(
     base = await _both(two, _inputs([1, 2], 1000))
     before = nft_shape(await packed.query("list ruleset"))
     spec = base.sets[("bridge", "src_mac")].spec
-    good = ElementChange(
-        "bridge", "podwire", "src_mac", spec, "add", frozenset({'"pwpnew" . fa:16:3e:00:00:01'})
-    )
-    gone = ElementChange(
-        "bridge", "podwire", "src_mac", spec, "delete", frozenset({'"pwpnone" . fa:16:3e:00:00:02'})
-    )
+    new = frozenset({Element((IfName("pwpnew"), Mac("fa:16:3e:00:00:01")))})
+    absent = frozenset({Element((IfName("pwpnone"), Mac("fa:16:3e:00:00:02")))})
+    good = ElementChange("bridge", "podwire", "src_mac", spec, "add", new)
+    gone = ElementChange("bridge", "podwire", "src_mac", spec, "delete", absent)
     for batch in ([good, gone], [gone, good]):  # the refused one last, then first
         with pytest.raises(NftError, match="delete element bridge podwire src_mac"):
             await packed.apply_elements(batch)
@@ -147,9 +145,8 @@ async def test_sets_the_packer_does_not_know_change_through_libnftables(
     spec = "type ether_addr; flags interval;"  # no set of podwire's: a MAC range
     for nft in two:
         await nft.apply(f"add set bridge podwire extra {{ {spec} }}")
-    change = ElementChange(
-        "bridge", "podwire", "extra", spec, "add", frozenset({"fa:16:3e:00:00:01"})
-    )
+    mac = frozenset({Element((Mac("fa:16:3e:00:00:01"),))})
+    change = ElementChange("bridge", "podwire", "extra", spec, "add", mac)
     await packed.apply_elements([change])
     assert len(FALLBACKS) == 1 and "set declaration" in FALLBACKS[0]  # counted, not silent
     await text.apply(change.text())

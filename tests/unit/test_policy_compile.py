@@ -28,6 +28,7 @@ from podwire.agent.policy.compile import (
 )
 from podwire.agent.policy.store import PolicyStore
 from podwire.etcd import KeyValue, WatchEvent
+from podwire.netfilter.elements import Element
 from podwire.schema.ports import AddressPair, DesiredPort, FixedIp
 from podwire.schema.secgroups import Rule, SecurityGroup
 
@@ -77,10 +78,11 @@ rules = st.builds(
 )
 
 
-def _boxes(elements: frozenset[str]) -> list[tuple[tuple[int, int], ...]]:
-    """Parse ``addr . proto . port`` elements back into boxes."""
+def _boxes(elements: frozenset[Element]) -> list[tuple[tuple[int, int], ...]]:
+    """Parse the nft text of ``addr . proto . port`` elements back into boxes (what
+    libnftables reads is what is checked)."""
     out = []
-    for element in elements:
+    for element in (e.text() for e in elements):
         address, proto, port = (part.strip() for part in element.split(" . "))
         if "-" in address:
             low, high = address.split("-")
@@ -183,7 +185,7 @@ def test_a_port_may_advertise_exactly_the_ipv6_addresses_it_may_send_from() -> N
     sets = compile_ruleset(PolicyInputs({}, {}, {}, [PortPolicy(port, item.ifname)])).ruleset.sets
 
     def addresses(name: str) -> set[str]:
-        return {e.rsplit(" . ", 1)[1] for e in sets[("bridge", name)].elements}
+        return {e.text().rsplit(" . ", 1)[1] for e in sets[("bridge", name)].elements}
 
     def integer(address: str) -> str:
         return f"0x{int(ipaddress.IPv6Address(address)):032x}"
@@ -194,7 +196,7 @@ def test_a_port_may_advertise_exactly_the_ipv6_addresses_it_may_send_from() -> N
     assert addresses("nd6net") == {
         f"{integer(str(net.network_address))}-{integer(str(net.broadcast_address))}"
     }
-    heads = {e.rsplit(" . ", 1)[0] for e in sets[("bridge", "nd6net")].elements}
+    heads = {e.text().rsplit(" . ", 1)[0] for e in sets[("bridge", "nd6net")].elements}
     assert heads == {f'"{item.ifname}" . fa:16:3e:00:00:99'}
 
 
@@ -254,7 +256,7 @@ def test_bad_values_never_raise_and_never_allow(changes: dict[str, Any], garbage
     inputs.ports = [_port()]
     compiled = compile_ruleset(inputs)
     elements = compiled.ruleset.sets[("inet", f"{policy_name((SG,))}_in4")].elements
-    assert "0.0.0.0/0 . 6 . 22" in elements  # the good rule stays enforced
+    assert "0.0.0.0/0 . 6 . 22" in {e.text() for e in elements}  # the good rule stays enforced
     parsed = store.groups[SG].rules
     assert parsed[0].rule_id == _rule_id(1) and len(parsed) in (1, 2)
     if len(parsed) == 1:  # the bad rule was left out, and said so

@@ -1,4 +1,8 @@
-"""Set element changes as values, and their nf_tables netlink encoding.
+"""Set elements as typed values, and their nf_tables netlink encoding.
+
+The compiler builds each element from typed fields (``IfName``, ``Mac``, ``Addresses``,
+``Numbers``, ``Jump``); nft's text and the kernel's bytes are both rendered from them, so
+nothing is ever written as text and parsed back.
 
 A pod's ADD or DEL changes nothing in podwire's tables but the elements of a few sets (its
 interface, MAC and addresses, its policy verdicts). Through libnftables each such change costs
@@ -20,10 +24,11 @@ from __future__ import annotations
 import ipaddress
 import struct
 from dataclasses import dataclass
+from typing import ClassVar
 
 from podwire.errors import PermanentError
 
-NFT_JUMP, NFT_GOTO = -3, -4
+NFT_JUMP = -3
 IFNAMSIZ = 16
 
 
@@ -41,11 +46,11 @@ class ElementChange:
     set_name: str
     spec: str
     verb: str  # "add" or "delete"
-    elements: frozenset[str]
+    elements: frozenset[Element]
 
     def text(self) -> str:
         # Sorted, so equal changes give equal buffers (tests and logs compare them).
-        listed = ", ".join(sorted(self.elements))
+        listed = ", ".join(sorted(element.text() for element in self.elements))
         return f"{self.verb} element {self.family} {self.table} {self.set_name} {{ {listed} }}"
 
 
@@ -108,11 +113,12 @@ def _typeof(expressions: str, spec: str) -> str:
     return " . ".join(k for k in kinds if k)
 
 
-def pack_all(item: _Layout, element: str) -> list[Packed]:
-    """The kernel elements of one element of text: one, or a one-field interval's two."""
+def pack_all(item: _Layout, element: Element) -> list[Packed]:
+    """The kernel elements of one element: one, or a one-field interval's two."""
+    _check_kinds(item, element)
     if not (item.interval and len(item.key) == 1):
         return [pack(item, element)]
-    low, high = _field(item.key[0], element.strip(), True)
+    low, high = element.key[0].span()
     start = Packed(_padded(low))
     following = int.from_bytes(high, "big") + 1
     if following >> (8 * len(high)):  # the range reaches the last value: no closing element
@@ -120,29 +126,35 @@ def pack_all(item: _Layout, element: str) -> list[Packed]:
     return [start, Packed(_padded(following.to_bytes(len(high), "big")), interval_end=True)]
 
 
-def pack(item: _Layout, element: str) -> Packed:
+def pack(item: _Layout, element: Element) -> Packed:
     """One element of a set that is not a one-field interval set (``pack_all`` takes both)."""
+    _check_kinds(item, element)
     if item.interval and len(item.key) == 1:
-        raise Unencodable(f"element {element!r} of a one-field interval set")
-    key_text, sep, data_text = element.partition(" : ")
-    if bool(sep) != (item.data is not None):
-        raise Unencodable(f"element {element!r}")
-    fields = key_text.split(" . ")
-    if len(fields) != len(item.key):
-        raise Unencodable(f"element {element!r} for key {' . '.join(item.key)}")
+        raise Unencodable(f"element {element.text()!r} of a one-field interval set")
     starts, ends = [], []
-    for kind, text in zip(item.key, fields, strict=True):
-        start, end = _field(kind, text.strip(), item.interval)
+    for field in element.key:
+        start, end = field.span()
+        if start != end and not item.interval:
+            raise Unencodable(f"range {field.text()!r} in a set without intervals")
         starts.append(_padded(start))
         ends.append(_padded(end))
     key, key_end = b"".join(starts), b"".join(ends)
-    packed = Packed(key, key_end if item.interval else None)
-    if item.data == "verdict":
-        return Packed(packed.key, packed.key_end, verdict=_verdict(data_text.strip()))
-    if item.data is not None:
-        value, _ = _field(item.data, data_text.strip(), False)
-        return Packed(packed.key, packed.key_end, value=value)
-    return packed
+    closing = key_end if item.interval else None
+    data = element.data
+    if isinstance(data, Jump):
+        return Packed(key, closing, verdict=(NFT_JUMP, data.chain))
+    if data is not None:
+        value, _ = data.span()
+        return Packed(key, closing, value=value)
+    return Packed(key, closing)
+
+
+def _check_kinds(item: _Layout, element: Element) -> None:
+    """The element's fields are of the types the set declares, in its order."""
+    kinds = tuple(field.kind for field in element.key)
+    data = element.data.kind if element.data is not None else None
+    if kinds != item.key or data != item.data:
+        raise Unencodable(f"element {element.text()!r} for {' . '.join(item.key)}")
 
 
 _WIDTH = {
@@ -168,76 +180,127 @@ def _padded(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % 4)
 
 
-def _field(kind: str, text: str, interval: bool) -> tuple[bytes, bytes]:
-    """A field's first and last value in kernel byte order (equal unless a range)."""
-    if kind == "ifname":
-        return (_ifname(text),) * 2
-    if kind == "ether_addr":
-        return (_mac(text),) * 2
-    if kind in ("ipv4_addr", "ipv6_addr"):
-        return _address(kind, text, interval)
-    width = _WIDTH[kind]
-    low, high = _number_range(text, interval, 1 << (8 * width))
-    if kind == "mark":  # host byte order, as meta mark loads it
-        return struct.pack("=I", low), struct.pack("=I", high)
-    return low.to_bytes(width, "big"), high.to_bytes(width, "big")
+# -- elements as typed values ---------------------------------------------------------
 
 
-def _ifname(text: str) -> bytes:
-    if len(text) < 2 or text[0] != '"' or text[-1] != '"' or '"' in text[1:-1]:
-        raise Unencodable(f"interface name {text!r}")
-    name = text[1:-1].encode()
-    if not name or len(name) >= IFNAMSIZ or b"*" in name:
-        raise Unencodable(f"interface name {text!r}")
-    return name + b"\0" * (IFNAMSIZ - len(name))
+@dataclass(frozen=True, order=True)
+class IfName:
+    """An interface name, as an ``ifname`` key matches it."""
+
+    name: str
+    kind: ClassVar[str] = "ifname"
+
+    def text(self) -> str:
+        return f'"{self.name}"'
+
+    def span(self) -> tuple[bytes, bytes]:
+        raw = self.name.encode()
+        if not raw or len(raw) >= IFNAMSIZ or b"*" in raw or b'"' in raw:
+            raise Unencodable(f"interface name {self.name!r}")
+        padded = raw + b"\0" * (IFNAMSIZ - len(raw))
+        return padded, padded
 
 
-def _mac(text: str) -> bytes:
-    parts = text.split(":")
-    try:
-        octets = bytes(int(p, 16) for p in parts)
-    except ValueError as exc:
-        raise Unencodable(f"MAC {text!r}") from exc
-    if len(parts) != 6 or any(len(p) != 2 for p in parts):
-        raise Unencodable(f"MAC {text!r}")
-    return octets
+@dataclass(frozen=True, order=True)
+class Mac:
+    mac: str
+    kind: ClassVar[str] = "ether_addr"
+
+    def text(self) -> str:
+        return self.mac
+
+    def span(self) -> tuple[bytes, bytes]:
+        parts = self.mac.split(":")
+        try:
+            octets = bytes(int(p, 16) for p in parts)
+        except ValueError as exc:
+            raise Unencodable(f"MAC {self.mac!r}") from exc
+        if len(parts) != 6 or any(len(p) != 2 for p in parts):
+            raise Unencodable(f"MAC {self.mac!r}")
+        return octets, octets
 
 
-def _address(kind: str, text: str, interval: bool) -> tuple[bytes, bytes]:
-    version = 4 if kind == "ipv4_addr" else 6
-    try:
-        if "-" in text and interval:
-            first, _, last = text.partition("-")
-            low, high = ipaddress.ip_address(first), ipaddress.ip_address(last)
-        elif "/" in text and interval:
-            net = ipaddress.ip_network(text)
-            low, high = net.network_address, net.broadcast_address
+@dataclass(frozen=True, order=True)
+class Addresses:
+    """An IPv4 or IPv6 address, or an inclusive range of them (a prefix is one)."""
+
+    version: int
+    low: int
+    high: int
+
+    @property
+    def kind(self) -> str:
+        return "ipv4_addr" if self.version == 4 else "ipv6_addr"
+
+    def text(self) -> str:
+        cls = ipaddress.IPv4Address if self.version == 4 else ipaddress.IPv6Address
+        if self.low == self.high:
+            return str(cls(self.low))
+        nets = list(ipaddress.summarize_address_range(cls(self.low), cls(self.high)))
+        return str(nets[0]) if len(nets) == 1 else f"{cls(self.low)}-{cls(self.high)}"
+
+    def span(self) -> tuple[bytes, bytes]:
+        size = 4 if self.version == 4 else 16
+        if not 0 <= self.low <= self.high < 1 << (8 * size):
+            raise Unencodable(f"address range {self.low}-{self.high}")
+        return self.low.to_bytes(size, "big"), self.high.to_bytes(size, "big")
+
+
+@dataclass(frozen=True, order=True)
+class Numbers:
+    """A number of one nft type (protocol, port, ICMP type or code, mark, a raw 128-bit
+    payload), or an inclusive range of them."""
+
+    kind: str
+    low: int
+    high: int
+
+    def text(self) -> str:
+        if self.kind == "integer128":
+            low, high = (f"0x{value:032x}" for value in (self.low, self.high))
+        elif self.kind == "mark":
+            low, high = f"{self.low:#x}", f"{self.high:#x}"
         else:
-            low = high = ipaddress.ip_address(text)
-    except ValueError as exc:
-        raise Unencodable(f"address {text!r}") from exc
-    if low.version != version or high.version != version or int(low) > int(high):
-        raise Unencodable(f"address {text!r} for {kind}")
-    return low.packed, high.packed
+            low, high = str(self.low), str(self.high)
+        return low if self.low == self.high else f"{low}-{high}"
+
+    def span(self) -> tuple[bytes, bytes]:
+        width = _WIDTH.get(self.kind)
+        if width is None or self.kind in ("ifname", "ether_addr", "ipv4_addr", "ipv6_addr"):
+            raise Unencodable(f"number of type {self.kind!r}")
+        if not 0 <= self.low <= self.high < 1 << (8 * width):
+            raise Unencodable(f"{self.kind} {self.text()!r} is out of range")
+        if self.kind == "mark":  # host byte order, as meta mark loads it
+            return struct.pack("=I", self.low), struct.pack("=I", self.high)
+        return self.low.to_bytes(width, "big"), self.high.to_bytes(width, "big")
 
 
-def _number_range(text: str, interval: bool, bound: int) -> tuple[int, int]:
-    first, sep, last = text.partition("-")
-    if sep and not interval:
-        raise Unencodable(f"range {text!r} in a set without intervals")
-    try:
-        low = int(first, 0)
-        high = int(last, 0) if sep else low
-    except ValueError as exc:
-        raise Unencodable(f"number {text!r}") from exc
-    if not 0 <= low <= high < bound:
-        raise Unencodable(f"number {text!r} is out of range")
-    return low, high
+@dataclass(frozen=True, order=True)
+class Jump:
+    """A verdict map's data: jump to a chain."""
+
+    chain: str
+    kind: ClassVar[str] = "verdict"
+
+    def text(self) -> str:
+        return f"jump {self.chain}"
+
+    def span(self) -> tuple[bytes, bytes]:
+        raise Unencodable("a verdict is not a key")
 
 
-def _verdict(text: str) -> tuple[int, str]:
-    verb, _, chain = text.partition(" ")
-    codes = {"jump": NFT_JUMP, "goto": NFT_GOTO}
-    if verb not in codes or not chain or " " in chain or len(chain) > 255:
-        raise Unencodable(f"verdict {text!r}")
-    return codes[verb], chain
+KeyField = IfName | Mac | Addresses | Numbers
+
+
+@dataclass(frozen=True, order=True)
+class Element:
+    """One element of a set or map: its key's fields (a concatenation when several) and, for
+    a map, its data. The compiler builds these; nft's text and the kernel's bytes are both
+    rendered from them."""
+
+    key: tuple[KeyField, ...]
+    data: Numbers | Jump | None = None
+
+    def text(self) -> str:
+        key = " . ".join(field.text() for field in self.key)
+        return key if self.data is None else f"{key} : {self.data.text()}"

@@ -37,6 +37,15 @@ from podwire.agent import naming
 from podwire.agent.policy import intervals
 from podwire.agent.policy.ruleset import NftChain, NftSet, Ruleset
 from podwire.errors import PermanentError
+from podwire.netfilter.elements import (
+    Addresses,
+    Element,
+    IfName,
+    Jump,
+    KeyField,
+    Mac,
+    Numbers,
+)
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import EGRESS, INGRESS, Rule, SecurityGroup
 
@@ -51,6 +60,8 @@ ICMP_MATCH = {4: "icmp type . icmp code", 6: "icmpv6 type . icmpv6 code"}
 ICMP_TYPES = {4: "icmp_type . icmp_code", 6: "icmpv6_type . icmpv6_code"}
 PORTS_MATCH = "meta l4proto . th dport"
 PORTS_TYPE = "inet_proto . inet_service"
+PORT_KINDS = ("inet_proto", "inet_service")  # the fields of PORTS_TYPE and of ICMP_TYPES
+ICMP_KINDS = {4: ("icmp_type", "icmp_code"), 6: ("icmpv6_type", "icmpv6_code")}
 INTERVAL = "flags interval;"
 
 
@@ -110,11 +121,12 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     ids = policy_ids(inputs.policy_ids, set(policies.values()))
     _bridge_table(ruleset, secured, ids, inputs.remote_macs)
     _inet_base(ruleset)
-    egress, ingress = set(), set()
+    egress: set[Element] = set()
+    ingress: set[Element] = set()
     referenced: dict[str, set[str]] = {"g": set(), "a": set()}
     for name, sg_ids in sorted(policies.items()):
-        egress.add(f"{ids[sg_ids]} : jump {name}_out")
-        ingress.add(f"{ids[sg_ids] << 16:#x} : jump {name}_in")
+        egress.add(_mark_jump(ids[sg_ids], f"{name}_out"))
+        ingress.add(_mark_jump(ids[sg_ids] << 16, f"{name}_in"))
         groups = tuple(inputs.groups[sg] for sg in sg_ids if sg in inputs.groups)
         for part in _policy(name, groups):
             if isinstance(part, NftSet):
@@ -190,7 +202,9 @@ def _bridge_table(
         NftChain("bridge", "from_remote", ("iifname . ether saddr @remote_src return", "drop"))
     )
     elements = frozenset(
-        f'"{device}" . {mac}' for device, macs in (remote or {}).items() for mac in macs
+        Element((IfName(device), Mac(mac)))
+        for device, macs in (remote or {}).items()
+        for mac in macs
     )
     ruleset.add_set(NftSet("bridge", "remote_src", "type ifname . ether_addr;", elements))
     ruleset.add_chain(NftChain("bridge", "port_security", _port_security_rules()))
@@ -246,7 +260,7 @@ PORT_SETS = {
 }
 
 
-PortElements = dict[str, frozenset[str]]  # PORT_SETS -> a port's elements of each
+PortElements = dict[str, frozenset[Element]]  # PORT_SETS -> a port's elements of each
 # (ifname, port id) -> (the DesiredPort and policy id they were made from, its elements): a
 # change elsewhere re-uses every port's elements, so a rule change costs the same on 5 or 500
 # ports.
@@ -262,7 +276,7 @@ def port_elements(item: PortPolicy, policy_id: int) -> PortElements:
     if len(_ELEMENTS) > 16384:
         _ELEMENTS.clear()
     found = _sources(item)
-    found["ports"] = frozenset({f'"{item.ifname}" : jump mark_{policy_id}'})
+    found["ports"] = frozenset({Element((IfName(item.ifname),), Jump(f"mark_{policy_id}"))})
     _ELEMENTS[key] = (item.port, policy_id, found)
     return found
 
@@ -272,8 +286,8 @@ def with_ports(
 ) -> Ruleset:
     """``base`` with secured ports gone and added (each with its policy id), when nothing
     else differs: what ``compile_ruleset`` would give, without compiling the rest again."""
-    removed: dict[str, set[str]] = {name: set() for name in PORT_SETS}
-    extra: dict[str, set[str]] = {name: set() for name in PORT_SETS}
+    removed: dict[str, set[Element]] = {name: set() for name in PORT_SETS}
+    extra: dict[str, set[Element]] = {name: set() for name in PORT_SETS}
     for items, into in ((gone, removed), (added, extra)):
         for item, policy_id in items:
             for name, elements in port_elements(item, policy_id).items():
@@ -337,26 +351,24 @@ def _sources(item: PortPolicy) -> PortElements:
     for mac, address in pairs:
         net = ipaddress.ip_network(address, strict=False)
         spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
-    out: dict[str, set[str]] = {name: set() for name in PORT_SETS if name != "ports"}
-    out["src_mac"] = {f'"{item.ifname}" . {mac}' for mac in macs}
-    cls = {4: ipaddress.IPv4Address, 6: ipaddress.IPv6Address}
+    out: dict[str, set[Element]] = {name: set() for name in PORT_SETS if name != "ports"}
+    device = IfName(item.ifname)
+    out["src_mac"] = {Element((device, Mac(mac))) for mac in macs}
     for (mac, version), found in spans.items():
-        for span in intervals.merge(found):
-            head = f'"{item.ifname}" . {mac} . '
-            if span[0] == span[1]:
-                out[f"src{version}"].add(head + str(cls[version](span[0])))
-            else:
-                out[f"src{version}net"].add(head + intervals.address_text(span, version))
-            if version == 6:
-                exact = span[0] == span[1]
-                out["nd6" if exact else "nd6net"].add(head + _integer_text(span))
+        for low, high in intervals.merge(found):
+            exact = low == high
+            head = (device, Mac(mac))
+            out[f"src{version}" if exact else f"src{version}net"].add(
+                Element((*head, Addresses(version, low, high)))
+            )
+            if version == 6:  # an ND set's key: the address as a raw 128-bit payload
+                target = Numbers("integer128", low, high)
+                out["nd6" if exact else "nd6net"].add(Element((*head, target)))
     return {name: frozenset(elements) for name, elements in out.items()}
 
 
-def _integer_text(span: intervals.Span) -> str:
-    """An ND set's element: an IPv6 address (or range) as nft spells a 128-bit integer."""
-    low, high = (f"0x{value:032x}" for value in span)
-    return low if span[0] == span[1] else f"{low}-{high}"
+def _mark_jump(mark: int, chain: str) -> Element:
+    return Element((Numbers("mark", mark, mark),), Jump(chain))
 
 
 def _link_local(mac: str) -> str:
@@ -506,30 +518,43 @@ def _disjoint(boxes: list[Box]) -> list[Box]:
     return out
 
 
-def _element(box: Box, version: int | None) -> str:
-    parts = [intervals.number_text(span) for span in box[0]]
+def _element(box: Box, kinds: tuple[str, ...], version: int | None) -> Element:
+    """A box as an element: its address range (unless the addresses come from a group's own
+    set), then its protocol and port (or ICMP type and code) ranges."""
+    fields: list[KeyField] = [
+        Numbers(kind, *span) for kind, span in zip(kinds, box[0], strict=True)
+    ]
     if version is not None:
-        parts.insert(0, intervals.address_text(box[1], version))
-    return " . ".join(parts)
+        fields.insert(0, Addresses(version, *box[1]))
+    return Element(tuple(fields))
 
 
-def _prefixed_elements(rules: list[Rule], version: int) -> tuple[frozenset[str], frozenset[str]]:
-    ports, icmp = _rule_boxes(rules, version)
+def _elements_of(
+    ports: list[Box], icmp: list[Box], version: int, with_addresses: bool
+) -> tuple[frozenset[Element], frozenset[Element]]:
+    address = version if with_addresses else None
+    kinds = ICMP_KINDS[version]
     return (
-        frozenset(_element(box, version) for box in _disjoint(ports)),
-        frozenset(_element(box, version) for box in _disjoint(icmp)),
+        frozenset(_element(box, PORT_KINDS, address) for box in _disjoint(ports)),
+        frozenset(_element(box, kinds, address) for box in _disjoint(icmp)),
     )
 
 
-def _remote_elements(rules: list[Rule], version: int) -> tuple[frozenset[str], frozenset[str]]:
+def _prefixed_elements(
+    rules: list[Rule], version: int
+) -> tuple[frozenset[Element], frozenset[Element]]:
+    ports, icmp = _rule_boxes(rules, version)
+    return _elements_of(ports, icmp, version, with_addresses=True)
+
+
+def _remote_elements(
+    rules: list[Rule], version: int
+) -> tuple[frozenset[Element], frozenset[Element]]:
     """For rules naming a group: the addresses come from the group's set, not the rule."""
     ports, icmp = _rule_boxes(rules, version)
     ports = [(dims, FULL[version]) for dims, _ in ports]
     icmp = [(dims, FULL[version]) for dims, _ in icmp]
-    return (
-        frozenset(_element(box, None) for box in _disjoint(ports)),
-        frozenset(_element(box, None) for box in _disjoint(icmp)),
-    )
+    return _elements_of(ports, icmp, version, with_addresses=False)
 
 
 def _address_sets(
@@ -562,7 +587,7 @@ def _address_sets(
                     if ipaddress.ip_network(a, strict=False).version == version
                 ]
                 elements = frozenset(
-                    intervals.address_text(s, version) for s in intervals.merge(spans)
+                    Element((Addresses(version, *span),)) for span in intervals.merge(spans)
                 )
                 name = address_set_name(kind, version, group_id)
                 ruleset.add_set(

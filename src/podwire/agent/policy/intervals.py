@@ -59,18 +59,3 @@ def sweep(items: list[tuple[Span, T]]) -> list[tuple[Span, list[T]]]:
         else:
             pieces.append(((low, nxt - 1), covering))
     return [(span, [items[i][1] for i in sorted(idx)]) for span, idx in pieces]
-
-
-def address_text(span: Span, version: int) -> str:
-    """``a.b.c.d/n`` when the span is one prefix, else ``first-last``."""
-    low, high = span
-    cls = ipaddress.IPv4Address if version == 4 else ipaddress.IPv6Address
-    nets = list(ipaddress.summarize_address_range(cls(low), cls(high)))
-    if len(nets) == 1:
-        return str(nets[0])
-    return f"{cls(low)}-{cls(high)}"
-
-
-def number_text(span: Span) -> str:
-    low, high = span
-    return str(low) if low == high else f"{low}-{high}"

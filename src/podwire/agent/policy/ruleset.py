@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from podwire.netfilter.elements import ElementChange
+from podwire.netfilter.elements import Element, ElementChange
 
 TABLE = "podwire"
 FAMILIES = ("bridge", "inet")
@@ -20,12 +20,12 @@ FAMILIES = ("bridge", "inet")
 
 @dataclass(frozen=True)
 class NftSet:
-    """A named set or map: ``spec`` is its declaration body, ``elements`` nft's spelling."""
+    """A named set or map: ``spec`` is its declaration body."""
 
     family: str
     name: str
     spec: str
-    elements: frozenset[str] = frozenset()
+    elements: frozenset[Element] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def _declare_chain(item: NftChain) -> str:
     return f"add chain {_where(item.family, item.name)}{body}"
 
 
-def _elements(verb: str, item: NftSet, elements: frozenset[str]) -> list[ElementChange]:
+def _elements(verb: str, item: NftSet, elements: frozenset[Element]) -> list[ElementChange]:
     if not elements:
         return []
     return [ElementChange(item.family, TABLE, item.name, item.spec, verb, elements)]
