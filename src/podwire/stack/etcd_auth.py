@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from podwire.etcd.client import EtcdClient
 from podwire.etcd.roles import server_role
 from podwire.files import atomic_write
 from podwire.keys import check_segment
+from podwire.schema.deployment import DEFAULT as DEFAULT_DEPLOYMENT
+from podwire.schema.deployment import Deployment
 
 AUTH_DIR = "etcd-auth"
 SERVER_USER = "podwire-stack-server"  # the stack's neutron-server (ml2)
@@ -70,15 +73,17 @@ def root_settings(endpoint: str, data_dir: Path) -> EtcdSettings:
     return EtcdSettings(endpoints=[endpoint], user=root.user, password=root.password)
 
 
-def prepare(endpoint: str, data_dir: Path) -> Credentials:
+def prepare(
+    endpoint: str, data_dir: Path, deployments: Sequence[str] = (DEFAULT_DEPLOYMENT,)
+) -> Credentials:
     """Turn auth on (first start) and return the server user's credentials for ml2."""
     try:
-        return asyncio.run(_prepare(endpoint, data_dir))
+        return asyncio.run(_prepare(endpoint, data_dir, deployments))
     except ConfigError as exc:
         raise StackError(f"etcd auth: {exc}") from exc
 
 
-async def _prepare(endpoint: str, data_dir: Path) -> Credentials:
+async def _prepare(endpoint: str, data_dir: Path, deployments: Sequence[str]) -> Credentials:
     store = SecretStore(data_dir)
     root = store.load(admin.ROOT_USER)
     if root is None:
@@ -91,9 +96,9 @@ async def _prepare(endpoint: str, data_dir: Path) -> Credentials:
         server = store.load(SERVER_USER) or Credentials(SERVER_USER, admin.new_password())
         store.save(server)
         # The file is the truth: an existing user gets the password on file again.
-        await admin.ensure_user(
-            client, SERVER_USER, server_role("ml2"), server.password, rotate=True
-        )
+        # The stack's neutron-server serves every deployment it lists, with one user.
+        role = server_role("ml2", [Deployment(name) for name in deployments])
+        await admin.ensure_user(client, SERVER_USER, role, server.password, rotate=True)
         return server
 
 

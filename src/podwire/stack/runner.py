@@ -171,7 +171,7 @@ class Stack:
     def _etcd_server_user(self, etcd_url: str) -> etcd_auth.Credentials | None:
         """With --etcd-auth: auth on, and the user neutron-server's ml2 driver runs as."""
         if self.options.etcd_auth:
-            return etcd_auth.prepare(etcd_url, self.data_dir)
+            return etcd_auth.prepare(etcd_url, self.data_dir, self.options.deployments)
         if etcd_auth.SecretStore(self.data_dir).load(ROOT_USER) is not None:
             raise StackError(
                 f"the etcd in {self.data_dir} has authentication enabled: add --etcd-auth"
