@@ -27,7 +27,7 @@ from bench import cni_bench
 from bench.stats import row
 from podwire import keys
 from podwire.agent.policy import ruleset
-from podwire.agent.policy.compile import PolicyInputs, compile_ruleset
+from podwire.agent.policy.compile import PolicyInputs, PortPolicy, compile_ruleset
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
@@ -42,6 +42,7 @@ PORTS = 500
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     rows = asyncio.run(_policy_rows(stack, min(samples, 200)))
+    rows += asyncio.run(_member_apply_rows(min(samples, 200)))
     group = SecurityGroup(str(uuid.uuid4()), _rules(0, 20))
     rows += cni_bench.with_agent(stack, samples, group, _measure_adds)
     rows += asyncio.run(_neutron_rows(stack, min(samples, 30)))
@@ -127,6 +128,54 @@ async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, An
             "nft -f whole ruleset",
             reference,
         ),
+    ]
+
+
+async def _member_apply_rows(samples: int) -> list[dict[str, Any]]:
+    """A remote group's member added and removed again, as element changes of its one-field
+    interval set: packed into one netlink batch, against the same change as libnftables
+    text, alternately in one namespace."""
+    env = NetEnv()
+    remote = str(uuid.uuid4())
+    group = SecurityGroup(str(uuid.uuid4()), _rules(0, 20, remote))
+    ports = [PortPolicy(*found) for found in numbered_ports(20, (group.sg_id,))]
+    members = [f"10.1.{i}.7" for i in range(50)]
+
+    def compiled(found: list[str]) -> ruleset.Ruleset:
+        inputs = PolicyInputs({group.sg_id: group}, {remote: {"m": tuple(found)}}, {}, ports)
+        return compile_ruleset(inputs).ruleset
+
+    fallbacks: list[str] = []
+    nft = Nftables(env.namespace("sgm"), on_fallback=fallbacks.append)
+    packed: list[float] = []
+    text: list[float] = []
+    try:
+        base, more = compiled(members), compiled([*members, "10.9.0.1"])
+        await nft.apply(ruleset.replace(base))
+        changes = [ruleset.change(base, more), ruleset.change(more, base)]
+        for _ in range(samples):
+            for change in changes:
+                assert change is not None and change.elements_only
+                started = time.perf_counter()
+                await nft.apply_elements(change.elements)
+                packed.append((time.perf_counter() - started) * 1000)
+                undo = changes[1] if change is changes[0] else changes[0]
+                assert undo is not None
+                await nft.apply(undo.text())
+                started = time.perf_counter()
+                await nft.apply(change.text())
+                text.append((time.perf_counter() - started) * 1000)
+    finally:
+        nft.close()
+        env.cleanup()
+    assert not fallbacks, fallbacks
+    return [
+        row(
+            "sg remote-group member change applied (packed netlink batch)",
+            packed,
+            "the same change as libnftables text",
+            text,
+        )
     ]
 
 
