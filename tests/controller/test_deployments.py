@@ -102,6 +102,15 @@ async def clusters(
             await cluster.close()
 
 
+@pytest.fixture
+def second_network(neutron: Any, project_id: str) -> Any:
+    net = neutron.network.create_network(project_id=project_id, name="pw-ctl-b")
+    neutron.network.create_subnet(
+        project_id=project_id, network_id=net.id, cidr="10.78.0.0/22", ip_version=4
+    )
+    return net
+
+
 def tagged(neutron: Any, network: Any, deployment: Deployment) -> set[str]:
     ports = neutron.network.ports(network_id=network.id, tags=deployment.tag)
     return {str(p.id) for p in ports}
@@ -133,23 +142,29 @@ async def test_two_deployments_on_one_neutron_never_touch_each_others_ports(
     http: aiohttp.ClientSession,
     monkeypatch: pytest.MonkeyPatch,
     source: str,
+    second_network: Any,
 ) -> None:
     """``listing``: recovery lists Neutron's ports, as when the forwarder's report is in
     doubt, and pools the bound ones it finds; ``mirror``: it reads the ml2 driver's keys."""
     if source == "listing":
         monkeypatch.setattr(recovery, "pools_from_mirror", _no_mirror)
     first, second = clusters
+    networks = {DEFAULT.name: network, SECOND.name: second_network}  # one each: see below
     for cluster in clusters:
         await cluster.start()
-    held = {c.deployment.name: await churn(http, c, network, 6) for c in clusters}
+    held = {
+        c.deployment.name: await churn(http, c, networks[c.deployment.name], 6) for c in clusters
+    }
     for cluster in clusters:
         assert cluster.running is not None
         await cluster.running.service.drain()
-    ports = {c.deployment.name: tagged(neutron, network, c.deployment) for c in clusters}
-    every = {str(p.id) for p in neutron.network.ports(network_id=network.id)}
-    assert ports[DEFAULT.name] and ports[SECOND.name]
-    assert ports[DEFAULT.name] | ports[SECOND.name] == every - _dhcp(neutron, network)
-    assert not ports[DEFAULT.name] & ports[SECOND.name]
+    ports = {
+        c.deployment.name: tagged(neutron, networks[c.deployment.name], c.deployment)
+        for c in clusters
+    }
+    for name, net in networks.items():
+        every = {str(p.id) for p in neutron.network.ports(network_id=net.id)}
+        assert ports[name] and ports[name] == every - _dhcp(neutron, net)
     for cluster in clusters:
         assert set(held[cluster.deployment.name]) <= ports[cluster.deployment.name]
 
@@ -167,16 +182,16 @@ async def test_two_deployments_on_one_neutron_never_touch_each_others_ports(
     await eventually(lambda: _active(neutron, wired), "the wired port ACTIVE")
 
     for restarted, other in ((first, second), (second, first)):
-        before = tagged(neutron, network, other.deployment)
+        before = tagged(neutron, networks[other.deployment.name], other.deployment)
         running = await restarted.restart()  # recovery lists Neutron's ports again
         assert running.controller.sweeper is not None
         await running.controller.sweeper.sweep_once()  # nodes without an alive key: freed
         await running.controller.sweeper.sweep_once()  # unbound twice in a row: deleted
-        await churn(http, restarted, network, 4)
-        assert tagged(neutron, network, other.deployment) == before
-        assert not any(running.service.knows(p) for p in before)
         name = restarted.deployment.name
-        assert set(held[name]) <= tagged(neutron, network, restarted.deployment)
+        await churn(http, restarted, networks[name], 4)
+        assert tagged(neutron, networks[other.deployment.name], other.deployment) == before
+        assert not any(running.service.knows(p) for p in before)
+        assert set(held[name]) <= tagged(neutron, networks[name], restarted.deployment)
 
 
 async def _active(neutron: Any, port_id: str) -> bool:
@@ -284,3 +299,30 @@ async def test_status_of_the_second_deployment_names_the_forwarder(
     report = await collect(settings)
     assert [n.host for n in report.nodes] == [second.node.name]
     assert not [p for p in report.problems if "forwarder" in p], report.problems
+
+
+async def test_a_network_one_deployment_uses_refuses_another_deployments_host(
+    clusters: tuple[Cluster, Cluster], network: Any, neutron: Any
+) -> None:
+    """Agents learn their peers from their own deployment only: a port of the second
+    deployment's host on a network the first one uses would be bound and reach nothing."""
+    first, second = clusters
+    assert first.node is not None and second.node is not None
+
+    def port_on(host: str) -> Any:
+        return neutron.network.create_port(
+            network_id=network.id,
+            project_id=network.project_id,
+            device_owner="compute:podwire",
+            binding_host_id=host,
+        )
+
+    ours = port_on(first.node.name)
+    assert ours.binding_vif_type == "veth"
+    theirs = port_on(second.node.name)
+    assert theirs.binding_vif_type == "binding_failed"
+    neutron.network.delete_port(theirs.id)
+    neutron.network.delete_port(ours.id)
+    alone = port_on(second.node.name)  # the network is no one's now
+    assert alone.binding_vif_type == "veth"
+    neutron.network.delete_port(alone.id)

@@ -143,11 +143,39 @@ class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]
             host=self.hosts.get(host),
             vhostuser_dir=self.conf.vhostuser_socket_dir,
         )
+        if isinstance(decision, binding.Binding) and len(self.hosts.deployments) > 1:
+            decision = self._network_shared(context, host) or decision
         if isinstance(decision, binding.Decline):
             log.info("ml2.bind.declined", port=port["id"], host=host, reason=decision.reason)
             return
         context.set_binding(decision.segment.id, decision.vif_type, decision.vif_details)
         log.info("ml2.bind.bound", port=port["id"], host=host, vif_type=decision.vif_type)
+
+    def _network_shared(self, context: Any, host: str) -> binding.Decline | None:
+        """A network belongs to one deployment: agents learn their peers from their own
+        deployment's keys only, so a port of another deployment's host on it would be bound
+        and never reach the rest of the network."""
+        from neutron.db.models_v2 import Port
+        from neutron.plugins.ml2.models import PortBinding
+
+        mine = self.hosts.deployment_of(host)
+        network_id = context.network.current["id"]
+        with db_api.CONTEXT_READER.using(context.plugin_context):
+            rows = (
+                context.plugin_context.session.query(PortBinding.host)
+                .join(Port, Port.id == PortBinding.port_id)
+                .filter(Port.network_id == network_id, PortBinding.host != "")
+                .distinct()
+                .all()
+            )
+        for (other,) in rows:
+            owner = self.hosts.claimed_by(other)
+            if other != host and owner is not None and owner != mine:
+                return binding.Decline(
+                    f"network {network_id} is used by deployment {owner.name} (host {other});"
+                    f" host {host} is in deployment {mine.name}"
+                )
+        return None
 
     # --- journal ---------------------------------------------------------------------------
 

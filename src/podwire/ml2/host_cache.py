@@ -214,6 +214,15 @@ class HostDirectory:
         known = [d for d in self.deployments if self.caches[d.name].knows(host)]
         return known[0] if len(known) == 1 else self.home
 
+    def claimed_by(self, host: str) -> Deployment | None:
+        """The deployment ``host`` belongs to, None for a host no deployment knows (another
+        mechanism driver's)."""
+        claims = self._claims(host)
+        if claims:
+            return claims[0][0]
+        known = [d for d in self.deployments if self.caches[d.name].knows(host)]
+        return known[0] if known else None
+
     def key(self, host: str, key: str) -> str:
         """``key`` (a key of ``host``'s) as etcd stores it in ``host``'s deployment."""
         return self.deployment_of(host).etcd_namespace + key
