@@ -72,13 +72,16 @@ async def nodes(etcd: EtcdClient) -> AsyncIterator[ScriptedNodes]:
     await made.cleanup()
 
 
+def make_network(neutron: Any, project_id: str, name: str, cidr: str) -> Any:
+    """A network with one IPv4 subnet in the test's project (removed with the project)."""
+    net = neutron.network.create_network(project_id=project_id, name=name)
+    neutron.network.create_subnet(project_id=project_id, network_id=net.id, cidr=cidr, ip_version=4)
+    return net
+
+
 @pytest.fixture
 def network(neutron: Any, project_id: str) -> Any:
-    net = neutron.network.create_network(project_id=project_id, name="pw-ctl")
-    neutron.network.create_subnet(
-        project_id=project_id, network_id=net.id, cidr="10.77.0.0/22", ip_version=4
-    )
-    return net
+    return make_network(neutron, project_id, "pw-ctl", "10.77.0.0/22")
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from tests.controller.conftest import (
     Node,
     Running,
     ScriptedNodes,
+    make_network,
     release_vif,
     request_vif,
     settings_for,
@@ -104,11 +105,7 @@ async def clusters(
 
 @pytest.fixture
 def second_network(neutron: Any, project_id: str) -> Any:
-    net = neutron.network.create_network(project_id=project_id, name="pw-ctl-b")
-    neutron.network.create_subnet(
-        project_id=project_id, network_id=net.id, cidr="10.78.0.0/22", ip_version=4
-    )
-    return net
+    return make_network(neutron, project_id, "pw-ctl-b", "10.78.0.0/22")
 
 
 def tagged(neutron: Any, network: Any, deployment: Deployment) -> set[str]:
