@@ -87,9 +87,9 @@ async def _warm_and_pods(
     stack: dict[str, Any], etcd: EtcdClient, net: Any, nodes: list[str], rounds: int
 ) -> list[dict[str, Any]]:
     ctl, task = await _started(stack, etcd, nodes)
-    service = ctl.service
+    service, broker = ctl.service, ctl.broker
     try:
-        await service.populate([nodes[0]], net.id, net.project_id, [], WARM_PORTS)
+        await ctl.admin.populate([nodes[0]], net.id, net.project_id, [], WARM_PORTS)
         rates, calls = [], 0.0
         for r in range(rounds):
             reqs = [
@@ -97,10 +97,10 @@ async def _warm_and_pods(
             ]
             before = ctl.metrics.neutron_call_count()
             started = time.perf_counter()
-            await asyncio.gather(*(service.request(nodes[0], q) for q in reqs))
+            await asyncio.gather(*(broker.request(nodes[0], q) for q in reqs))
             rates.append(WARM_PORTS / (time.perf_counter() - started))
             calls += ctl.metrics.neutron_call_count() - before
-            await asyncio.gather(*(service.release(nodes[0], q.attachment) for q in reqs))
+            await asyncio.gather(*(broker.release(nodes[0], q.attachment) for q in reqs))
             await recycle_once(service, ctl.neutron, ctl.settings.pool)
         rows = [
             row(
@@ -112,8 +112,8 @@ async def _warm_and_pods(
         ]
         pools_ms, unpooled_ms = [], []
         for r in range(min(rounds, 3)):
-            pools_ms.append(await _fifty(service, nodes[0], net, f"pp{r}"))
-            unpooled_ms.append(await _fifty(service, nodes[1], net, f"np{r}"))
+            pools_ms.append(await _fifty(broker, nodes[0], net, f"pp{r}"))
+            unpooled_ms.append(await _fifty(broker, nodes[1], net, f"np{r}"))
             await recycle_once(service, ctl.neutron, ctl.settings.pool)
         rows.append(
             row(
@@ -125,15 +125,15 @@ async def _warm_and_pods(
         )
         return rows
     finally:
-        await service.free_nodes([nodes[0]])
+        await ctl.admin.free_nodes([nodes[0]])
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def _fifty(service: Any, node: str, net: Any, tag: str) -> float:
+async def _fifty(broker: Any, node: str, net: Any, tag: str) -> float:
     reqs = [VifRequest(f"{tag}-{i}:eth0", net.id, net.project_id, ()) for i in range(50)]
     started = time.perf_counter()
-    await asyncio.gather(*(service.request(node, q) for q in reqs))
+    await asyncio.gather(*(broker.request(node, q) for q in reqs))
     elapsed = (time.perf_counter() - started) * 1000
-    await asyncio.gather(*(service.release(node, q.attachment) for q in reqs))
+    await asyncio.gather(*(broker.release(node, q.attachment) for q in reqs))
     return elapsed

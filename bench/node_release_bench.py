@@ -75,13 +75,12 @@ async def _one_node(
 async def _release(
     ctl: Controller, conn: Any, etcd: EtcdClient, node: str, network_id: str, project: str
 ) -> float:
-    service = ctl.service
-    await service.populate([node], network_id, project, [], PODS + WARM)
+    await ctl.admin.populate([node], network_id, project, [], PODS + WARM)
     for index in range(PODS):
         request = VifRequest(f"c{index}:eth0", network_id, project, ())
-        await service.request(node, request)
+        await ctl.broker.request(node, request)
     started = time.perf_counter()
-    released = await service.remove_node(node, "removed")
+    released = await ctl.broker.remove_node(node, "removed")
     elapsed = (time.perf_counter() - started) * 1000
     left = [p for p in conn.network.ports(network_id=network_id) if p.binding_host_id == node]
     records, _ = await etcd.get_prefix(keys.vifs_prefix(node))

@@ -45,7 +45,7 @@ async def _run(stack: dict[str, Any], count: int) -> list[dict[str, Any]]:
             try:
                 return await _measure(ctl, conn, PoolKey(node, project, net.id), subnet.id, count)
             finally:
-                await ctl.service.free_nodes([node])
+                await ctl.admin.free_nodes([node])
     finally:
         await etcd.delete_prefix(keys.state_node_prefix(node))
         await etcd.delete_prefix(keys.vifs_prefix(node))
@@ -105,7 +105,7 @@ def _settings(stack: dict[str, Any], node: str) -> Settings:
 
 
 async def _pool(ctl: Controller, key: PoolKey, count: int) -> list[str]:
-    await ctl.service.populate([key.node], key.network_id, key.project_id, [], count)
+    await ctl.admin.populate([key.node], key.network_id, key.project_id, [], count)
     pools = ctl.service.pools
     await _until(lambda: not pools.unseen(key) and pools.size(key) == count)
     return sorted(p for _, ports in pools.groups(key) for p in ports)

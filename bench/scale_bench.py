@@ -136,7 +136,7 @@ async def _churn(
         controller = fleet.controller
         assert controller is not None
         service = controller.service
-        await service.populate(fleet.hosts, network.id, network.project, (), WARM)
+        await controller.admin.populate(fleet.hosts, network.id, network.project, (), WARM)
         metrics = controller.metrics
         before = metrics.hits._value.get() + metrics.reuses._value.get()
         misses = metrics.misses._value.get()
@@ -145,7 +145,7 @@ async def _churn(
         requests = hits + metrics.misses._value.get() - misses
         back = await _back_to_min(fleet, pool) if pool.adaptive else "-"
         await service.drain()  # a refill still under way would fill a pool after the free
-        await service.free_nodes(fleet.hosts)
+        await controller.admin.free_nodes(fleet.hosts)
         leaked_keys = 0
         for host in fleet.hosts:
             leaked_keys += len((await fleet.etcd.get_prefix(keys.vifs_prefix(host)))[0])
@@ -274,7 +274,7 @@ async def _http_warm(fleet: Fleet, url: str, network: Network) -> list[float]:
     controller = fleet.controller
     assert controller is not None
     host = fleet.hosts[0]
-    await controller.service.populate([host], network.id, network.project, (), HTTP_PORTS)
+    await controller.admin.populate([host], network.id, network.project, (), HTTP_PORTS)
     args = [url, host, f"t-{host}", ADMIN, network.id, network.project, str(HTTP_PORTS), "10"]
     load = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.http_load", *args, stdout=asyncio.subprocess.PIPE
@@ -316,7 +316,7 @@ async def _leader_loss(stack: dict[str, Any]) -> tuple[list[float], list[str]]:
         )
         await fleet.add_agents(2, url)
         assert fleet.controller is not None
-        await fleet.controller.service.populate(fleet.hosts, network.id, network.project, (), 10)
+        await fleet.controller.admin.populate(fleet.hosts, network.id, network.project, (), 10)
         killer = asyncio.create_task(_kill_leader(stack, after=2.0))
         adds, errors = await _pods(fleet, url, network, 80, rate=10.0, tag="l")
         await killer

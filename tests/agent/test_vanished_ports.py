@@ -27,7 +27,7 @@ pytestmark = pytest.mark.stack
 
 
 async def _pool_of(controller: Controller, key: PoolKey, count: int, agent: HostAgent) -> set[str]:
-    await controller.service.populate([key.node], key.network_id, key.project_id, [], count)
+    await controller.admin.populate([key.node], key.network_id, key.project_id, [], count)
     pools = controller.service.pools
 
     async def ready() -> bool:

@@ -15,8 +15,10 @@ from podwire.config import PoolSettings
 from podwire.controller.inuse import InUse
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.neutron_ops import PortOps
+from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService
+from podwire.controller.vif_broker import VifBroker
 from podwire.neutron.client import PortSummary
 from podwire.neutron.vifs import NetworkInfo, Subnet
 from podwire.schema.ports import FixedIp
@@ -156,9 +158,11 @@ class FakeLiveness:
 
 @dataclass
 class World:
-    """A PoolService on fakes, with the fakes at hand."""
+    """A PoolService, its VIF broker and admin on fakes, with the fakes at hand."""
 
     service: PoolService
+    broker: VifBroker
+    admin: PoolAdmin
     neutron: FakeNeutron
     store: FakeStore
     drivers: FakeDrivers
@@ -176,15 +180,12 @@ class World:
 def world(settings: PoolSettings | None = None) -> World:
     neutron, store, metrics = FakeNeutron(), FakeStore(), ControllerMetrics()
     drivers = FakeDrivers(FakeDriver(neutron))
-    service = PoolService(
-        settings or PoolSettings(),
-        cast(Any, neutron),
-        cast(Any, drivers),
-        cast(Any, store),
-        metrics,
-        cast(Any, FakeLiveness()),
-    )
-    return World(service, neutron, store, drivers, metrics)
+    pool, liveness = settings or PoolSettings(), cast(Any, FakeLiveness())
+    ops, node_drivers, records = cast(Any, neutron), cast(Any, drivers), cast(Any, store)
+    service = PoolService(pool, ops, node_drivers, records, metrics, liveness)
+    admin = PoolAdmin(service, pool, ops, node_drivers, liveness)
+    broker = VifBroker(service, admin, pool, ops, node_drivers, records, metrics, liveness)
+    return World(service, broker, admin, neutron, store, drivers, metrics)
 
 
 def in_use(summary: PortSummary, attachment: str, node: str = "n1") -> InUse:

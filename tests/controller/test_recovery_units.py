@@ -41,10 +41,10 @@ async def test_the_pool_gauge_follows_recovery_takes_and_releases() -> None:
     await recover(w.service, w.ops, None)
     assert w.gauge(KEY) == 2
     w.service.serving = True
-    vif = await w.service.request("n1", VifRequest("c1:eth0", NET, PROJECT, ()))
+    vif = await w.broker.request("n1", VifRequest("c1:eth0", NET, PROJECT, ()))
     assert w.gauge(KEY) == 1
     assert w.metrics.registry.get_sample_value("podwire_vifs_in_use") == 1
-    await w.service.release("n1", "c1:eth0")
+    await w.broker.release("n1", "c1:eth0")
     assert w.service.recyclable() == {vif.port_id: KEY}
     assert w.metrics.registry.get_sample_value("podwire_vifs_in_use") == 0
 

@@ -29,7 +29,7 @@ async def _released(w: World, *numbers: int) -> list[str]:
     await recover(w.service, w.ops, None)
     w.service.serving = True
     for n in numbers:
-        await w.service.release("n1", f"c{n}:eth0")
+        await w.broker.release("n1", f"c{n}:eth0")
     assert set(w.service.recyclable()) == set(ids)
     return ids
 

@@ -16,7 +16,7 @@ async def test_a_dead_node_and_an_unbound_port_go_on_the_second_pass() -> None:
     pooled, unbound = port(1, host="gone"), port(2, host="")
     w.neutron.add(pooled, unbound)
     w.service.add_free(dead_key, [vif_of(pooled)])
-    sweeper = NodeSweeper(w.service, w.ops, 0)
+    sweeper = NodeSweeper(w.service, w.broker, w.admin, w.ops, 0)
     assert await sweeper.sweep_once() == (set(), 0)
     assert w.service.pool_size(dead_key) == 1
     assert await sweeper.sweep_once() == ({"gone"}, 1)

@@ -23,9 +23,11 @@ from podwire.controller.errors import (
     UnknownResource,
     Unusable,
 )
+from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pools import PoolKey
 from podwire.controller.service import PoolService, PoolSnapshot
 from podwire.controller.term import TermGuard
+from podwire.controller.vif_broker import VifBroker
 from podwire.errors import PermanentError, PodwireError, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronNotFound, NeutronRequestError
@@ -147,6 +149,8 @@ class ControllerApi:
     def __init__(
         self,
         service: PoolService,
+        broker: VifBroker,
+        admin: PoolAdmin,
         settings: ControllerSettings,
         ops: tuple[ReadyCheck, Any],
         term: TermGuard,
@@ -154,23 +158,25 @@ class ControllerApi:
     ) -> None:
         """``ops``: readiness and the metrics registry; ``leader``: where the leader serves."""
         self.service = service
+        self.broker = broker
+        self.admin = admin
         self.tokens = Tokens(settings)
         self._term = term
         self._leader = leader
         self.app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
         add_ops_routes(self.app, *ops)
-        node, admin = self._node_call, self._admin_call
+        node, admin_only = self._node_call, self._admin_call
         routes = [
             web.post("/v1/nodes/{node}/vifs", node(self.request_vif)),
             web.get("/v1/nodes/{node}/vifs", node(self.list_vifs)),
             web.delete("/v1/nodes/{node}/vifs/{attachment}", node(self.release_vif)),
-            web.get("/v1/pools", admin(self.list_pools)),
-            web.get("/v1/pools/{node}/{project_id}/{network_id}", admin(self.show_pool)),
-            web.post("/v1/pools/populate", admin(self.populate)),
-            web.post("/v1/pools/free", admin(self.free)),
-            web.delete("/v1/nodes/{node}", admin(self.remove_node)),
-            web.delete("/v1/networks/{network_id}/pools", admin(self.delete_network)),
-            web.delete("/v1/security-groups/{sg_id}/pools", admin(self.remove_sg)),
+            web.get("/v1/pools", admin_only(self.list_pools)),
+            web.get("/v1/pools/{node}/{project_id}/{network_id}", admin_only(self.show_pool)),
+            web.post("/v1/pools/populate", admin_only(self.populate)),
+            web.post("/v1/pools/free", admin_only(self.free)),
+            web.delete("/v1/nodes/{node}", admin_only(self.remove_node)),
+            web.delete("/v1/networks/{network_id}/pools", admin_only(self.delete_network)),
+            web.delete("/v1/security-groups/{sg_id}/pools", admin_only(self.remove_sg)),
             web.get("/openapi.json", self.openapi),
         ]
         self.app.add_routes(routes)
@@ -202,12 +208,12 @@ class ControllerApi:
 
     async def request_vif(self, request: web.Request, node: str) -> web.Response:
         body = VifRequest.from_json(await _json(request))
-        vif = await self.service.request(node, body)
+        vif = await self.broker.request(node, body)
         return web.json_response({"vif": vif.to_json()})
 
     async def release_vif(self, request: web.Request, node: str) -> web.Response:
         attachment = fields.attachment(request.match_info["attachment"], "attachment")
-        await self.service.release(node, attachment)
+        await self.broker.release(node, attachment)
         return web.Response(status=204)
 
     async def list_vifs(self, _: web.Request, node: str) -> web.Response:
@@ -242,7 +248,7 @@ class ControllerApi:
         )
         nodes = validate.nodes(body.get("nodes"))
         count = validate.count(body.get("count"))
-        created = await self.service.populate(
+        created = await self.admin.populate(
             nodes,
             fields.neutron_ref(body.get("network"), "network"),
             fields.optional(body.get("project_id"), "project_id", fields.project_id),
@@ -253,22 +259,22 @@ class ControllerApi:
 
     async def free(self, request: web.Request) -> web.Response:
         body = doc.closed_object(await _json(request), "body", frozenset({"nodes"}))
-        freed = await self.service.free_nodes(validate.nodes(body.get("nodes")))
+        freed = await self.admin.free_nodes(validate.nodes(body.get("nodes")))
         return web.json_response({"freed": freed})
 
     async def remove_node(self, request: web.Request) -> web.Response:
         node = fields.name(request.match_info["node"], "node")
-        released = await self.service.remove_node(node, "removed")
+        released = await self.broker.remove_node(node, "removed")
         return web.json_response({"node": node, "released": released})
 
     async def delete_network(self, request: web.Request) -> web.Response:
         network_id = fields.neutron_id(request.match_info["network_id"], "network_id")
-        return web.json_response({"freed": await self.service.delete_network_pools(network_id)})
+        return web.json_response({"freed": await self.admin.delete_network_pools(network_id)})
 
     async def remove_sg(self, request: web.Request) -> web.Response:
         sg_id = fields.neutron_id(request.match_info["sg_id"], "sg_id")
         network = fields.optional(request.query.get("network_id"), "network_id", fields.neutron_id)
-        moved = await self.service.remove_security_group(sg_id, network)
+        moved = await self.admin.remove_security_group(sg_id, network)
         return web.json_response({"moved": moved})
 
     async def openapi(self, _: web.Request) -> web.Response:

@@ -28,11 +28,13 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.mirror import MirrorFacts
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
 from podwire.controller.service import PoolService
 from podwire.controller.sweeper import NodeSweeper
 from podwire.controller.term import TermGuard
+from podwire.controller.vif_broker import VifBroker
 from podwire.errors import PodwireError
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.log import get_logger
@@ -68,19 +70,25 @@ class Controller:
             "nested": self.nested,
             "unpooled": UnpooledDriver(self.neutron, port_debug, settings.pool.binding_retries),
         }
-        self.service = PoolService(
-            settings.pool,
-            self.neutron,
-            NodeDrivers(etcd, drivers, settings.pool.default_driver),
-            InUseStore(etcd, self.leadership.fence, self.metrics.inuse_retries.inc),
-            self.metrics,
-            Liveness(etcd),
+        node_drivers = NodeDrivers(etcd, drivers, settings.pool.default_driver)
+        store = InUseStore(etcd, self.leadership.fence, self.metrics.inuse_retries.inc)
+        liveness = Liveness(etcd)
+        pool = settings.pool
+        self.service = PoolService(pool, self.neutron, node_drivers, store, self.metrics, liveness)
+        self.admin = PoolAdmin(self.service, pool, self.neutron, node_drivers, liveness)
+        self.broker = VifBroker(
+            self.service, self.admin, pool, self.neutron, node_drivers, store, self.metrics,
+            liveness,
+        )  # fmt: skip
+        self.sweeper = NodeSweeper(
+            self.service, self.broker, self.admin, self.neutron, pool.node_release_after
         )
-        self.sweeper = NodeSweeper(self.service, self.neutron, settings.pool.node_release_after)
         self.mirror = MirrorFacts(etcd)
         self.follower: MirrorFollower | None = None  # the current term's
         self.api = ControllerApi(
             self.service,
+            self.broker,
+            self.admin,
             settings.controller,
             (self.ready, self.metrics.registry),
             self.term,
@@ -208,7 +216,7 @@ class Controller:
         return min(pool.update_interval, pool.idle_ttl / 4)
 
     async def _shrink(self) -> object:
-        return await self.service.shrink_idle()
+        return await self.admin.shrink_idle()
 
     async def _recycle(self) -> object:
         return await recycle_once(self.service, self.neutron, self.settings.pool, self.mirror)

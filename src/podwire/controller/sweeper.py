@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 
 from podwire.controller.neutron_ops import PortOps
+from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.service import PoolService
+from podwire.controller.vif_broker import VifBroker
 from podwire.log import get_logger
 from podwire.neutron.vifs import is_bound
 from podwire.schema.vif import DEVICE_OWNER
@@ -22,9 +24,18 @@ log = get_logger(__name__)
 
 
 class NodeSweeper:
-    def __init__(self, service: PoolService, neutron: PortOps, release_after: float) -> None:
+    def __init__(
+        self,
+        service: PoolService,
+        broker: VifBroker,
+        admin: PoolAdmin,
+        neutron: PortOps,
+        release_after: float,
+    ) -> None:
         """``release_after``: seconds dead before all a node held is released; 0: never."""
         self._service = service
+        self._broker = broker
+        self._admin = admin
         self._neutron = neutron
         self._release_after = release_after
         self._dead_before: set[str] = set()
@@ -38,7 +49,7 @@ class NodeSweeper:
         freeing = dead & self._dead_before
         self._dead_before = dead - freeing
         if freeing:
-            await self._service.remove_nodes(freeing)
+            await self._admin.remove_nodes(freeing)
             log.info("controller.nodes_removed", nodes=sorted(freeing))
         return freeing, await self._sweep_unbound()
 
@@ -49,7 +60,7 @@ class NodeSweeper:
             return
         for node, since in sorted(self._dead_since.items()):
             if now - since >= self._release_after:
-                await self._service.remove_node(node, "dead")
+                await self._broker.remove_node(node, "dead")
                 del self._dead_since[node]
 
     async def _sweep_unbound(self) -> int:
