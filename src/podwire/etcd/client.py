@@ -127,17 +127,6 @@ def delete_op(key: str) -> Op:
     return Op(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key.encode())))
 
 
-def _to_kv(kv: Any, namespace: bytes) -> KeyValue:
-    return KeyValue(
-        key=kv.key[len(namespace) :].decode(),
-        value=bytes(kv.value),
-        create_revision=kv.create_revision,
-        mod_revision=kv.mod_revision,
-        version=kv.version,
-        lease=kv.lease,
-    )
-
-
 def _channel_targets(endpoints: Sequence[str]) -> tuple[list[str], bool]:
     """One gRPC target per endpoint (the client fails over between them itself)."""
     hosts = []
@@ -258,6 +247,16 @@ class EtcdClient:
     def logical_key(self, raw: bytes) -> str:
         """A key etcd sent, without this client's namespace."""
         return raw[len(self._namespace) :].decode()
+
+    def _kv(self, kv: Any) -> KeyValue:
+        return KeyValue(
+            key=self.logical_key(kv.key),
+            value=bytes(kv.value),
+            create_revision=kv.create_revision,
+            mod_revision=kv.mod_revision,
+            version=kv.version,
+            lease=kv.lease,
+        )
 
     def raw_range(self, prefix: str) -> tuple[bytes, bytes]:
         """The key range of everything under ``prefix``, as etcd stores it."""
@@ -408,7 +407,7 @@ class EtcdClient:
     async def get(self, key: str) -> KeyValue | None:
         request = rpc.RangeRequest(key=self.raw_key(key))
         response = await self._call(lambda e: e.kv.Range, request, f"get {key}", read=True)
-        return _to_kv(response.kvs[0], self._namespace) if response.kvs else None
+        return self._kv(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys under ``prefix`` at one consistent revision, fetched in pages."""
@@ -419,7 +418,7 @@ class EtcdClient:
             request = rpc.RangeRequest(key=start, range_end=end, limit=PAGE_SIZE, revision=revision)
             response = await self._call(lambda e: e.kv.Range, request, f"list {prefix}", read=True)
             revision = revision or int(response.header.revision)
-            items.extend(_to_kv(kv, self._namespace) for kv in response.kvs)
+            items.extend(self._kv(kv) for kv in response.kvs)
             if not response.more:
                 return items, revision
             start = response.kvs[-1].key + b"\0"
