@@ -59,6 +59,12 @@ class HostThreadRunner:
             os.close(fd)
 
     def timed(self, binary: Path, env: dict[str, str], conf: dict[str, Any]) -> float:
+        """One plugin run, from a thread in the host namespace: a plugin that makes host-side
+        objects (the reference ``bridge`` plugin's bridge) makes them there, never in the
+        namespace the bench itself runs in."""
+        return self.pool.submit(self._timed, binary, env, conf).result()
+
+    def _timed(self, binary: Path, env: dict[str, str], conf: dict[str, Any]) -> float:
         started = time.perf_counter()
         proc = subprocess.run(
             [str(binary)], input=json.dumps(conf).encode(), env=env, capture_output=True
@@ -69,7 +75,7 @@ class HostThreadRunner:
         return elapsed
 
     def many(self, jobs: list[tuple[Path, dict[str, str], dict[str, Any]]]) -> list[float]:
-        futures = [self.pool.submit(self.timed, *job) for job in jobs]
+        futures = [self.pool.submit(self._timed, *job) for job in jobs]
         return [f.result() for f in futures]
 
 
