@@ -20,13 +20,12 @@ from typing import Any
 from podwire.errors import ConfigError, ValidationError
 from podwire.keys import check_segment
 from podwire.schema import fields
-from podwire.schema.deployment import Deployment
+from podwire.schema.deployment import DEFAULT_NAME, Deployment
 from podwire.schema.nodes import POD_DRIVERS, RENAMED_POD_DRIVERS
 
 ENV_PREFIX = "PODWIRE_"
 # Keys outside any section: ``deployment`` (env ``PODWIRE_DEPLOYMENT``).
 TOP_LEVEL = ("deployment",)
-DEFAULT_DEPLOYMENT = Deployment().name
 
 
 @dataclass(frozen=True)
@@ -411,7 +410,7 @@ def _build_sections(
         if name not in sections and name not in TOP_LEVEL
     ]
     built: dict[str, Any] = {}
-    deployment = env.get(f"{ENV_PREFIX}DEPLOYMENT", raw.get("deployment", DEFAULT_DEPLOYMENT))
+    deployment = env.get(f"{ENV_PREFIX}DEPLOYMENT", raw.get("deployment", DEFAULT_NAME))
     try:
         built["deployment"] = Deployment.named(deployment)
     except ValidationError as exc:

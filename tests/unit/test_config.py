@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from podwire.config import Settings, load_settings
-from podwire.errors import ConfigError
+from podwire.errors import ConfigError, ValidationError
+from podwire.schema.deployment import deployments
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -189,3 +190,19 @@ def test_bad_deployment_names_are_refused(tmp_path: Path, name: str) -> None:
         load_settings(path, env={})
     with pytest.raises(ConfigError, match=r"deployment: .* is not a deployment name"):
         load_settings(env={"PODWIRE_DEPLOYMENT": name})
+
+
+@pytest.mark.parametrize(
+    ("names", "problem"),
+    [
+        (["podwire", "Blue"], "is not a deployment name"),
+        (["blue", "blue"], "names a deployment twice"),
+        ([], "name at least one deployment"),
+        (["a/b"], "is not a deployment name"),
+    ],
+)
+def test_a_list_of_deployments_is_read_strictly(names: list[str], problem: str) -> None:
+    """The one reader of the ml2 driver's, the stack's and the etcd commands' lists."""
+    with pytest.raises(ValidationError, match=rf"--x: .*{problem}"):
+        deployments(names, "--x")
+    assert [d.name for d in deployments([" podwire", "blue "], "--x")] == ["podwire", "blue"]

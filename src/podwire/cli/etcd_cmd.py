@@ -20,7 +20,7 @@ from podwire.etcd import admin
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.roles import COMPONENTS, RoleSpec, node_role, server_role
 from podwire.keys import check_segment
-from podwire.schema.deployment import Deployment
+from podwire.schema.deployment import DEFAULT_NAME, Deployment, deployments
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,10 +59,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _deployments(args: argparse.Namespace) -> list[Deployment]:
     try:
-        chosen = [Deployment.named(name, "--deployment") for name in args.deployment]
+        return deployments(args.deployment or [DEFAULT_NAME], "--deployment")
     except ValidationError as exc:
         raise ConfigError(str(exc)) from exc
-    return chosen or [Deployment()]
 
 
 def _grant_node(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 from podwire.config import LogSettings
 from podwire.errors import ConfigError, ValidationError
 from podwire.log import setup_logging
-from podwire.schema.deployment import Deployment
+from podwire.schema.deployment import deployments
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -96,12 +96,9 @@ def _up(args: argparse.Namespace) -> int:
 
 def _deployments(names: str) -> tuple[str, ...]:
     try:
-        chosen = [Deployment.named(n.strip(), "--deployments").name for n in names.split(",")]
+        return tuple(d.name for d in deployments(names.split(","), "--deployments"))
     except ValidationError as exc:
         raise ConfigError(str(exc)) from exc
-    if len(set(chosen)) != len(chosen):
-        raise ConfigError(f"--deployments: {names!r} names a deployment twice")
-    return tuple(chosen)
 
 
 def _down(args: argparse.Namespace) -> int:

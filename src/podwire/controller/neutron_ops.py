@@ -33,10 +33,9 @@ from podwire.neutron.client import (
     PortSummary,
 )
 from podwire.neutron.vifs import NetworkInfo
-from podwire.schema.deployment import TAG_PREFIX, Deployment
+from podwire.schema.deployment import DEFAULT, TAG_PREFIX, Deployment
 
 log = get_logger(__name__)
-DEFAULT_DEPLOYMENT = Deployment()
 
 T = TypeVar("T")
 SLOW_CALL = 5.0  # seconds without an answer before readiness names Neutron
@@ -61,7 +60,7 @@ class NeutronOps:
         client: NeutronClient,
         metrics: ControllerMetrics,
         term: TermGuard | None = None,
-        deployment: Deployment = DEFAULT_DEPLOYMENT,
+        deployment: Deployment = DEFAULT,
     ) -> None:
         """``term``: every write checks first that the term it was decided in is held.
         ``deployment``: whose ports these are (their tag)."""

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from podwire import keys
-from podwire.schema.deployment import Deployment
+from podwire.schema.deployment import DEFAULT, Deployment
 
-DEFAULT = Deployment()
 Access = Literal["read", "readwrite"]
 COMPONENTS = ("ml2", "controller")
 

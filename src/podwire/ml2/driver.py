@@ -29,7 +29,7 @@ from podwire.ml2.mlog import get_logger
 from podwire.ml2.policy_callbacks import PolicyJournal
 from podwire.ml2.policy_db import PolicySnapshot
 from podwire.ml2.trunk_driver import PodwireTrunkDriver
-from podwire.schema.deployment import Deployment
+from podwire.schema.deployment import Deployment, deployments
 
 if TYPE_CHECKING:
     from podwire.ml2.worker import Worker
@@ -53,12 +53,9 @@ def _deployments(names: list[str]) -> list[Deployment]:
     """``[ml2_podwire] deployments``, read strictly: a bad name stops neutron-server's start
     with the option named, as any other bad Neutron option does."""
     try:
-        chosen = [Deployment.named(name, "[ml2_podwire] deployments") for name in names]
+        return deployments(names, "[ml2_podwire] deployments")
     except ValidationError as exc:
         raise cfg.Error(str(exc)) from exc
-    if not chosen or len({d.name for d in chosen}) != len(chosen):
-        raise cfg.Error(f"[ml2_podwire] deployments: {names!r}: name each deployment once")
-    return chosen
 
 
 class PodwireMechanismDriver(api.MechanismDriver):  # type: ignore[misc]

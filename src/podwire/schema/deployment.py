@@ -11,11 +11,12 @@ an installation created.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from podwire.errors import ValidationError
 
-DEFAULT = "podwire"
+DEFAULT_NAME = "podwire"
 TAG_PREFIX = "podwire-deployment="
 # Letters, digits and '-': safe in an etcd key, a Neutron tag (at most 60 characters with the
 # prefix) and an etcd role name.
@@ -25,7 +26,7 @@ NAMESPACES = "/podwire-deployments/"
 
 @dataclass(frozen=True)
 class Deployment:
-    name: str = DEFAULT
+    name: str = DEFAULT_NAME
 
     @classmethod
     def named(cls, value: object, what: str = "deployment") -> Deployment:
@@ -44,13 +45,27 @@ class Deployment:
     @property
     def etcd_namespace(self) -> str:
         """Prepended to every etcd key by the client; empty for the default deployment."""
-        return "" if self.name == DEFAULT else f"{NAMESPACES}{self.name}"
+        return "" if self.name == DEFAULT_NAME else f"{NAMESPACES}{self.name}"
 
     @property
     def adopts_untagged(self) -> bool:
         """Ports from before deployments existed belong to the default deployment."""
-        return self.name == DEFAULT
+        return self.name == DEFAULT_NAME
 
     def role_name(self, role: str) -> str:
         """An etcd role or user name of this deployment (unchanged for the default one)."""
-        return role if self.name == DEFAULT else f"{role}@{self.name}"
+        return role if self.name == DEFAULT_NAME else f"{role}@{self.name}"
+
+
+DEFAULT = Deployment()
+
+
+def deployments(names: Iterable[str], what: str) -> list[Deployment]:
+    """A list of deployments (the ml2 driver's, the stack's, an etcd user's): each a valid
+    name, none twice, at least one."""
+    chosen = [Deployment.named(name.strip(), what) for name in names]
+    if not chosen:
+        raise ValidationError(f"{what}: name at least one deployment")
+    if len({d.name for d in chosen}) != len(chosen):
+        raise ValidationError(f"{what}: {[d.name for d in chosen]!r} names a deployment twice")
+    return chosen

@@ -22,8 +22,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.etcd.roles import server_role
 from podwire.files import atomic_write
 from podwire.keys import check_segment
-from podwire.schema.deployment import DEFAULT as DEFAULT_DEPLOYMENT
-from podwire.schema.deployment import Deployment
+from podwire.schema.deployment import DEFAULT_NAME, Deployment
 
 AUTH_DIR = "etcd-auth"
 SERVER_USER = "podwire-stack-server"  # the stack's neutron-server (ml2)
@@ -74,7 +73,7 @@ def root_settings(endpoint: str, data_dir: Path) -> EtcdSettings:
 
 
 def prepare(
-    endpoint: str, data_dir: Path, deployments: Sequence[str] = (DEFAULT_DEPLOYMENT,)
+    endpoint: str, data_dir: Path, deployments: Sequence[str] = (DEFAULT_NAME,)
 ) -> Credentials:
     """Turn auth on (first start) and return the server user's credentials for ml2."""
     try:
