@@ -206,22 +206,18 @@ class HostDirectory:
         return HostState(host)
 
     def deployment_of(self, host: str) -> Deployment:
-        """Where ``host``'s desired ports go: the deployment it is alive in, else the one it
-        left state in, else the home deployment."""
+        """Where ``host``'s desired ports go: its deployment, else the home deployment."""
+        return self.claimed_by(host) or self.home
+
+    def claimed_by(self, host: str) -> Deployment | None:
+        """The deployment ``host`` belongs to: the one it is alive in, else the one it left
+        state in; None when no deployment, or more than one, says so (another mechanism
+        driver's host, or one registered twice)."""
         claims = self._claims(host)
         if len(claims) == 1:
             return claims[0][0]
         known = [d for d in self.deployments if self.caches[d.name].knows(host)]
-        return known[0] if len(known) == 1 else self.home
-
-    def claimed_by(self, host: str) -> Deployment | None:
-        """The deployment ``host`` belongs to, None for a host no deployment knows (another
-        mechanism driver's)."""
-        claims = self._claims(host)
-        if claims:
-            return claims[0][0]
-        known = [d for d in self.deployments if self.caches[d.name].knows(host)]
-        return known[0] if known else None
+        return known[0] if len(known) == 1 else None
 
     def key(self, host: str, key: str) -> str:
         """``key`` (a key of ``host``'s) as etcd stores it in ``host``'s deployment."""
