@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from podwire import keys
 from podwire.errors import RetryableError
@@ -41,19 +41,21 @@ def report(
 
 
 async def publish_forever(
-    client: EtcdClient,
+    targets: Sequence[tuple[EtcdClient, Feedback]],
     identity: str,
     forwarder: Forwarder,
-    feedback: Feedback,
     depth: Callable[[], tuple[int, float]],
     interval: float = INTERVAL,
 ) -> None:
+    """Into each deployment's namespace (a client in it, and the feedback following it); the
+    journal's depth is read once for all of them."""
     while True:
         await asyncio.sleep(interval)
         if not forwarder.is_leader:
             continue
         try:
             measured = await asyncio.to_thread(depth)
-            await client.put(STATUS_KEY, report(identity, forwarder, feedback, measured))
+            for client, feedback in targets:
+                await client.put(STATUS_KEY, report(identity, forwarder, feedback, measured))
         except RetryableError as exc:
             log.warning("ml2.status.publish_failed", error=str(exc))

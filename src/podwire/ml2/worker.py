@@ -119,14 +119,13 @@ class Worker:
             self._feedbacks = list(feedbacks.values())
             async with asyncio.TaskGroup() as group:
                 group.create_task(forwarder.run())
-                for name, feedback in feedbacks.items():
+                for feedback in feedbacks.values():
                     group.create_task(feedback.run())
-                    if self._journal_depth is not None:
-                        identity = self._forwarder_settings.identity
-                        report = publish_forever(
-                            views[name], identity, forwarder, feedback, self._journal_depth
-                        )
-                        group.create_task(report)
+                if self._journal_depth is not None:
+                    targets = [(views[name], feedback) for name, feedback in feedbacks.items()]
+                    identity = self._forwarder_settings.identity
+                    report = publish_forever(targets, identity, forwarder, self._journal_depth)
+                    group.create_task(report)
         finally:
             self._forwarder = None
             self._feedbacks = []
