@@ -117,7 +117,7 @@ def pack_all(item: _Layout, element: Element) -> list[Packed]:
     """The kernel elements of one element: one, or a one-field interval's two."""
     _check_kinds(item, element)
     if not (item.interval and len(item.key) == 1):
-        return [pack(item, element)]
+        return [_pack(item, element)]
     low, high = element.key[0].span()
     start = Packed(_padded(low))
     following = int.from_bytes(high, "big") + 1
@@ -131,6 +131,11 @@ def pack(item: _Layout, element: Element) -> Packed:
     _check_kinds(item, element)
     if item.interval and len(item.key) == 1:
         raise Unencodable(f"element {element.text()!r} of a one-field interval set")
+    return _pack(item, element)
+
+
+def _pack(item: _Layout, element: Element) -> Packed:
+    """``pack`` once the element's fields are known to match the set's."""
     starts, ends = [], []
     for field in element.key:
         start, end = field.span()
