@@ -17,7 +17,7 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.neutron_ops import PortOps
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pools import PoolKey
-from podwire.controller.service import PoolService
+from podwire.controller.service import PoolDeps, PoolService
 from podwire.controller.vif_broker import VifBroker
 from podwire.neutron.client import PortSummary
 from podwire.neutron.vifs import NetworkInfo, Subnet
@@ -180,11 +180,17 @@ class World:
 def world(settings: PoolSettings | None = None) -> World:
     neutron, store, metrics = FakeNeutron(), FakeStore(), ControllerMetrics()
     drivers = FakeDrivers(FakeDriver(neutron))
-    pool, liveness = settings or PoolSettings(), cast(Any, FakeLiveness())
-    ops, node_drivers, records = cast(Any, neutron), cast(Any, drivers), cast(Any, store)
-    service = PoolService(pool, ops, node_drivers, records, metrics, liveness)
-    admin = PoolAdmin(service, pool, ops, node_drivers, liveness)
-    broker = VifBroker(service, admin, pool, ops, node_drivers, records, metrics, liveness)
+    deps = PoolDeps(
+        settings or PoolSettings(),
+        cast(Any, neutron),
+        cast(Any, drivers),
+        cast(Any, store),
+        metrics,
+        cast(Any, FakeLiveness()),
+    )
+    service = PoolService(deps)
+    admin = PoolAdmin(service, deps)
+    broker = VifBroker(service, admin, deps)
     return World(service, broker, admin, neutron, store, drivers, metrics)
 
 

@@ -31,7 +31,7 @@ from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
-from podwire.controller.service import PoolService
+from podwire.controller.service import PoolDeps, PoolService
 from podwire.controller.sweeper import NodeSweeper
 from podwire.controller.term import TermGuard
 from podwire.controller.vif_broker import VifBroker
@@ -70,18 +70,20 @@ class Controller:
             "nested": self.nested,
             "unpooled": UnpooledDriver(self.neutron, port_debug, settings.pool.binding_retries),
         }
-        node_drivers = NodeDrivers(etcd, drivers, settings.pool.default_driver)
-        store = InUseStore(etcd, self.leadership.fence, self.metrics.inuse_retries.inc)
-        liveness = Liveness(etcd)
-        pool = settings.pool
-        self.service = PoolService(pool, self.neutron, node_drivers, store, self.metrics, liveness)
-        self.admin = PoolAdmin(self.service, pool, self.neutron, node_drivers, liveness)
-        self.broker = VifBroker(
-            self.service, self.admin, pool, self.neutron, node_drivers, store, self.metrics,
-            liveness,
-        )  # fmt: skip
+        deps = PoolDeps(
+            settings.pool,
+            self.neutron,
+            NodeDrivers(etcd, drivers, settings.pool.default_driver),
+            InUseStore(etcd, self.leadership.fence, self.metrics.inuse_retries.inc),
+            self.metrics,
+            Liveness(etcd),
+        )
+        self.service = PoolService(deps)
+        self.admin = PoolAdmin(self.service, deps)
+        self.broker = VifBroker(self.service, self.admin, deps)
+        release_after = settings.pool.node_release_after
         self.sweeper = NodeSweeper(
-            self.service, self.broker, self.admin, self.neutron, pool.node_release_after
+            self.service, self.broker, self.admin, self.neutron, release_after
         )
         self.mirror = MirrorFacts(etcd)
         self.follower: MirrorFollower | None = None  # the current term's

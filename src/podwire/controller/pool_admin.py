@@ -7,12 +7,8 @@ import asyncio
 import time
 from collections.abc import Iterable
 
-from podwire.config import PoolSettings
-from podwire.controller.drivers import NodeDrivers
-from podwire.controller.liveness import Liveness
-from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.pools import PoolKey, sg_key
-from podwire.controller.service import PoolService
+from podwire.controller.service import PoolDeps, PoolService
 from podwire.errors import ValidationError
 from podwire.log import get_logger
 from podwire.schema.vif import Vif
@@ -21,27 +17,17 @@ log = get_logger(__name__)
 
 
 class PoolAdmin:
-    def __init__(
-        self,
-        service: PoolService,
-        settings: PoolSettings,
-        neutron: NeutronOps,
-        drivers: NodeDrivers,
-        liveness: Liveness,
-    ) -> None:
+    def __init__(self, service: PoolService, deps: PoolDeps) -> None:
         self._service = service
         self._term = service.term
-        self._settings = settings
-        self._neutron = neutron
-        self._drivers = drivers
-        self._liveness = liveness
+        self._deps = deps
 
     async def remove_nodes(self, nodes: Iterable[str]) -> int:
         """Free the pools of removed nodes and forget their drivers; returns ports freed."""
         nodes = set(nodes)
         freed = await self.free_nodes(nodes)
         for node in nodes:
-            self._drivers.forget(node)
+            self._deps.drivers.forget(node)
         return freed
 
     async def populate(
@@ -54,14 +40,14 @@ class PoolAdmin:
     ) -> dict[str, int]:
         self._service.check_serving()
         sgs = sg_key(security_groups)
-        network = await self._neutron.network(network_ref, project_id)
-        await self._neutron.check_security_groups(sgs, project_id or network.project_id)
+        network = await self._deps.neutron.network(network_ref, project_id)
+        await self._deps.neutron.check_security_groups(sgs, project_id or network.project_id)
         nodes = list(nodes)
         for node in nodes:  # all before any port is made: a refused populate changes nothing
-            await self._liveness.require(node)
+            await self._deps.liveness.require(node)
         created: dict[str, int] = {}
         for node in nodes:
-            driver = await self._drivers.for_node(node)
+            driver = await self._deps.drivers.for_node(node)
             if not driver.pooled:
                 created[node] = 0
                 continue
@@ -71,8 +57,8 @@ class PoolAdmin:
         return created
 
     def _check_max(self, key: PoolKey, count: int) -> None:
-        room = self._settings.max - self._term.pools.size(key)
-        if self._settings.max and count > room:
+        room = self._deps.settings.max - self._term.pools.size(key)
+        if self._deps.settings.max and count > room:
             raise ValidationError(
                 f"count: pool {tuple(key)} has room for {max(room, 0)} more ports (pool.max)"
             )
@@ -94,7 +80,7 @@ class PoolAdmin:
         return sum(r for r in results if isinstance(r, int))
 
     async def _shrink(self, key: PoolKey, vifs: list[Vif]) -> int:
-        driver = await self._drivers.for_node(key.node)
+        driver = await self._deps.drivers.for_node(key.node)
         try:
             await driver.delete(key, vifs)
         except BaseException:
@@ -112,7 +98,7 @@ class PoolAdmin:
 
     async def _free_key(self, key: PoolKey) -> int:
         vifs = self._term.pools.remove_key(key)
-        driver = await self._drivers.for_node(key.node)
+        driver = await self._deps.drivers.for_node(key.node)
         await driver.delete(key, vifs)
         log.info("pool.freed", key=key, ports=len(vifs))
         return len(vifs)
@@ -121,16 +107,16 @@ class PoolAdmin:
         freed = 0
         for key in [k for k in self._term.pools.pool_keys() if k.network_id == network_id]:
             freed += await self._free_key(key)
-        self._neutron.forget_network(network_id)
+        self._deps.neutron.forget_network(network_id)
         return freed
 
     async def remove_security_group(self, sg_id: str, network_id: str | None) -> int:
         moved = self._term.pools.strip_sg(sg_id, network_id)
         results = await asyncio.gather(
-            *(self._neutron.update_port(v.port_id, security_group_ids=[]) for v in moved),
+            *(self._deps.neutron.update_port(v.port_id, security_group_ids=[]) for v in moved),
             return_exceptions=True,
         )
-        self._neutron.forget_security_group(sg_id)
+        self._deps.neutron.forget_security_group(sg_id)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

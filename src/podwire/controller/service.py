@@ -57,6 +57,18 @@ class PoolSnapshot:
     unseen: list[str]  # counted in size: bound by Neutron, not in the forwarder's mirror yet
 
 
+@dataclass(frozen=True)
+class PoolDeps:
+    """What the service, the VIF broker and the admin of a controller work with."""
+
+    settings: PoolSettings
+    neutron: NeutronOps
+    drivers: NodeDrivers
+    store: InUseStore
+    metrics: ControllerMetrics
+    liveness: Liveness
+
+
 @dataclass
 class TermState:
     """What one term holds, shared by the service, the VIF broker and the admin; ``reset``
@@ -76,25 +88,12 @@ class PoolService:
     class or ``term``'s pools, whose changes report every size, so the gauges follow.
     """
 
-    def __init__(
-        self,
-        settings: PoolSettings,
-        neutron: NeutronOps,
-        drivers: NodeDrivers,
-        store: InUseStore,
-        metrics: ControllerMetrics,
-        liveness: Liveness,
-    ) -> None:
-        self._settings = settings
-        self._liveness = liveness
-        self._neutron = neutron
-        self._drivers = drivers
-        self._store = store
-        self._metrics = metrics
+    def __init__(self, deps: PoolDeps) -> None:
+        self._deps = deps
         self._pool_gauges: dict[PoolKey, Any] = {}
         self._mirror: MirrorView | None = None
         pools = self._new_pools()
-        self.term = TermState(pools, Refiller(pools, settings, metrics, liveness))
+        self.term = TermState(pools, Refiller(pools, deps.settings, deps.metrics, deps.liveness))
         self._background: set[asyncio.Future[Any]] = set()
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
@@ -106,11 +105,11 @@ class PoolService:
     def _pool_size_changed(self, key: PoolKey, size: int) -> None:
         gauge = self._pool_gauges.get(key)
         if gauge is None:  # labels() costs more than the rest of a pool hit's bookkeeping
-            gauge = self._pool_gauges[key] = self._metrics.pool_size.labels(*key)
+            gauge = self._pool_gauges[key] = self._deps.metrics.pool_size.labels(*key)
         gauge.set(size)
 
     def attachments_changed(self) -> None:
-        self._metrics.in_use.set(len(self.term.attachments))
+        self._deps.metrics.in_use.set(len(self.term.attachments))
 
     @property
     def pools(self) -> PoolsView:
@@ -122,15 +121,15 @@ class PoolService:
 
     @property
     def neutron(self) -> NeutronOps:
-        return self._neutron
+        return self._deps.neutron
 
     @property
     def metrics(self) -> ControllerMetrics:
-        return self._metrics
+        return self._deps.metrics
 
     @property
     def liveness(self) -> Liveness:
-        return self._liveness
+        return self._deps.liveness
 
     def disputed(self, node: str) -> dict[str, list[str]]:
         """This node's ports held by several attachments: port -> attachments."""
@@ -183,7 +182,7 @@ class PoolService:
         self._mirror = mirror
         self.term.pools = self._new_pools()
         self.term.refiller = Refiller(
-            self.term.pools, self._settings, self._metrics, self._liveness
+            self.term.pools, self._deps.settings, self._deps.metrics, self._deps.liveness
         )
         self.term.attachments.clear()
         self.term.disputed.clear()
@@ -205,7 +204,7 @@ class PoolService:
         its records are kept, none of their releases puts it back in a pool while another
         holds it, and the node's agent settles it (the attachment its checkpoint names keeps
         the port, it releases the others: ``GET .../vifs`` lists the disputes)."""
-        records, _ = await self._store.load()
+        records, _ = await self._deps.store.load()
         holders: dict[str, set[tuple[str, str]]] = {}
         for record in records:
             self.term.attachments[(record.node, record.attachment)] = record
@@ -290,14 +289,14 @@ class PoolService:
     async def delete_recycled(self, key: PoolKey, port_id: str) -> None:
         """Delete a released port (pool full or binding failed) through its node's driver."""
         vif = self.term.pools.vif(port_id)
-        driver = await self._drivers.for_node(key.node)
+        driver = await self._deps.drivers.for_node(key.node)
         if vif is not None:
             await driver.delete(key, [vif])
         self.term.pools.forget(port_id)
 
     async def dead_nodes(self) -> set[str]:
         """Nodes with pools or attachments here but no live agent."""
-        alive = await self._liveness.alive_nodes()
+        alive = await self._deps.liveness.alive_nodes()
         known = {key.node for key in self.term.pools.pool_keys()}
         return (known | {node for node, _ in self.term.attachments}) - alive
 

@@ -14,16 +14,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from podwire.config import PoolSettings
-from podwire.controller.drivers import NodeDrivers, PortDriver
+from podwire.controller.drivers import PortDriver
 from podwire.controller.errors import PoolNotReady, SubnetFull
-from podwire.controller.inuse import InUse, InUseStore
-from podwire.controller.liveness import Liveness, no_agent
-from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.inuse import InUse
+from podwire.controller.liveness import no_agent
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pools import PoolKey, SgKey, Taken, Waiter, with_sgs
-from podwire.controller.service import PoolService
+from podwire.controller.service import PoolDeps, PoolService
 from podwire.errors import PodwireError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronAddressesExhausted
@@ -38,27 +35,12 @@ UNSEEN_WAIT = 5.0
 
 
 class VifBroker:
-    def __init__(
-        self,
-        service: PoolService,
-        admin: PoolAdmin,
-        settings: PoolSettings,
-        neutron: NeutronOps,
-        drivers: NodeDrivers,
-        store: InUseStore,
-        metrics: ControllerMetrics,
-        liveness: Liveness,
-    ) -> None:
+    def __init__(self, service: PoolService, admin: PoolAdmin, deps: PoolDeps) -> None:
         """``admin``: frees a removed node's pools after its attachments."""
         self._service = service
         self._term = service.term
         self._admin = admin
-        self._settings = settings
-        self._neutron = neutron
-        self._drivers = drivers
-        self._store = store
-        self._metrics = metrics
-        self._liveness = liveness
+        self._deps = deps
         # One lock per attachment with requests or releases under way: they are served in
         # arrival order (asyncio's locks are first come, first served).
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -93,18 +75,19 @@ class VifBroker:
                 del self._lock_users[ident], self._locks[ident]
 
     async def _request(self, node: str, req: VifRequest) -> Vif:
-        network = await self._neutron.network(req.network, req.project_id)
+        network = await self._deps.neutron.network(req.network, req.project_id)
         project = req.project_id or network.project_id
-        await self._neutron.check_security_groups(req.security_groups, project)
+        await self._deps.neutron.check_security_groups(req.security_groups, project)
         key = PoolKey(node, project, network.id)
-        driver = await self._drivers.for_node(node)
+        driver = await self._deps.drivers.for_node(node)
         if driver.pooled:
             vif = await self._from_pool(key, req.security_groups, driver, network)
         else:
             vif = await self._create_one(key, req.security_groups, driver, network)
         record = InUse(node, req.attachment, key, vif)
         try:
-            await self._store.put(record)  # over a vanished port's record, when it replaces one
+            # Over a vanished port's record, when it replaces one.
+            await self._deps.store.put(record)
         except BaseException:
             await self._undo_take(driver, key, vif)
             raise
@@ -113,7 +96,7 @@ class VifBroker:
         self._service.attachments_changed()
         if vanished is not None:
             await self._vanished(driver, vanished)
-        if self._settings.port_debug:
+        if self._deps.settings.port_debug:
             self._service.spawn(self._name_port(vif.port_id, req))
         return vif
 
@@ -143,12 +126,12 @@ class VifBroker:
         self._term.refiller.sizer.request(key, time.monotonic())
         taken = self._term.pools.take(key, wanted)
         if taken is None:
-            self._metrics.misses.inc()
+            self._deps.metrics.misses.inc()
             taken = await self._wait_for_port(key, wanted, driver, network)
         elif taken.sg_update:
-            self._metrics.reuses.inc()
+            self._deps.metrics.reuses.inc()
         else:
-            self._metrics.hits.inc()
+            self._deps.metrics.hits.inc()
         if self._term.pools.size(key) < self._term.refiller.target(
             key
         ) and not self._term.refiller.busy(key):
@@ -160,7 +143,7 @@ class VifBroker:
     ) -> Taken:
         if network.physnet is not None:  # a miss costs Neutron calls anyway; this is one read
             name = f"{network.name} ({network.id})" if network.name else network.id
-            await self._liveness.require_physnet(key.node, name, network.physnet)
+            await self._deps.liveness.require_physnet(key.node, name, network.physnet)
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
         waiter = Waiter(wanted, got.set_result)
         self._term.pools.wait(key, waiter)
@@ -199,7 +182,7 @@ class VifBroker:
         return got.result()
 
     def _not_ready(self, key: PoolKey) -> str:
-        if self._liveness.noted_dead(key.node):
+        if self._deps.liveness.noted_dead(key.node):
             return f"pool {tuple(key)} is empty: {no_agent(key.node)}"
         unseen = len(self._term.pools.unseen(key))
         if unseen:
@@ -213,7 +196,7 @@ class VifBroker:
         if not taken.sg_update:
             return taken.vif
         try:
-            await self._neutron.update_port(
+            await self._deps.neutron.update_port(
                 taken.vif.port_id, security_group_ids=list(taken.wanted)
             )
         except BaseException:
@@ -234,7 +217,7 @@ class VifBroker:
         """Debug naming only: a failure costs a name, never the pod's port."""
         try:
             pod = req.pod or PodRef("", "")
-            await self._neutron.update_port(port_id, name=pod.name, device_id=pod.uid)
+            await self._deps.neutron.update_port(port_id, name=pod.name, device_id=pod.uid)
         except PodwireError as exc:
             log.warning("pool.port_naming_failed", port=port_id, error=str(exc))
 
@@ -247,7 +230,7 @@ class VifBroker:
             record = await self._drop_record(ident)
             if record is None:
                 return
-            driver = await self._drivers.for_node(node)
+            driver = await self._deps.drivers.for_node(node)
             if driver.pooled:
                 self._term.pools.release(record.key, record.vif.port_id)
                 self._service.released.set()
@@ -261,7 +244,7 @@ class VifBroker:
         record = self._term.attachments.get(ident)
         if record is None:
             return None
-        await self._store.delete(*ident)
+        await self._deps.store.delete(*ident)
         del self._term.attachments[ident]
         self._service.attachments_changed()
         return None if self._still_held(ident, record) else record
@@ -279,7 +262,7 @@ class VifBroker:
         for ident, record in held.items():
             if not self._held_elsewhere(ident, record):
                 doomed.setdefault(record.key, []).append(record.vif)
-        driver = await self._drivers.for_node(node)
+        driver = await self._deps.drivers.for_node(node)
         for key, vifs in doomed.items():
             await driver.delete(key, vifs)
         for ident in held:
@@ -289,7 +272,7 @@ class VifBroker:
                 self._term.pools.forget(dropped.vif.port_id)
         freed = await self._admin.remove_nodes([node])
         released = sorted(v.port_id for vifs in doomed.values() for v in vifs)
-        self._metrics.nodes_released.labels(reason).inc()
+        self._deps.metrics.nodes_released.labels(reason).inc()
         log.warning("controller.node_released", node=node, reason=reason, pool_ports=freed,
                     ports=released)  # fmt: skip
         return released
