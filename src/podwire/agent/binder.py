@@ -330,7 +330,9 @@ class Binder:
             except TimeoutError as exc:
                 if not ready():  # it may have come while the time-out took the lock back
                     raise self._not_wired(port_id, within, wanted) from exc
-            if port_id in self.wired:
+            # Removed first: unbinding deletes the state key and marks the port removed before
+            # it leaves ``wired``, and an ADD waking in between must not wire a deleted port.
+            if port_id not in self.removed and port_id in self.wired:
                 return self.wired[port_id]
             if port_id in self.removed:
                 raise PortVanished(
