@@ -151,6 +151,12 @@ class PoolSettings:
     rate_window: float = 2.0  # seconds per rate-averaging window
     rate_smoothing: float = 0.5  # weight of the newest window in the rate average (0 < w <= 1)
     headroom: float = 2.0  # multiplier on the expected demand during one refill (>= 1)
+    # Seconds without a request or a returned port a pool waits before topping itself up
+    # while it holds more than its floor (pool.min, or what its sustained drain takes while
+    # a refill lands): a sudden burst is served from the pool and Neutron is left alone
+    # until the burst pauses (a Neutron sharing the node's CPU otherwise slows the burst it
+    # refills for). Below the floor it refills at once. 0: top up after every request.
+    refill_pause: float = 0.5
 
     def validate(self) -> None:
         for name in ("min", "max", "binding_retries", "node_release_after"):
@@ -173,6 +179,8 @@ class PoolSettings:
             raise ConfigError("pool.rate_smoothing: must be greater than 0 and at most 1")
         if self.headroom < 1:
             raise ConfigError("pool.headroom: must be 1 or more")
+        if self.refill_pause < 0:
+            raise ConfigError("pool.refill_pause: must be 0 or more")
         if self.default_driver not in (*POD_DRIVERS, *RENAMED_POD_DRIVERS):
             raise ConfigError("pool.default_driver: must be baremetal, nested or unpooled")
 

@@ -168,3 +168,27 @@ def test_a_refill_step_never_passes_the_target(target: int, size: int, batch: in
     step = step_toward(target, size, batch)
     assert step <= target
     assert step >= min(target, size)  # never asks to shrink below what is there
+
+
+def test_a_short_burst_never_asks_for_more_than_headroom_times_its_peak() -> None:
+    settings = replace(SETTINGS, max=0)
+    sizer: PoolSizer[str] = PoolSizer(settings)
+    sizer.bulk_created(20.0)  # a slow Neutron: rate x refill time would be 600
+    for i in range(30):  # 30 pods in 1.5 s
+        sizer.request("p", i * 0.05)
+    target = sizer.target("p", 1.5)
+    assert target.size == 60, target  # headroom 2 x 30 out at once
+    assert "most ports out at once" in target.reason
+
+
+def test_a_burst_within_two_windows_is_not_a_sustained_drain() -> None:
+    sizer: PoolSizer[str] = PoolSizer(SETTINGS)
+    sizer.bulk_created(2.0)
+    for i in range(30):  # 30 requests over 1.5 windows
+        sizer.request("p", i * 0.05)
+    assert sizer.reserve("p", 1.6) == 0
+    steady: PoolSizer[str] = PoolSizer(SETTINGS)
+    steady.bulk_created(2.0)
+    for i in range(40):  # 5 requests/s for 8 s
+        steady.request("p", i * 0.2)
+    assert steady.reserve("p", 8.0) >= 6  # ~4/s sustained x 2 s refill

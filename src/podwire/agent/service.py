@@ -128,7 +128,7 @@ class Agent:
         """Everything under one TaskGroup; without ``kernel`` (``agent.dataplane = "none"``)
         the binder only reports ports wired and no CNI socket is served."""
         agent = self.settings.agent
-        vifs = self._vifs or await _default_vifs(self.settings)
+        vifs = self._vifs or await _default_vifs(self.settings, stack)
         plugin = _device_plugin(self.settings)
         memif_binary = _memif_binary(self.settings, plugin)
         heartbeat = Heartbeat(
@@ -400,14 +400,16 @@ def _load_checkpoint(state_dir: str, vifs: VifSource) -> EntryStore[Attachment]:
     return checkpoint
 
 
-async def _default_vifs(settings: Settings) -> VifSource:
+async def _default_vifs(settings: Settings, stack: contextlib.AsyncExitStack) -> VifSource:
     agent = settings.agent
     if agent.vif_source == "neutron":
         from podwire.agent.neutron_vifs import NeutronVifSource
         from podwire.neutron.client import connect
 
         return NeutronVifSource(connect(settings.neutron), agent.host, settings.deployment.tag)
-    return ControllerVifSource(agent.controller_url, agent.host, agent.token)
+    source = ControllerVifSource(agent.controller_url, agent.host, agent.token)
+    stack.push_async_callback(source.close)  # its HTTP session, last (after the CNI socket)
+    return source
 
 
 def _memif_binary(settings: Settings, plugin: DevicePlugin | None) -> Path | None:

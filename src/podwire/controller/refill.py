@@ -3,6 +3,15 @@
 Neutron creates ports slowly (~100+ ms each), so a refill asks for a whole batch per bulk
 request and several batches at once, but never more than ``bulk_concurrency`` bulk requests
 in flight across all pools, so a burst on many nodes cannot overload Neutron.
+
+The top-up a request starts waits until its pool has seen neither a request nor a returned
+port for ``pool.refill_pause`` while the pool holds more than its floor (``pool.min``, or
+what its sustained drain takes while a refill lands): a sudden burst the pool covers is
+served without Neutron working at the same time, and when the burst's pods are deleted
+meanwhile, their recycled ports offset the drain and no port is created at all. Measured
+under containerd on one 2-core machine, an eager top-up made a 30-pod burst take 1.7x as
+long (Neutron's bulk creates took the CPU the runtime's sandboxes needed). Below the floor,
+and for a request that finds the pool empty, it refills at once.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ class Refiller:
         self._metrics = metrics
         self._locks: defaultdict[PoolKey, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._gate = asyncio.Semaphore(settings.bulk_concurrency)
+        self._pausing: set[PoolKey] = set()  # pools whose top-up waits for a pause
         self.last_refill: dict[PoolKey, float] = {}  # unix time of the last finished refill
         self.sizer: PoolSizer[PoolKey] = PoolSizer(settings)
 
@@ -66,6 +76,44 @@ class Refiller:
 
     def busy(self, key: PoolKey) -> bool:
         return self._locks[key].locked()
+
+    def short(self, key: PoolKey) -> bool:
+        return self._pools.size(key) < self.target(key) and not self.busy(key)
+
+    def _urgent(self, key: PoolKey) -> bool:
+        """No pause configured, or the pool is below its floor: the larger of ``pool.min``
+        and what its sustained drain takes while a refill lands."""
+        if not self._settings.refill_pause:
+            return True
+        floor = max(self._settings.min, self.sizer.reserve(key, time.monotonic()))
+        return self._pools.size(key) < floor
+
+    async def top_up(
+        self, key: PoolKey, sgs: SgKey, driver: PortDriver, network: NetworkInfo
+    ) -> int:
+        """After a request: refill the pool to its target, at once when it is below its
+        floor, else once its requests pause (one waiting top-up per pool)."""
+        if not self.short(key):
+            return 0
+        if not self._urgent(key):
+            if key in self._pausing:
+                return 0
+            self._pausing.add(key)
+            try:
+                await self._pause(key)
+            finally:
+                self._pausing.discard(key)
+            if not self.short(key):
+                return 0
+        return await self.refill(key, sgs, driver, network)
+
+    async def _pause(self, key: PoolKey) -> None:
+        pause = self._settings.refill_pause
+        while not self._urgent(key):
+            quiet = self.sizer.quiet_for(key, time.monotonic())
+            if quiet >= pause:
+                return
+            await asyncio.sleep(pause - quiet)
 
     async def refill(
         self,

@@ -8,8 +8,12 @@ second does not forget a burst and a sudden step is seen within one window). It 
 ready ports to serve that drain until a refill started now would land (the measured bulk-create
 latency), times a headroom for the burst's variance. Counting requests alone made steady churn
 (pods created and deleted at the same pace) order ever more ports while the released ones
-already covered it. A pool that saw no request for ``pool.idle_ttl`` seconds falls back to
-``pool.min`` and its surplus is deleted. The target never leaves ``[pool.min, pool.max]``.
+already covered it. Nor does it exceed headroom times the most ports the pool had out at once
+since it was last idle: a short burst reads as a high rate, and on a slow Neutron (whose bulk
+creates slow down as the pool orders more) rate x refill time grew without bound, a 30-pod
+burst repeated every 20 s once asked for 375 ports. A pool that saw no request for
+``pool.idle_ttl`` seconds falls back to ``pool.min`` and its surplus is deleted. The target
+never leaves ``[pool.min, pool.max]``.
 
 Pure bookkeeping with the clock passed in: no I/O, so its rules are unit tested exactly.
 """
@@ -54,7 +58,11 @@ def clamp(value: int, settings: PoolSettings) -> int:
 
 
 def compute_target(
-    rate: float, lead: float, idle_for: float | None, settings: PoolSettings
+    rate: float,
+    lead: float,
+    idle_for: float | None,
+    settings: PoolSettings,
+    peak: int | None = None,
 ) -> Target:
     """The target for a pool drained at ``rate`` ports/s, ``idle_for`` s after its last request.
 
@@ -72,8 +80,11 @@ def compute_target(
             lead,
         )
     burst = math.ceil(rate * lead * settings.headroom)
-    size = clamp(burst, settings)
     reason = f"drain {rate:.2f}/s x refill {lead:.2f} s x headroom {settings.headroom:g} = {burst}"
+    if peak is not None and burst > math.ceil(peak * settings.headroom):
+        burst = math.ceil(peak * settings.headroom)
+        reason += f", held at headroom x {peak} (the most ports out at once) = {burst}"
+    size = clamp(burst, settings)
     if size != burst:
         bound = "pool.min" if size == settings.min else "pool.max"
         reason += f", held at {bound} {size}"
@@ -99,16 +110,24 @@ class RateWindow:
     count: int = 0  # requests minus returns in the current window
     average: float = 0.0  # drain per second over the finished windows (<= 0 counts as 0)
     last_request: float | None = None
+    last_change: float | None = None  # a request or a returned port
+    out: int = 0  # requests not offset by a returned port
+    peak: int = 0  # the most ``out`` since the pool was last idle
+    before: float = 0.0  # the average before the last finished window was folded in
 
     def observe(self, now: float) -> None:
         self._roll(now)
         self.count += 1
-        self.last_request = now
+        self.last_request = self.last_change = now
+        self.out += 1
+        self.peak = max(self.peak, self.out)
 
     def returned(self, now: float) -> None:
         """A released port is back: it offsets one request (it is not one)."""
         self._roll(now)
         self.count -= 1
+        self.last_change = now
+        self.out = max(self.out - 1, 0)
 
     def rate(self, now: float) -> float:
         """The learned drain; a step up counts at once (the current window's pace so far,
@@ -117,11 +136,18 @@ class RateWindow:
         elapsed = max(now - self.started, self.window / 2)
         return max(self.average, self.count / elapsed, 0.0)
 
+    def sustained(self, now: float) -> float:
+        """A drain that has lasted: the lower of the average and the average before the last
+        finished window, so a burst that ends within two windows counts as none."""
+        self._roll(now)
+        return min(self.average, self.before)
+
     def _roll(self, now: float) -> None:
         ended = int((now - self.started) // self.window)
         if ended <= 0:
             return
         keep = 1 - self.smoothing
+        self.before = self.average * keep ** (ended - 1)
         self.average = self.average * keep + (self.count / self.window) * self.smoothing
         self.average *= keep ** (ended - 1)  # windows without a request count as zero
         if self.average < 1e-3:
@@ -141,7 +167,10 @@ class PoolSizer(Generic[K]):
     _first_seen: dict[K, float] = field(default_factory=dict)
 
     def request(self, key: K, now: float) -> None:
-        self._window(key, now).observe(now)
+        window = self._window(key, now)
+        if window.last_request is not None and now - window.last_request >= self.settings.idle_ttl:
+            window.peak = window.out  # an idle pool forgets its old peak
+        window.observe(now)
 
     def returned(self, key: K, now: float) -> None:
         self._window(key, now).returned(now)
@@ -158,7 +187,8 @@ class PoolSizer(Generic[K]):
         window = self._rates.get(key)
         if window is None or window.last_request is None:
             return compute_target(0.0, self.lead, None, self.settings)
-        return compute_target(window.rate(now), self.lead, now - window.last_request, self.settings)
+        idle_for = now - window.last_request
+        return compute_target(window.rate(now), self.lead, idle_for, self.settings, window.peak)
 
     def idle_for(self, key: K, now: float) -> float:
         """Seconds since the pool's last request, or since the sizer first saw the pool (a
@@ -167,6 +197,22 @@ class PoolSizer(Generic[K]):
         if window is not None and window.last_request is not None:
             return now - window.last_request
         return now - self._first_seen.setdefault(key, now)
+
+    def quiet_for(self, key: K, now: float) -> float:
+        """Seconds since the pool last saw a request or a returned port (inf: never)."""
+        window = self._rates.get(key)
+        if window is None or window.last_change is None:
+            return math.inf
+        return now - window.last_change
+
+    def reserve(self, key: K, now: float) -> int:
+        """Ready ports the pool's sustained drain (the averaged windows, not the current
+        window's pace) takes while a refill started now lands: below it a top-up cannot wait
+        for the requests to pause. A sudden burst is served from the pool first."""
+        window = self._rates.get(key)
+        if window is None:
+            return 0
+        return math.ceil(window.sustained(now) * self.lead)
 
     def surplus(self, key: K, size: int, now: float) -> int:
         """Free ports to delete: what exceeds the target once the pool has been idle for

@@ -132,9 +132,7 @@ class VifBroker:
             self._deps.metrics.reuses.inc()
         else:
             self._deps.metrics.hits.inc()
-        if self._term.pools.size(key) < self._term.refiller.target(
-            key
-        ) and not self._term.refiller.busy(key):
+        if self._term.refiller.short(key):
             self._service.spawn(self._background_refill(key, wanted, driver, network))
         return await self._apply_sgs(taken)
 
@@ -303,7 +301,7 @@ class VifBroker:
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
     ) -> None:
         try:
-            await self._term.refiller.refill(key, wanted, driver, network)
+            await self._term.refiller.top_up(key, wanted, driver, network)
         except PodwireError as exc:
             log.warning("pool.refill_failed", key=key, error=str(exc))
 

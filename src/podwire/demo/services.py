@@ -26,13 +26,14 @@ class Services:
     node_tokens: dict[str, str] = field(default_factory=dict)
     controller_port: int = field(default_factory=free_port)
     children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    log_level: str = "WARNING"  # the benches keep the INFO lines a node logs
 
     @property
     def controller_url(self) -> str:
         return f"http://127.0.0.1:{self.controller_port}"
 
     def _common(self) -> str:
-        return f'[etcd]\nendpoints = ["{self.etcd_url}"]\n[log]\nlevel = "WARNING"\n'
+        return f'[etcd]\nendpoints = ["{self.etcd_url}"]\n[log]\nlevel = "{self.log_level}"\n'
 
     def _spawn(self, name: str, component: str, config: str) -> None:
         path = self.work / f"{name}.toml"
