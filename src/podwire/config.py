@@ -151,12 +151,14 @@ class PoolSettings:
     rate_window: float = 2.0  # seconds per rate-averaging window
     rate_smoothing: float = 0.5  # weight of the newest window in the rate average (0 < w <= 1)
     headroom: float = 2.0  # multiplier on the expected demand during one refill (>= 1)
-    # Seconds without a request or a returned port a pool waits before topping itself up
-    # while it holds more than its floor (pool.min, or what its sustained drain takes while
-    # a refill lands): a sudden burst is served from the pool and Neutron is left alone
-    # until the burst pauses (a Neutron sharing the node's CPU otherwise slows the burst it
-    # refills for). Below the floor it refills at once. 0: top up after every request.
-    refill_pause: float = 0.5
+    # Seconds without a request, a release or a returned port a pool waits before topping
+    # itself up while it holds more than its floor (pool.min, or what its sustained drain
+    # takes while a refill lands): a sudden burst is served from the pool and Neutron is left
+    # alone until the burst is over, sandboxes started (a Neutron sharing the node's CPU
+    # otherwise slows the burst it refills for), and if its pods are deleted meanwhile their
+    # ports come back instead. Below the floor it refills at once. 0: top up after every
+    # request.
+    refill_pause: float = 2.0
 
     def validate(self) -> None:
         for name in ("min", "max", "binding_retries", "node_release_after"):

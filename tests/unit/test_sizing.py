@@ -170,15 +170,32 @@ def test_a_refill_step_never_passes_the_target(target: int, size: int, batch: in
     assert step >= min(target, size)  # never asks to shrink below what is there
 
 
-def test_a_short_burst_never_asks_for_more_than_headroom_times_its_peak() -> None:
+def test_a_short_burst_never_asks_for_more_than_its_peak() -> None:
     settings = replace(SETTINGS, max=0)
     sizer: PoolSizer[str] = PoolSizer(settings)
     sizer.bulk_created(20.0)  # a slow Neutron: rate x refill time would be 600
     for i in range(30):  # 30 pods in 1.5 s
         sizer.request("p", i * 0.05)
     target = sizer.target("p", 1.5)
-    assert target.size == 60, target  # headroom 2 x 30 out at once
+    assert target.size == 30, target  # a repeat of the 30 out at once
     assert "most ports out at once" in target.reason
+
+
+def test_the_peak_counts_ports_in_use_so_a_repeated_burst_asks_for_no_more() -> None:
+    settings = replace(SETTINGS, max=0)
+    deleted: PoolSizer[str] = PoolSizer(settings)  # each burst's pods deleted before the next
+    staying: PoolSizer[str] = PoolSizer(settings)  # the pods stay
+    for sizer in (deleted, staying):
+        sizer.bulk_created(20.0)
+    for burst in range(3):
+        start = burst * 5.0
+        for i in range(30):
+            deleted.request("p", start + i * 0.05)
+            staying.request("p", start + i * 0.05)
+        for i in range(30):  # released: deleted or recycled, either way no longer in use
+            deleted.released("p", start + 2.0 + i * 0.01)
+    assert deleted.target("p", 12.0).size == 30
+    assert staying.target("p", 12.0).size == 90  # 90 pods on the node at once
 
 
 def test_a_burst_within_two_windows_is_not_a_sustained_drain() -> None:

@@ -4,7 +4,7 @@ Neutron creates ports slowly (~100+ ms each), so a refill asks for a whole batch
 request and several batches at once, but never more than ``bulk_concurrency`` bulk requests
 in flight across all pools, so a burst on many nodes cannot overload Neutron.
 
-The top-up a request starts waits until its pool has seen neither a request nor a returned
+The top-up a request starts waits until its pool has seen no request, release or returned
 port for ``pool.refill_pause`` while the pool holds more than its floor (``pool.min``, or
 what its sustained drain takes while a refill lands): a sudden burst the pool covers is
 served without Neutron working at the same time, and when the burst's pods are deleted

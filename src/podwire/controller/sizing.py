@@ -8,12 +8,14 @@ second does not forget a burst and a sudden step is seen within one window). It 
 ready ports to serve that drain until a refill started now would land (the measured bulk-create
 latency), times a headroom for the burst's variance. Counting requests alone made steady churn
 (pods created and deleted at the same pace) order ever more ports while the released ones
-already covered it. Nor does it exceed headroom times the most ports the pool had out at once
-since it was last idle: a short burst reads as a high rate, and on a slow Neutron (whose bulk
-creates slow down as the pool orders more) rate x refill time grew without bound, a 30-pod
-burst repeated every 20 s once asked for 375 ports. A pool that saw no request for
-``pool.idle_ttl`` seconds falls back to ``pool.min`` and its surplus is deleted. The target
-never leaves ``[pool.min, pool.max]``.
+already covered it. Nor does it exceed the most ports the pool had out at once (in use,
+from its requests and releases) since it was last idle: a short burst reads as a high rate,
+and on a slow Neutron (whose bulk creates slow down as the pool orders more) rate x refill
+time grew without bound, a 30-pod burst repeated every 20 s once asked for 375 ports; with
+that many ready, a repeat of the largest burst is served without waiting, and a pool held at
+twice that kept ordering ports for every later burst of the same size. A pool that saw no
+request for ``pool.idle_ttl`` seconds falls back to ``pool.min`` and its surplus is deleted.
+The target never leaves ``[pool.min, pool.max]``.
 
 Pure bookkeeping with the clock passed in: no I/O, so its rules are unit tested exactly.
 """
@@ -81,9 +83,9 @@ def compute_target(
         )
     burst = math.ceil(rate * lead * settings.headroom)
     reason = f"drain {rate:.2f}/s x refill {lead:.2f} s x headroom {settings.headroom:g} = {burst}"
-    if peak is not None and burst > math.ceil(peak * settings.headroom):
-        burst = math.ceil(peak * settings.headroom)
-        reason += f", held at headroom x {peak} (the most ports out at once) = {burst}"
+    if peak is not None and burst > peak:
+        burst = peak
+        reason += f", held at {peak} (the most ports out at once)"
     size = clamp(burst, settings)
     if size != burst:
         bound = "pool.min" if size == settings.min else "pool.max"
@@ -110,8 +112,8 @@ class RateWindow:
     count: int = 0  # requests minus returns in the current window
     average: float = 0.0  # drain per second over the finished windows (<= 0 counts as 0)
     last_request: float | None = None
-    last_change: float | None = None  # a request or a returned port
-    out: int = 0  # requests not offset by a returned port
+    last_change: float | None = None  # a request, a release or a returned port
+    out: int = 0  # ports in use: requests not offset by a release
     peak: int = 0  # the most ``out`` since the pool was last idle
     before: float = 0.0  # the average before the last finished window was folded in
 
@@ -122,12 +124,16 @@ class RateWindow:
         self.out += 1
         self.peak = max(self.peak, self.out)
 
+    def released(self, now: float) -> None:
+        """A port is no longer in use (recycled or deleted, whichever follows)."""
+        self.last_change = now
+        self.out = max(self.out - 1, 0)  # a port recovered in use was never counted out
+
     def returned(self, now: float) -> None:
         """A released port is back: it offsets one request (it is not one)."""
         self._roll(now)
         self.count -= 1
         self.last_change = now
-        self.out = max(self.out - 1, 0)
 
     def rate(self, now: float) -> float:
         """The learned drain; a step up counts at once (the current window's pace so far,
@@ -172,6 +178,9 @@ class PoolSizer(Generic[K]):
             window.peak = window.out  # an idle pool forgets its old peak
         window.observe(now)
 
+    def released(self, key: K, now: float) -> None:
+        self._window(key, now).released(now)
+
     def returned(self, key: K, now: float) -> None:
         self._window(key, now).returned(now)
 
@@ -199,7 +208,8 @@ class PoolSizer(Generic[K]):
         return now - self._first_seen.setdefault(key, now)
 
     def quiet_for(self, key: K, now: float) -> float:
-        """Seconds since the pool last saw a request or a returned port (inf: never)."""
+        """Seconds since the pool last saw a request, a release or a returned port (inf:
+        never)."""
         window = self._rates.get(key)
         if window is None or window.last_change is None:
             return math.inf

@@ -104,6 +104,7 @@ class VifBroker:
         """The agent could not wire this port (its desired key went away): recycled, the
         recycler drops it if Neutron no longer has it bound and pools it again if it does."""
         log.info("pool.port_vanished", node=record.node, port=record.vif.port_id)
+        self._term.refiller.sizer.released(record.key, time.monotonic())
         if driver.pooled:
             self._term.pools.release(record.key, record.vif.port_id)
             self._service.released.set()
@@ -245,6 +246,7 @@ class VifBroker:
         await self._deps.store.delete(*ident)
         del self._term.attachments[ident]
         self._service.attachments_changed()
+        self._term.refiller.sizer.released(record.key, time.monotonic())
         return None if self._still_held(ident, record) else record
 
     async def remove_node(self, node: str, reason: str) -> list[str]:
