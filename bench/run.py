@@ -29,6 +29,7 @@ SECTIONS = [
     "recovery_bench",
     "cni_bench",
     "cri_bench",
+    "active_bench",
     "sg_bench",
     "tap_bench",
     "l2pop_bench",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -55,21 +56,40 @@ class Services:
         )
         self._wait("controller", lambda: http_ok(f"{self.controller_url}/readyz"))
 
-    def start_agent(self, host: str, netns: str, vtep: str, extra: str = "") -> str:
-        """``extra``: more TOML sections for this agent (the memif host's [deviceplugin])."""
+    def start_agent(
+        self, host: str, netns: str, vtep: str, extra: str = "", vif_source: str = "controller"
+    ) -> str:
+        """``extra``: more TOML for this agent's [agent] section and after it (the memif
+        host's [deviceplugin]). ``vif_source = "neutron"``: ports straight from Neutron, no
+        controller. Returns once the agent's own socket is there (a restart's, not the
+        last run's)."""
         socket_path = str(self.work / f"{host}.sock")
+        if vif_source == "neutron":
+            source = 'vif_source = "neutron"\n'
+            after = f'[neutron]\nendpoint = "{self.neutron_url}"\n'
+        else:
+            token = self.node_tokens[host]
+            source = f'controller_url = "{self.controller_url}"\ntoken = "{token}"\n'
+            after = ""
+        before = _inode(socket_path)
         self._spawn(
             host,
             "agent",
             self._common()
-            + f'[agent]\nhost = "{host}"\ncontroller_url = "{self.controller_url}"\n'
-            + f'token = "{self.node_tokens[host]}"\ncni_socket = "{socket_path}"\n'
+            + f'[agent]\nhost = "{host}"\n{source}cni_socket = "{socket_path}"\n'
             + f'state_dir = "{self.work / host}"\nvtep_ip = "{vtep}"\n'
             + f'host_netns = "{netns}"\nheartbeat_ttl = 10\n'
-            + extra,
+            + extra
+            + after,
         )
-        self._wait(host, lambda: Path(socket_path).exists())
+        self._wait(host, lambda: _inode(socket_path) not in (None, before))
         return socket_path
+
+    def stop_agent(self, host: str) -> None:
+        """As a node's service manager stops it (SIGTERM); its pods keep running."""
+        proc = self.children.pop(host, None)
+        if proc is not None:
+            procs.stop_child(proc, timeout=30)
 
     def start_neutron_agent(self, kind: str, stack_dir: str, host: str, netns: str) -> None:
         """Neutron's DHCP or L3 agent for ``host``, as ``podwire neutron-agent KIND`` runs it."""
@@ -125,3 +145,10 @@ class Services:
             proc = self.children.pop(name, None)
             if proc is not None:
                 procs.stop_child(proc, timeout=30)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
