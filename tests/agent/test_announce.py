@@ -9,12 +9,9 @@ sets them up, and ``sync_peers`` runs on the host's namespace through ``HostNetl
 
 from __future__ import annotations
 
-from typing import Any
-
 from podwire.agent import naming
 from podwire.agent.plumbing import sync_peers
-from podwire.netlink import HostNetlink
-from podwire.netlink.links import RemoteMac
+from podwire.netlink import HostNetlink, Netlink, RemoteMac
 from tests.agent.netenv import NetEnv, in_ns
 
 GATEWAY, GATEWAY6 = "10.9.0.1", "fd00:9::1"
@@ -61,5 +58,5 @@ async def test_a_new_remote_port_corrects_a_pods_stale_neighbour(netenv: NetEnv)
         nl.close()
 
 
-def _sync(ipr: Any, vxlan: str, bridge: str, remote: dict[str, RemoteMac]) -> None:
-    sync_peers(ipr, vxlan, bridge, {"192.0.2.2"}, remote)
+def _sync(nl: Netlink, vxlan: str, bridge: str, remote: dict[str, RemoteMac]) -> None:
+    sync_peers(nl, vxlan, bridge, {"192.0.2.2"}, remote)

@@ -132,9 +132,11 @@ async def test_a_lying_node_cannot_take_a_pods_traffic(
                        values.port_state_value(time.time(), claim))  # fmt: skip
 
         async def flooded() -> bool:
-            return f"dst {evil_vtep}" in _fdb(h2, device)
+            return all(f"dst {evil_vtep}" in _fdb(agent, device) for agent in (h1, h2))
 
-        await eventually(flooded, "host 3 in the flood list (a live node)", timeout=15)
+        # Both hosts have taken in host 3's claims by now: the victim's own host among them.
+        await eventually(flooded, "host 3 in the flood lists (a live node)", timeout=15)
+        assert victim["mac"] not in _fdb(h1, device)  # its own pod's MAC: no node's claim
         for agent in (h1, h2):
             entries = [
                 line for line in _fdb(agent, device).splitlines() if "00:00:00:00:00:00" in line

@@ -18,7 +18,7 @@ import pytest
 from podwire.agent import memif_master, naming
 from podwire.config import MemifSettings
 from podwire.memif import build as memif_build
-from podwire.netlink import HostNetlink, tap
+from podwire.netlink import HostNetlink, Netlink
 from tests.agent import memif_client as mc
 from tests.agent.netenv import NetEnv, in_ns
 
@@ -59,7 +59,7 @@ def master(netenv: NetEnv, tmp_path: Path) -> Iterator[Master]:
     in_ns(ns, "ip", "link", "add", "br0", "type", "bridge")
     host = HostNetlink(ns)
     try:
-        fd = _run(host, tap.open_tap, "pwtmastertest", 1500, "br0", naming.MARK)
+        fd = _run(host, Netlink.open_tap, "pwtmastertest", 1500, "br0", naming.MARK)
     finally:
         host.close()
     log = tmp_path / "master.log"

@@ -12,9 +12,7 @@ import pytest
 from podwire.agent import naming
 from podwire.agent.policy.enforcer import PolicyNotApplied
 from podwire.agent.veth import Plugger, PlugSpec
-from podwire.netlink import HostNetlink, NetlinkFailure, PodNetlink
-from podwire.netlink.nsexec import RtnlContext
-from podwire.netlink.rtnl import RtnlError
+from podwire.netlink import HostNetlink, Netlink, NetlinkFailure, PodNetlink, RtnlError
 from podwire.schema.checkpoints import Address
 from podwire.schema.ports import HostRoute
 from tests.agent.netenv import NetEnv, in_ns, links_in
@@ -34,13 +32,13 @@ def plugger(netenv: NetEnv) -> Iterator[tuple[Plugger, str, str]]:
         pod_nl.close()
 
 
-def _probe(ctx: RtnlContext, name: str) -> tuple[int | None, bool]:
-    return ctx.host.link_index(name), ctx.host.delete_link(name)
+def _probe(nl: Netlink, name: str) -> tuple[int | None, bool]:
+    return nl.link_index(name), nl.remove_link(name)
 
 
-def _refused(ctx: RtnlContext) -> str:
+def _refused(nl: Netlink) -> str:
     try:
-        ctx.host.set_up(999_999)
+        nl.set_up(999_999)
     except RtnlError as exc:
         assert exc.code == errno.ENODEV
         return str(exc)
@@ -51,8 +49,8 @@ async def test_missing_links_read_as_absent_and_errors_carry_the_errno(netenv: N
     host = netenv.namespace("h")
     nl = HostNetlink(host)
     try:
-        assert await nl.run_rtnl(_probe, "nope0") == (None, False)
-        assert "No such device" in await nl.run_rtnl(_refused)
+        assert await nl.run(_probe, "nope0") == (None, False)
+        assert "No such device" in await nl.run(_refused)
     finally:
         nl.close()
 
@@ -144,13 +142,13 @@ async def test_a_gate_open_before_the_veth_is_made_brings_it_up_in_the_same_job(
     gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     gate.set_result(None)
     jobs = []
-    run_rtnl = plug._host.run_rtnl
+    run = plug._host.run
 
     async def counted(fn: Any, *args: Any) -> Any:
         jobs.append(fn.__name__)
-        return await run_rtnl(fn, *args)
+        return await run(fn, *args)
 
-    monkeypatch.setattr(plug._host, "run_rtnl", counted)
+    monkeypatch.setattr(plug._host, "run", counted)
     attached = await plug.plug(_spec(pod, "br-t"), gate)
     assert ",UP" in in_ns(host, "ip", "link", "show", attached.host_ifname).stdout
     assert jobs == ["_plug_veth"]

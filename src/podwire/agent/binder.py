@@ -26,8 +26,7 @@ from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PermanentError, PodwireError, RetryableError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch
 from podwire.log import get_logger
-from podwire.netlink import HostNetlink
-from podwire.netlink.links import RemoteMac
+from podwire.netlink import HostNetlink, RemoteMac
 from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort, parse_desired_port
 
@@ -178,13 +177,14 @@ class Binder:
         log.info("agent.port.wired", port=port_id, network=port.network_id, bridge=plan.bridge)
         self._metrics.ports_wired.inc()
         await self._set(port_id, port, None)
+        await self._reclaim(plan, port.mac_address)
 
     async def _ensure_plan(self, plan: NetworkPlan) -> None:
         if self._plans.get(plan.network_id) == plan:
             return
         async with self._kernel:
             if self._nl is not None:
-                flood, remote = self._view.flood, remote_macs(self._view, plan.network_id)
+                flood, remote = self._view.flood, self._remote_macs(plan.network_id)
                 await self._nl.run(plumbing.ensure_network, plan, flood, remote)
                 if plan.uplink and plan.network_type == "vxlan":
                     self._synced[plan.uplink] = (flood, remote)
@@ -280,7 +280,7 @@ class Binder:
 
     async def _sync_peers(self, plan: NetworkPlan) -> None:
         device = plan.uplink or ""
-        wanted = (self._view.flood, remote_macs(self._view, plan.network_id))
+        wanted = (self._view.flood, self._remote_macs(plan.network_id))
         if self._nl is None or self._synced.get(device) == wanted:
             return
         try:
@@ -289,6 +289,20 @@ class Binder:
             log.warning("agent.peers.sync_failed", device=device, error=str(exc))
             return
         self._synced[device] = wanted
+
+    def _remote_macs(self, network_id: str) -> dict[str, RemoteMac]:
+        local = {p.mac_address.lower() for p in self.wired.values() if p.network_id == network_id}
+        return remote_macs(self._view, network_id, local)
+
+    async def _reclaim(self, plan: NetworkPlan, mac: str) -> None:
+        """A port wired here whose MAC another node claimed first: that claim leaves the
+        network's VXLAN device now, not at the next change of the other nodes."""
+        synced = self._synced.get(plan.uplink or "")
+        if synced is None or mac.lower() not in {m.lower() for m in synced[1]}:
+            return
+        async with self._kernel:
+            await self._sync_peers(plan)
+            self._tell_remote()
 
     def _tell_remote(self) -> None:
         if self.on_remote is None or not self._view_known:
@@ -302,7 +316,7 @@ class Binder:
             self.on_remote(None)
             return
         self.on_remote({
-            plan.uplink: frozenset(remote_macs(self._view, plan.network_id))
+            plan.uplink: frozenset(self._remote_macs(plan.network_id))
             for plan in self._plans.values()
             if plan.network_type == "vxlan" and plan.uplink
         })  # fmt: skip
@@ -358,10 +372,14 @@ class Binder:
         return self._plans.get(network_id)
 
 
-def remote_macs(view: PeerView, network_id: str) -> dict[str, RemoteMac]:
+def remote_macs(
+    view: PeerView, network_id: str, local: frozenset[str] | set[str] = frozenset()
+) -> dict[str, RemoteMac]:
     """The other nodes' ports of a network by MAC. A MAC two nodes claim (a port moving, or a
     node lying) stays with the first claim, which a later one cannot take over; the claim
-    that goes frees it."""
+    that goes frees it. A MAC of a port wired here (``local``, lower case) is no other
+    node's, whatever it claims: pointed at that node, this node's frames for its own pod
+    would leave through the VXLAN device."""
     claims = sorted(
         (state.wired_at, host, state)
         for host, ports in view.ports.items()
@@ -371,6 +389,9 @@ def remote_macs(view: PeerView, network_id: str) -> dict[str, RemoteMac]:
     found: dict[str, RemoteMac] = {}
     for _, host, state in claims:
         assert state.mac is not None
+        if state.mac.lower() in local:
+            log.warning("agent.peers.local_mac_claimed", mac=state.mac, host=host)
+            continue
         if state.mac in found:
             log.warning("agent.peers.mac_claimed_twice", mac=state.mac, host=host)
             continue

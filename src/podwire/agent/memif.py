@@ -35,7 +35,7 @@ from podwire.deviceplugin import MemifInfo
 from podwire.errors import PodwireError
 from podwire.files import atomic_write
 from podwire.log import get_logger
-from podwire.netlink import HostNetlink, links, tap
+from podwire.netlink import HostNetlink, Netlink
 from podwire.schema import fields
 from podwire.schema.checkpoints import MemifEntry
 from podwire.schema.vif import Vif
@@ -206,7 +206,7 @@ class MemifService:
 
     async def _start(self, entry: MemifEntry) -> MemifEntry:
         await self._host.run(_remove_own_tap, entry.tap)
-        fd = await self._host.run(tap.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
+        fd = await self._host.run(Netlink.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
         spec = memif_master.MasterSpec(entry.tap, entry.socket, entry.secret)
         pid, started = await asyncio.to_thread(
             memif_master.spawn, self._binary, spec, fd, self._settings
@@ -279,13 +279,13 @@ def _remove_files(entry: MemifEntry) -> None:
         os.unlink(Path(entry.host_dir) / INFO_FILE)
 
 
-def _remove_own_tap(ipr: object, name: str) -> bool:
+def _remove_own_tap(nl: Netlink, name: str) -> bool:
     """A tap left by a master that was killed hard goes with it; this catches a tap whose
     master is still tearing down, and never removes a link without podwire's mark."""
-    found = links.get_link(ipr, name)
+    found = nl.link(name)
     if found is None:
         return False
     if not naming.is_marked(found.alias):
         log.warning("agent.memif.foreign_tap_left_alone", interface=name)
         return False
-    return links.remove_link(ipr, name)
+    return nl.remove_link(name)

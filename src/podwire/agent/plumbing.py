@@ -1,6 +1,6 @@
 """Per-network shared plumbing on the host: a bridge plus the uplink the network type needs.
 
-The functions here run on a host netlink worker thread (they take an open ``IPRoute``); the
+The functions here run on a host netlink worker thread (they take its ``Netlink``); the
 plan is computed first, on the loop, so configuration errors surface without touching the
 kernel.
 
@@ -13,13 +13,10 @@ not the mark is someone else's, and is left alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from podwire.agent import naming
 from podwire.errors import PermanentError
-from podwire.netlink import links
-from podwire.netlink.announce import announce
-from podwire.netlink.links import RemoteMac
+from podwire.netlink import Netlink, RemoteMac, announce
 from podwire.schema.ports import DesiredPort
 
 
@@ -76,32 +73,32 @@ def plan_network(
 
 
 def ensure_network(
-    ipr: Any, plan: NetworkPlan, peers: set[str], remote: dict[str, RemoteMac]
+    nl: Netlink, plan: NetworkPlan, peers: set[str], remote: dict[str, RemoteMac]
 ) -> None:
     """``remote``: for VXLAN, the other nodes' ports of this network (by MAC)."""
-    links.ensure_bridge(ipr, plan.bridge, plan.mtu, naming.bridge_mac(plan.bridge))
-    links.set_alias(ipr, plan.bridge, naming.MARK)
+    nl.ensure_bridge(plan.bridge, plan.mtu, naming.bridge_mac(plan.bridge))
+    nl.set_alias(plan.bridge, naming.MARK)
     if plan.network_type == "vxlan":
         assert plan.uplink and plan.vtep_ip and plan.segmentation_id is not None
-        _check_replaceable(ipr, plan.uplink, plan.segmentation_id, plan.vtep_ip)
-        links.ensure_vxlan(ipr, plan.uplink, plan.segmentation_id, plan.vtep_ip, plan.mtu)
-        links.set_alias(ipr, plan.uplink, naming.MARK)
+        _check_replaceable(nl, plan.uplink, plan.segmentation_id, plan.vtep_ip)
+        nl.ensure_vxlan(plan.uplink, plan.segmentation_id, plan.vtep_ip, plan.mtu)
+        nl.set_alias(plan.uplink, naming.MARK)
     elif plan.network_type == "vlan":
         assert plan.uplink and plan.physical and plan.segmentation_id is not None
-        _ensure_vlan_uplink(ipr, plan.uplink, plan.physical, plan.segmentation_id)
-        links.set_alias(ipr, plan.uplink, naming.MARK)
+        nl.ensure_vlan(plan.uplink, plan.physical, plan.segmentation_id)
+        nl.set_alias(plan.uplink, naming.MARK)
     assert plan.uplink  # flat: the physnet interface itself, which is never ours to mark
-    links.ensure_master(ipr, plan.uplink, plan.bridge)
+    nl.ensure_master(plan.uplink, plan.bridge)
     if plan.network_type == "vxlan":
         # The bridge learns nothing from the VXLAN port either: a frame from another node
         # with some pod's source MAC cannot move that pod's entry (and its traffic) away.
-        links.set_remote_port(ipr, plan.uplink)
-        sync_peers(ipr, plan.uplink, plan.bridge, peers, remote)
+        nl.set_remote_port(plan.uplink)
+        sync_peers(nl, plan.uplink, plan.bridge, peers, remote)
 
 
-def _check_replaceable(ipr: Any, name: str, vni: int, local: str) -> None:
+def _check_replaceable(nl: Netlink, name: str, vni: int, local: str) -> None:
     """``ensure_vxlan`` replaces a device of our name with other settings: only if it is ours."""
-    link = links.get_link(ipr, name)
+    link = nl.link(name)
     if link is None or naming.is_marked(link.alias):
         return
     if link.kind != "vxlan" or link.vni != vni or link.vxlan_local != local:
@@ -111,38 +108,31 @@ def _check_replaceable(ipr: Any, name: str, vni: int, local: str) -> None:
         )
 
 
-def _ensure_vlan_uplink(ipr: Any, name: str, parent: str, vlan_id: int) -> None:
-    if links.get_link(ipr, name) is None:
-        parent_link = links.get_link(ipr, parent)
-        index = parent_link.index if parent_link else 0
-        ipr.link("add", ifname=name, kind="vlan", link=index, vlan_id=vlan_id)
-
-
 def sync_peers(
-    ipr: Any, vxlan_device: str, bridge: str, peers: set[str], remote: dict[str, RemoteMac]
+    nl: Netlink, vxlan_device: str, bridge: str, peers: set[str], remote: dict[str, RemoteMac]
 ) -> None:
     """Flood entries for ``peers``, and exactly ``remote`` as the device's remote MACs; the
     local ports hear of each new one's addresses by gratuitous ARP."""
-    if links.get_link(ipr, vxlan_device) is None or links.get_link(ipr, bridge) is None:
+    if nl.link(vxlan_device) is None or nl.link(bridge) is None:
         return
-    links.sync_flood(ipr, vxlan_device, peers)
-    current = links.remote_macs(ipr, vxlan_device, bridge)
+    nl.sync_flood(vxlan_device, peers)
+    current = nl.remote_macs(vxlan_device, bridge)
     for mac, found in current.items():
         if remote.get(mac) != found:
-            links.drop_remote_mac(ipr, vxlan_device, bridge, found)
+            nl.drop_remote_mac(vxlan_device, bridge, found)
     appeared: list[RemoteMac] = []
     for mac, wanted in remote.items():
         if current.get(mac) != wanted:
-            links.set_remote_mac(ipr, vxlan_device, bridge, wanted)
+            nl.set_remote_mac(vxlan_device, bridge, wanted)
             appeared.append(wanted)
     if appeared:
-        _announce(ipr, vxlan_device, bridge, appeared)
+        _announce(nl, vxlan_device, bridge, appeared)
 
 
-def _announce(ipr: Any, vxlan_device: str, bridge: str, remotes: list[RemoteMac]) -> None:
+def _announce(nl: Netlink, vxlan_device: str, bridge: str, remotes: list[RemoteMac]) -> None:
     """What neighbour suppression keeps from crossing: the new remote ports' GARPs, to the
-    local ports (``netlink.announce``)."""
-    local = [p.name for p in links.bridge_ports(ipr, bridge) if p.name != vxlan_device]
+    local ports (``netlink.gratuitous``)."""
+    local = [p.name for p in nl.bridge_ports(bridge) if p.name != vxlan_device]
     if not local:
         return
     source = naming.bridge_mac(bridge)
@@ -151,26 +141,26 @@ def _announce(ipr: Any, vxlan_device: str, bridge: str, remotes: list[RemoteMac]
             announce(local, ip, remote.mac, source)
 
 
-def pods_on(ipr: Any, bridge: str) -> list[str]:
-    return [link.name for link in links.bridge_ports(ipr, bridge) if naming.is_pod_veth(link.name)]
+def pods_on(nl: Netlink, bridge: str) -> list[str]:
+    return [link.name for link in nl.bridge_ports(bridge) if naming.is_pod_veth(link.name)]
 
 
-def remove_network(ipr: Any, plan: NetworkPlan) -> bool:
+def remove_network(nl: Netlink, plan: NetworkPlan) -> bool:
     """Remove a network's plumbing unless a pod is still plugged in (then keep it all)."""
-    if pods_on(ipr, plan.bridge):
+    if pods_on(nl, plan.bridge):
         return False
     if plan.network_type in ("vxlan", "vlan") and plan.uplink:
-        remove_marked(ipr, plan.uplink)
-    remove_marked(ipr, plan.bridge)  # a flat physnet interface is released with it
+        remove_marked(nl, plan.uplink)
+    remove_marked(nl, plan.bridge)  # a flat physnet interface is released with it
     return True
 
 
-def remove_marked(ipr: Any, name: str) -> bool:
+def remove_marked(nl: Netlink, name: str) -> bool:
     """Delete ``name`` only if it carries podwire's mark; False when absent or not ours."""
-    link = links.get_link(ipr, name)
+    link = nl.link(name)
     if link is None or not naming.is_marked(link.alias):
         return False
-    return links.remove_link(ipr, name)
+    return nl.remove_link(name)
 
 
 @dataclass(frozen=True)
@@ -179,23 +169,23 @@ class Sweep:
     foreign: list[str]  # our prefix, no mark: someone else's, left alone
 
 
-def sweep_unused(ipr: Any, keep: set[str]) -> Sweep:
+def sweep_unused(nl: Netlink, keep: set[str]) -> Sweep:
     """Remove our bridges (and their VXLAN/VLAN devices) that no desired port needs and no pod
     uses: left behind when ports went away while the agent was down. Bridges named like ours
     without the mark are only reported."""
     sweep = Sweep([], [])
-    for link in links.list_links(ipr):
+    for link in nl.links():
         ours = link.name.startswith(naming.BRIDGE_PREFIX) and link.kind == "bridge"
         if not ours or link.name in keep:
             continue
         if not naming.is_marked(link.alias):
             sweep.foreign.append(link.name)
             continue
-        if pods_on(ipr, link.name):
+        if pods_on(nl, link.name):
             continue
         suffix = link.name[len(naming.BRIDGE_PREFIX) :]
         for uplink in (naming.VXLAN_PREFIX + suffix, naming.VLAN_PREFIX + suffix):
-            remove_marked(ipr, uplink)
-        links.remove_link(ipr, link.name)
+            remove_marked(nl, uplink)
+        nl.remove_link(link.name)
         sweep.removed.append(link.name)
     return sweep

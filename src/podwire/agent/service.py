@@ -40,7 +40,7 @@ from podwire.health import Health, first_problem
 from podwire.log import get_logger
 from podwire.memif import build as memif_build
 from podwire.netfilter import Nftables
-from podwire.netlink import HostNetlink, PodNetlink, tap
+from podwire.netlink import HostNetlink, PodNetlink, tun_available
 from podwire.schema.checkpoints import Attachment
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
@@ -418,11 +418,11 @@ def _memif_binary(settings: Settings, plugin: DevicePlugin | None) -> Path | Non
     if not settings.memif.enabled or plugin is None:
         return None
     binary = memif_build.find(settings.memif.binary)
-    if binary is None or not tap.tun_available():
+    if binary is None or not tun_available():
         log.warning(
             "agent.memif.unavailable",
             binary=str(binary) if binary else "not built (scripts/setup, podwire memif build)",
-            tun=tap.tun_available(),
+            tun=tun_available(),
         )
         return None
     return binary

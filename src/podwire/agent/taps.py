@@ -34,17 +34,17 @@ from podwire.errors import PodwireError, RetryableError
 from podwire.etcd import EtcdClient
 from podwire.health import Health
 from podwire.log import get_logger
-from podwire.netlink import HostNetlink
-from podwire.netlink.monitor import (
+from podwire.netlink import (
     DumpDone,
+    HostNetlink,
     LinkEvent,
     LinkGone,
+    LinkInfo,
     LinkResync,
+    Netlink,
     link_events,
     open_link_events,
 )
-from podwire.netlink.nsexec import RtnlContext
-from podwire.netlink.rtnl import LinkState
 from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort, is_tap_name, tap_name
 
@@ -73,23 +73,23 @@ class TapGone(RetryableError):
     """The device went away while it was being adopted; its next appearance is adopted."""
 
 
-def _adopt_link(ctx: RtnlContext, index: int, name: str, bridge: str, mtu: int) -> None:
+def _adopt_link(nl: Netlink, index: int, name: str, bridge: str, mtu: int) -> None:
     """MTU and bridge in one request, then up; refused if ``index`` is no longer ``name``."""
-    found = ctx.host.link_state(name)
+    found = nl.link(name)
     if found is None or found.index != index:
         raise TapGone(f"{name} (index {index}) is gone")
-    ctx.host.set_link(index, mtu=mtu, master=ctx.host.require_index(bridge))
+    nl.set_link(index, mtu=mtu, master=nl.require_index(bridge))
     if not found.up:
-        ctx.host.set_up(index)
+        nl.set_up(index)
 
 
-def _release_link(ctx: RtnlContext, name: str, adopted: _Adopted) -> bool:
+def _release_link(nl: Netlink, name: str, adopted: _Adopted) -> bool:
     """Out of the bridge the agent put it in (only that: the rest is its maker's)."""
-    found = ctx.host.link_state(name)
-    bridge = ctx.host.link_index(adopted.bridge)
+    found = nl.link(name)
+    bridge = nl.link_index(adopted.bridge)
     if found is None or found.index != adopted.index or not bridge or found.master != bridge:
         return False
-    ctx.host.set_link(found.index, master=0)
+    nl.set_link(found.index, master=0)
     return True
 
 
@@ -111,7 +111,7 @@ class TapPorts:
         self._metrics = metrics or AgentMetrics()
         self._wanted: dict[str, _Wanted] = {}  # port id -> desired value and bridge
         self._by_name: dict[str, str] = {}  # tap name -> port id
-        self._links: dict[str, LinkState] = {}  # tap-named links present on the host
+        self._links: dict[str, LinkInfo] = {}  # tap-named links present on the host
         self._seen_at: dict[str, float] = {}  # tap name -> when it last appeared
         self._unconfirmed: set[str] | None = None  # during a re-dump: not listed again yet
         self._adopted: dict[str, _Adopted] = {}
@@ -161,7 +161,7 @@ class TapPorts:
 
     async def _follow(self) -> None:
         try:
-            sock = await self._nl.run_rtnl(open_link_events)
+            sock = await self._nl.run(open_link_events)
         except OSError as exc:
             raise RetryableError(f"opening link events: {exc}") from exc
         self._unconfirmed = set(self._links)
@@ -188,7 +188,7 @@ class TapPorts:
         elif is_tap_name(event.name):
             self._link_seen(event)
 
-    def _link_seen(self, link: LinkState) -> None:
+    def _link_seen(self, link: LinkInfo) -> None:
         if self._unconfirmed is not None:
             self._unconfirmed.discard(link.name)
         before = self._links.get(link.name)
@@ -253,13 +253,13 @@ class TapPorts:
         elif self._adopted.get(port_id) != _Adopted(link.index, wanted.bridge, wanted.port.mtu):
             await self._adopt(wanted, link)
 
-    async def _adopt(self, wanted: _Wanted, link: LinkState) -> None:
+    async def _adopt(self, wanted: _Wanted, link: LinkInfo) -> None:
         port = wanted.port
         deadline = asyncio.get_running_loop().time() + ADOPT_TIMEOUT
 
         async def plug(gate: Gate | None) -> None:
             await gate_open(gate)  # the device joins the bridge only with its rules in force
-            await self._nl.run_rtnl(_adopt_link, link.index, link.name, wanted.bridge, port.mtu)
+            await self._nl.run(_adopt_link, link.index, link.name, wanted.bridge, port.mtu)
 
         await self._attacher.attach(port, link.name, plug, deadline)
         await self._report_wired(port)
@@ -289,7 +289,7 @@ class TapPorts:
         """The port left this host: its device leaves our bridge, its rules go."""
         adopted = self._adopted.pop(port_id, None)
         if adopted is not None:
-            released = await self._nl.run_rtnl(_release_link, name, adopted)
+            released = await self._nl.run(_release_link, name, adopted)
             log.info("agent.tap.released", port=port_id, interface=name, from_bridge=released)
         self._attacher.forget(port_id)
         await self._report_unwired(port_id)

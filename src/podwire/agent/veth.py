@@ -1,7 +1,7 @@
 """Plugging a pod in and out: the veth (or, nested, a VLAN sub-interface) and its addresses.
 
-Plugging runs as one job on a host netlink worker with the lean rtnetlink sockets (the pod side
-through a socket opened inside the pod's namespace); CHECK and nested clean-up use pyroute2.
+Plugging runs as one job on a host netlink worker (the pod side through a handle whose sockets
+are opened inside the pod's namespace).
 ``plug`` removes what it created if a later step fails, so a failed ADD leaves nothing behind.
 """
 
@@ -12,14 +12,19 @@ import errno
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from podwire.agent import naming
 from podwire.errors import PermanentError, PodwireError
 from podwire.log import get_logger
-from podwire.netlink import HostNetlink, PodNetlink, is_netns, links
-from podwire.netlink.nsexec import RtnlContext, open_netns
-from podwire.netlink.rtnl import RtnlError, VethSpec
+from podwire.netlink import (
+    HostNetlink,
+    Netlink,
+    PodNetlink,
+    RtnlError,
+    VethSpec,
+    is_netns,
+    open_netns,
+)
 from podwire.schema.checkpoints import Address, Attached
 
 log = get_logger(__name__)
@@ -37,7 +42,7 @@ class PlugSpec:
 
 
 def _plug_veth(
-    ctx: RtnlContext,
+    nl: Netlink,
     spec: PlugSpec,
     host_name: str,
     host_mac: str,
@@ -56,34 +61,34 @@ def _plug_veth(
             spec.mac,
             fd,
             spec.mtu,
-            ctx.host.require_index(spec.bridge),
+            nl.require_index(spec.bridge),
             gate is None,
         )
         try:
-            ctx.host.add_veth(veth)
+            nl.add_veth(veth)
         except RtnlError as exc:
             if exc.code != errno.EEXIST:
                 raise
-            _replace_leftover(ctx, spec, host_name, host_mac)
-            ctx.host.add_veth(veth)
+            _replace_leftover(nl, spec, host_name, host_mac)
+            nl.add_veth(veth)
         try:
-            ctx.host.set_alias(host_name, naming.MARK)
-            _configure_in(ctx, fd, spec)
+            nl.set_alias(host_name, naming.MARK)
+            _configure_in(nl, fd, spec)
             if gate is not None and gate.is_set():
-                _host_end_up(ctx, host_name)
+                _host_end_up(nl, host_name)
                 return True
         except BaseException:
-            ctx.host.delete_link(host_name)
+            nl.remove_link(host_name)
             raise
     finally:
         os.close(fd)
     return gate is None
 
 
-def _replace_leftover(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac: str) -> None:
+def _replace_leftover(nl: Netlink, spec: PlugSpec, host_name: str, host_mac: str) -> None:
     """One of the veth's names is taken: a leftover of a crashed ADD (the same derived host
     name, ours) is removed; anything else is a clash retrying cannot fix."""
-    owned = _own_veth(ctx, host_name, host_mac)
+    owned = _own_veth(nl, host_name, host_mac)
     if owned is None:  # no host end: the pod side's name is the one taken
         raise PodInterfaceTaken(
             f"CNI_IFNAME {spec.ifname}: an interface of that name already exists in"
@@ -94,15 +99,15 @@ def _replace_leftover(ctx: RtnlContext, spec: PlugSpec, host_name: str, host_mac
             f"host interface {host_name} exists and is not podwire's (no mark {naming.MARK!r},"
             " not its derived MAC): it is left alone; remove it to attach this pod"
         )
-    ctx.host.delete_link(host_name)
+    nl.remove_link(host_name)
 
 
 class PodInterfaceTaken(PermanentError):
     """The pod's namespace already has an interface of the requested name."""
 
 
-def _host_end_up(ctx: RtnlContext, host_name: str) -> None:
-    ctx.host.set_up(ctx.host.require_index(host_name))
+def _host_end_up(nl: Netlink, host_name: str) -> None:
+    nl.set_up(nl.require_index(host_name))
 
 
 def _open_if_done(gate: asyncio.Future[None], opened: threading.Event) -> None:
@@ -111,10 +116,10 @@ def _open_if_done(gate: asyncio.Future[None], opened: threading.Event) -> None:
         opened.set()
 
 
-def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
+def _configure_in(nl: Netlink, netns_fd: int, spec: PlugSpec) -> None:
     """Inside the pod: link up, addresses, a default route via each address's gateway, then
     the subnet's host routes (their next hops are on a subnet that is up by then)."""
-    pod = ctx.in_netns(netns_fd)
+    pod = nl.in_netns(netns_fd)
     try:
         index = pod.require_index(spec.ifname)
         pod.set_up(index)
@@ -129,29 +134,29 @@ def _configure_in(ctx: RtnlContext, netns_fd: int, spec: PlugSpec) -> None:
         pod.close()
 
 
-def _configure_pod(ctx: RtnlContext, spec: PlugSpec) -> None:
+def _configure_pod(nl: Netlink, spec: PlugSpec) -> None:
     fd = open_netns(spec.netns)
     try:
-        _configure_in(ctx, fd, spec)
+        _configure_in(nl, fd, spec)
     finally:
         os.close(fd)
 
 
-def _own_veth(ctx: RtnlContext, name: str, mac: str) -> bool | None:
+def _own_veth(nl: Netlink, name: str, mac: str) -> bool | None:
     """Whether the host veth ``name`` is podwire's: marked, or with the MAC podwire derives
     for it (veths of agents from before marks). None when there is no such link."""
-    found = ctx.host.link_state(name)
+    found = nl.link(name)
     if found is None:
         return None
     return naming.is_marked(found.alias) or found.mac == mac
 
 
-def _delete_own_veth(ctx: RtnlContext, name: str, mac: str) -> bool:
+def _delete_own_veth(nl: Netlink, name: str, mac: str) -> bool:
     """Remove the attachment's host veth if it is ours; a foreign link of that name stays."""
-    owned = _own_veth(ctx, name, mac)
+    owned = _own_veth(nl, name, mac)
     if owned is False:
         log.warning("agent.veth.foreign_left_alone", interface=name)
-    return bool(owned) and ctx.host.delete_link(name)
+    return bool(owned) and nl.remove_link(name)
 
 
 def _derived_ids(attachment: str) -> list[str]:
@@ -166,10 +171,10 @@ def host_mac(attachment: str) -> str:
     return naming.stable_mac("host", attachment)
 
 
-def _add_vlan(ipr: Any, spec: PlugSpec, uplink: str, vlan_id: int) -> None:
+def _add_vlan(nl: Netlink, spec: PlugSpec, uplink: str, vlan_id: int) -> None:
     fd = open_netns(spec.netns)
     try:
-        links.add_vlan(ipr, spec.ifname, uplink, vlan_id, spec.mac, spec.mtu, fd)
+        nl.add_vlan(spec.ifname, uplink, vlan_id, spec.mac, spec.mtu, fd)
     finally:
         os.close(fd)
 
@@ -212,12 +217,12 @@ class Plugger:
                 _open_if_done(gate, opened)
             else:
                 gate.add_done_callback(lambda done: _open_if_done(done, opened))
-        up = await self._host.run_rtnl(_plug_veth, spec, host_name, mac, opened)
+        up = await self._host.run(_plug_veth, spec, host_name, mac, opened)
         if gate is not None:
             try:
                 await gate
                 if not up:
-                    await self._host.run_rtnl(_host_end_up, host_name)
+                    await self._host.run(_host_end_up, host_name)
             except BaseException:
                 await self._host.run_teardown(_delete_own_veth, host_name, mac)
                 raise
@@ -228,9 +233,9 @@ class Plugger:
         sub-interface of the uplink, with the subport's VLAN id and MAC, born in the pod."""
         await self._host.run(_add_vlan, spec, uplink, vlan_id)
         try:
-            await self._host.run_rtnl(_configure_pod, spec)
+            await self._host.run(_configure_pod, spec)
         except PodwireError:
-            await self._pod.run(spec.netns, links.remove_link, spec.ifname)
+            await self._pod.run(spec.netns, Netlink.remove_link, spec.ifname)
             raise
         return planned(spec, uplink)
 
@@ -240,7 +245,7 @@ class Plugger:
         if attached is not None and is_nested(attached):
             if not is_netns(attached.sandbox):
                 return False
-            return await self._pod.run(attached.sandbox, links.remove_link, attached.ifname)
+            return await self._pod.run(attached.sandbox, Netlink.remove_link, attached.ifname)
         if attached is not None:  # the recorded name and MAC: right for any agent version
             return await self._host.run_teardown(
                 _delete_own_veth, attached.host_ifname, attached.host_mac
@@ -259,7 +264,7 @@ class Plugger:
                 return problem
         if not is_netns(attached.sandbox):
             return f"network namespace {attached.sandbox} is gone"
-        found = await self._pod.run(attached.sandbox, links.pod_addresses, attached.ifname)
+        found = await self._pod.run(attached.sandbox, Netlink.addresses, attached.ifname)
         if found is None:
             return f"interface {attached.ifname} is missing in {attached.sandbox}"
         link, addresses = found
@@ -271,10 +276,10 @@ class Plugger:
         return None
 
     async def _check_host(self, attached: Attached, bridge: str) -> str | None:
-        host = await self._host.run(links.get_link, attached.host_ifname)
+        host = await self._host.run(Netlink.link, attached.host_ifname)
         if host is None:
             return f"host interface {attached.host_ifname} is missing"
-        master = await self._host.run(links.get_link, bridge)
+        master = await self._host.run(Netlink.link, bridge)
         if master is None or host.master != master.index:
             return f"host interface {attached.host_ifname} is not attached to bridge {bridge}"
         return None

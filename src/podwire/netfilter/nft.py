@@ -19,7 +19,7 @@ from podwire.errors import PermanentError, RetryableError
 from podwire.log import get_logger
 from podwire.netfilter.elements import ElementChange, Unencodable
 from podwire.netfilter.nfnl import NfnlSocket
-from podwire.netlink.nsexec import netns_path, open_netns, setns
+from podwire.netlink import netns_path, open_netns, setns
 
 log = get_logger(__name__)
 

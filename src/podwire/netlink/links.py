@@ -1,4 +1,7 @@
-"""Idempotent link operations on an open ``IPRoute`` (run through ``nsexec`` workers).
+"""The pyroute2 side of the netlink layer: idempotent plumbing on an open ``IPRoute``.
+
+Bridges, VXLAN devices, FDB and neighbour entries, VLANs and taps: not latency critical, and
+they need the dumps and attribute parsing pyroute2 offers. Only ``handle.Netlink`` calls these.
 
 ``ensure_*`` leave the kernel in the asked-for state whether or not it already was, and
 ``remove_*`` succeed when the thing is already gone; that is what lets a restarted agent adopt
@@ -8,31 +11,16 @@ what it finds without disturbing attached pods.
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
 from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
+
+from podwire.netlink.model import LinkInfo, RemoteMac
 
 FLOOD_MAC = "00:00:00:00:00:00"
 VXLAN_PORT = 4789
 NTF_SELF, NTF_MASTER = 0x02, 0x04
 NUD_NOARP, NUD_PERMANENT = 0x40, 0x80
-
-
-@dataclass(frozen=True)
-class LinkInfo:
-    index: int
-    name: str
-    kind: str
-    master: int
-    mtu: int
-    mac: str
-    up: bool
-    vni: int | None = None
-    vxlan_local: str | None = None
-    alias: str = ""  # IFLA_IFALIAS: where podwire's agent marks the links it created
-    vxlan_learning: bool | None = None  # learns remote MACs from frames (podwire: off)
-    vxlan_proxy: bool | None = None  # answers ARP/ND itself, dropping unknown (podwire: off)
 
 
 def _info(msg: Any) -> LinkInfo:
@@ -70,10 +58,6 @@ def get_link(ipr: Any, name: str) -> LinkInfo | None:
         raise
 
 
-def list_links(ipr: Any) -> list[LinkInfo]:
-    return [_info(msg) for msg in ipr.link("dump")]
-
-
 def remove_link(ipr: Any, name: str) -> bool:
     """Delete ``name``; False when it did not exist. Deleting a veth end removes both ends."""
     try:
@@ -83,13 +67,6 @@ def remove_link(ipr: Any, name: str) -> bool:
             return False
         raise
     return True
-
-
-def set_alias(ipr: Any, name: str, alias: str) -> None:
-    """Set the link's alias (``ip link set NAME alias ALIAS``) unless it already has it."""
-    link = _require(ipr, name)
-    if link.alias != alias:
-        ipr.link("set", index=link.index, ifalias=alias)
 
 
 def ensure_bridge(ipr: Any, name: str, mtu: int, mac: str) -> LinkInfo:
@@ -157,15 +134,6 @@ def set_remote_port(ipr: Any, name: str) -> None:
     ipr.brport("set", index=_require(ipr, name).index, learning=0, neigh_suppress=1)
 
 
-@dataclass(frozen=True)
-class RemoteMac:
-    """A MAC reached through a VXLAN device: the VTEP it is at and the IPs it answers for."""
-
-    mac: str
-    vtep: str
-    ips: frozenset[str]
-
-
 def remote_macs(ipr: Any, name: str, bridge: str) -> dict[str, RemoteMac]:
     """What the VXLAN device ``name`` holds for remote MACs: its own FDB entries with a VTEP
     (the all-zero flood entries aside), with their permanent neighbour entries on ``bridge``."""
@@ -212,13 +180,6 @@ def _ignore_missing(call: Any, *args: Any, **kwargs: Any) -> None:
             raise
 
 
-def bridge_ports(ipr: Any, bridge: str) -> list[LinkInfo]:
-    master = get_link(ipr, bridge)
-    if master is None:
-        return []
-    return [link for link in list_links(ipr) if link.master == master.index]
-
-
 def flood_peers(ipr: Any, name: str) -> set[str]:
     link = _require(ipr, name)
     peers = set()
@@ -238,6 +199,14 @@ def sync_flood(ipr: Any, name: str, peers: set[str]) -> tuple[set[str], set[str]
     for dst in sorted(removed):
         ipr.fdb("del", ifindex=link.index, lladdr=FLOOD_MAC, dst=dst, flags=NTF_SELF)
     return added, removed
+
+
+def ensure_vlan(ipr: Any, name: str, parent: str, vlan_id: int) -> None:
+    """A VLAN device ``name`` of ``parent`` with ``vlan_id``, unless one of that name exists."""
+    if get_link(ipr, name) is None:
+        parent_link = get_link(ipr, parent)
+        index = parent_link.index if parent_link else 0
+        ipr.link("add", ifname=name, kind="vlan", link=index, vlan_id=vlan_id)
 
 
 def add_vlan(

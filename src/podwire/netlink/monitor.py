@@ -17,7 +17,8 @@ import socket
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from podwire.netlink.nsexec import RtnlContext
+from podwire.netlink.handle import Netlink
+from podwire.netlink.model import LinkInfo
 from podwire.netlink.rtnl import (
     NLM_F_DUMP,
     NLM_F_REQUEST,
@@ -26,7 +27,6 @@ from podwire.netlink.rtnl import (
     RTM_GETLINK,
     RTM_NEWLINK,
     RTMGRP_LINK,
-    LinkState,
     message,
     messages,
     parse_link,
@@ -52,13 +52,13 @@ class DumpDone:
     """Every link there was has been listed since the start or the last ``LinkResync``."""
 
 
-LinkEvent = LinkState | LinkGone | LinkResync | DumpDone
+LinkEvent = LinkInfo | LinkGone | LinkResync | DumpDone
 
 
-def open_link_events(ctx: RtnlContext) -> socket.socket:
+def open_link_events(nl: Netlink) -> socket.socket:
     """A non-blocking socket subscribed to link events of the worker's namespace (a host
-    netlink job: ``HostNetlink.run_rtnl(open_link_events)``)."""
-    del ctx  # only the thread's namespace matters
+    netlink job: ``HostNetlink.run(open_link_events)``)."""
+    del nl  # only the thread's namespace matters
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)

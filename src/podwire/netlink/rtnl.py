@@ -4,8 +4,9 @@ pyroute2 builds and parses every message through layers of Python objects and ru
 event loop per socket; for the handful of fixed messages an ADD or DEL sends, that was most of
 the agent's CPU time per pod and, under a burst of 30 pods on two cores, most of the burst's
 latency. These messages are packed with ``struct`` and sent on a plain netlink socket; the kernel
-does the same work either way. The binder's plumbing (bridges, VXLAN, FDB) stays on pyroute2:
-it is not latency critical and needs dumps and attribute parsing this module does not offer.
+does the same work either way. The binder's plumbing (bridges, VXLAN, FDB) stays on pyroute2
+(``links``): it is not latency critical and needs the attribute building and parsing of many
+more message kinds. ``handle.Netlink`` is the one API over both.
 
 Errors are ``RtnlError`` (an ``OSError`` with the kernel's errno and, when the kernel supplies
 one, its extended-ack message), which ``netlink.errors.translate`` turns into podwire errors.
@@ -22,6 +23,9 @@ import socket
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
+
+from podwire.netlink.model import LinkInfo
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
@@ -34,6 +38,7 @@ RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 17, 18, 2
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER = 1, 3, 4, 10
 IFLA_LINKINFO, IFLA_IFALIAS, IFLA_NET_NS_FD = 18, 20, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
+IFLA_VXLAN_ID, IFLA_VXLAN_LOCAL, IFLA_VXLAN_LEARNING, IFLA_VXLAN_PROXY = 1, 4, 7, 11
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY = 1, 4, 5
 IFF_UP = 0x1
@@ -188,34 +193,33 @@ def error_of(payload: bytes, flags: int, what: str) -> RtnlError | None:
     return RtnlError(-code, f"{what}: {os.strerror(-code)}" + (f": {detail}" if detail else ""))
 
 
-@dataclass(frozen=True)
-class LinkState:
-    """One link as an RTM_NEWLINK message (a dump's entry or an event) describes it."""
-
-    index: int
-    name: str
-    kind: str
-    master: int
-    mtu: int
-    mac: str
-    up: bool
-    alias: str
-
-
-def parse_link(payload: bytes) -> LinkState:
+def parse_link(payload: bytes) -> LinkInfo:
     _, _, index, flags, _ = _IFINFO.unpack_from(payload)
     attrs = parse_attrs(payload, _IFINFO.size)
     linkinfo = parse_attrs(attrs.get(IFLA_LINKINFO, b""), 0)
-    return LinkState(
+    kind = _text(linkinfo.get(IFLA_INFO_KIND, b""))
+    vxlan = parse_attrs(linkinfo.get(IFLA_INFO_DATA, b""), 0) if kind == "vxlan" else None
+    return LinkInfo(
         index=index,
         name=_text(attrs.get(IFLA_IFNAME, b"")),
-        kind=_text(linkinfo.get(IFLA_INFO_KIND, b"")),
+        kind=kind,
         master=_u32(attrs.get(IFLA_MASTER)),
         mtu=_u32(attrs.get(IFLA_MTU)),
         mac=":".join(f"{b:02x}" for b in attrs.get(IFLA_ADDRESS, b"")),
         up=bool(flags & IFF_UP),
         alias=_text(attrs.get(IFLA_IFALIAS, b"")),
+        **({} if vxlan is None else _vxlan(vxlan)),
     )
+
+
+def _vxlan(data: dict[int, bytes]) -> dict[str, Any]:
+    local = data.get(IFLA_VXLAN_LOCAL)
+    return {
+        "vni": _u32(data.get(IFLA_VXLAN_ID)),
+        "vxlan_local": str(ipaddress.IPv4Address(local)) if local and len(local) == 4 else None,
+        "vxlan_learning": bool(data.get(IFLA_VXLAN_LEARNING, b"\0")[0]),
+        "vxlan_proxy": bool(data.get(IFLA_VXLAN_PROXY, b"\0")[0]),
+    }
 
 
 def _text(raw: bytes) -> str:
@@ -301,9 +305,26 @@ class Rtnl:
             body += attr(IFLA_MASTER, _U32.pack(master))
         self.request(RTM_NEWLINK, body, f"set link {index}")
 
-    def link_state(self, name: str) -> LinkState | None:
+    def link(self, name: str) -> LinkInfo | None:
         payload = self._get_link(name)
         return None if payload is None else parse_link(payload)
+
+    def links(self) -> list[LinkInfo]:
+        """Every link of the namespace (one dump)."""
+        seq = self._send(RTM_GETLINK, NLM_F_DUMP, _ifinfo())
+        found: list[LinkInfo] = []
+        while True:
+            for kind, flags, got_seq, payload in messages(self._sock.recv(1 << 16)):
+                if got_seq != seq:
+                    continue
+                if kind == NLMSG_DONE:
+                    return found
+                if kind == NLMSG_ERROR:
+                    error = error_of(payload, flags, "dump links")
+                    if error is not None:
+                        raise error
+                elif kind == RTM_NEWLINK:
+                    found.append(parse_link(payload))
 
     def delete_link(self, name: str) -> bool:
         """False when there was nothing to delete."""

@@ -21,7 +21,7 @@ IFF_NO_PI = 0x1000
 
 def open_tap(ipr: Any, name: str, mtu: int, bridge: str, alias: str) -> int:
     """Create tap ``name`` in this thread's namespace, marked with ``alias``, up and enslaved
-    to ``bridge``; the descriptor that keeps it alive is returned. Runs on a host worker."""
+    to ``bridge``; the descriptor that keeps it alive is returned (``Netlink.open_tap``)."""
     fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
     try:
         fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), IFF_TAP | IFF_NO_PI))

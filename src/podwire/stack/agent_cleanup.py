@@ -20,8 +20,7 @@ from pathlib import Path
 
 from podwire.ifdriver import naming
 from podwire.log import get_logger
-from podwire.netlink import links
-from podwire.netlink.nsexec import NETNS_DIR, PodNetlink, netns_path
+from podwire.netlink import NETNS_DIR, Netlink, PodNetlink, netns_path
 from podwire.stack import procs
 
 log = get_logger(__name__)
@@ -66,20 +65,16 @@ async def _clean_namespaces(prefix: str, own: set[str], host: str) -> None:
             removed = await netlink.run(netns_path(name), _remove_marked, host)
             for device in removed:
                 log.info("neutron_agent.device_removed", namespace=name, device=device)
-            left = await netlink.run(netns_path(name), links.list_links)
+            left = await netlink.run(netns_path(name), Netlink.links)
             if (removed or name in own) and all(link.name == "lo" for link in left):
                 _delete_namespace(name)
     finally:
         netlink.close()
 
 
-def _remove_marked(ipr: object, host: str) -> list[str]:
-    marked = [
-        link.name
-        for link in links.list_links(ipr)
-        if naming.marked_port(link.alias, host) is not None
-    ]
-    return [name for name in marked if links.remove_link(ipr, name)]
+def _remove_marked(nl: Netlink, host: str) -> list[str]:
+    marked = [link.name for link in nl.links() if naming.marked_port(link.alias, host) is not None]
+    return [name for name in marked if nl.remove_link(name)]
 
 
 def _namespaces() -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from podwire.errors import StackError
 from podwire.log import get_logger
-from podwire.netlink.nsexec import is_netns, netns_path
+from podwire.netlink import is_netns, netns_path
 from podwire.schema import fields
 from podwire.stack import agent_cleanup, procs
 from podwire.stack.agent_conf import AgentConfig

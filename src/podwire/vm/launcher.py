@@ -25,7 +25,7 @@ from pathlib import Path
 
 from podwire.errors import StackError, ValidationError, VmError
 from podwire.log import get_logger
-from podwire.netlink.nsexec import is_netns, netns_path
+from podwire.netlink import is_netns, netns_path
 from podwire.schema import fields
 from podwire.schema.vmguest import parse_lease
 from podwire.stack import procs
