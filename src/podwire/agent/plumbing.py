@@ -76,17 +76,14 @@ def ensure_network(
     nl: Netlink, plan: NetworkPlan, peers: set[str], remote: dict[str, RemoteMac]
 ) -> None:
     """``remote``: for VXLAN, the other nodes' ports of this network (by MAC)."""
-    nl.ensure_bridge(plan.bridge, plan.mtu, naming.bridge_mac(plan.bridge))
-    nl.set_alias(plan.bridge, naming.MARK)
+    nl.ensure_bridge(plan.bridge, plan.mtu, naming.bridge_mac(plan.bridge), naming.MARK)
     if plan.network_type == "vxlan":
         assert plan.uplink and plan.vtep_ip and plan.segmentation_id is not None
         _check_replaceable(nl, plan.uplink, plan.segmentation_id, plan.vtep_ip)
-        nl.ensure_vxlan(plan.uplink, plan.segmentation_id, plan.vtep_ip, plan.mtu)
-        nl.set_alias(plan.uplink, naming.MARK)
+        nl.ensure_vxlan(plan.uplink, plan.segmentation_id, plan.vtep_ip, plan.mtu, naming.MARK)
     elif plan.network_type == "vlan":
         assert plan.uplink and plan.physical and plan.segmentation_id is not None
-        nl.ensure_vlan(plan.uplink, plan.physical, plan.segmentation_id)
-        nl.set_alias(plan.uplink, naming.MARK)
+        nl.ensure_vlan(plan.uplink, plan.physical, plan.segmentation_id, naming.MARK)
     assert plan.uplink  # flat: the physnet interface itself, which is never ours to mark
     nl.ensure_master(plan.uplink, plan.bridge)
     if plan.network_type == "vxlan":

@@ -13,7 +13,6 @@ handle for a pod's namespace enters it for the open and returns the thread home 
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,7 +21,7 @@ from pyroute2 import IPRoute
 from podwire.netlink import links, tap
 from podwire.netlink.model import LinkInfo, RemoteMac
 from podwire.netlink.netns import go_home, setns
-from podwire.netlink.rtnl import Rtnl, RtnlError, VethSpec
+from podwire.netlink.rtnl import Rtnl, VethSpec
 
 T = TypeVar("T")
 
@@ -86,7 +85,7 @@ class Netlink:
         return self._rtnl.link_index(name)
 
     def require_index(self, name: str) -> int:
-        """The link's index; RtnlError (ENODEV) when there is none."""
+        """The link's index; ``RtnlError`` (ENODEV) when there is none."""
         return self._rtnl.require_index(name)
 
     def remove_link(self, name: str) -> bool:
@@ -94,15 +93,10 @@ class Netlink:
         return self._rtnl.delete_link(name)
 
     def set_alias(self, name: str, alias: str) -> None:
-        """Unless the link has it already: every change is a link event to each listener."""
-        found = self.link(name)
-        if found is None:
-            raise RtnlError(errno.ENODEV, f"{name}: no such device")
-        if found.alias != alias:
-            self._rtnl.set_alias(name, alias)
+        self._rtnl.set_alias(name, alias)
 
     def add_veth(self, spec: VethSpec) -> None:
-        """RtnlError (EEXIST) when one of its names is taken."""
+        """``RtnlError`` (EEXIST) when one of its names is taken."""
         self._rtnl.add_veth(spec)
 
     def set_up(self, index: int) -> None:
@@ -126,14 +120,16 @@ class Netlink:
 
     # --- plumbing (pyroute2) ----------------------------------------------------------------
 
-    def ensure_bridge(self, name: str, mtu: int, mac: str) -> None:
-        links.ensure_bridge(self._ipr, name, mtu, mac)
+    # ``ensure_*`` leave the device as asked whether or not it was, marked with ``alias``.
 
-    def ensure_vxlan(self, name: str, vni: int, local: str, mtu: int) -> None:
-        links.ensure_vxlan(self._ipr, name, vni, local, mtu)
+    def ensure_bridge(self, name: str, mtu: int, mac: str, alias: str) -> None:
+        links.ensure_bridge(self._ipr, name, mtu, mac, alias)
 
-    def ensure_vlan(self, name: str, parent: str, vlan_id: int) -> None:
-        links.ensure_vlan(self._ipr, name, parent, vlan_id)
+    def ensure_vxlan(self, name: str, vni: int, local: str, mtu: int, alias: str) -> None:
+        links.ensure_vxlan(self._ipr, name, vni, local, mtu, alias)
+
+    def ensure_vlan(self, name: str, parent: str, vlan_id: int, alias: str) -> None:
+        links.ensure_vlan(self._ipr, name, parent, vlan_id, alias)
 
     def ensure_master(self, name: str, master: str) -> None:
         links.ensure_master(self._ipr, name, master)

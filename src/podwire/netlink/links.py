@@ -69,7 +69,7 @@ def remove_link(ipr: Any, name: str) -> bool:
     return True
 
 
-def ensure_bridge(ipr: Any, name: str, mtu: int, mac: str) -> LinkInfo:
+def ensure_bridge(ipr: Any, name: str, mtu: int, mac: str, alias: str) -> LinkInfo:
     """A bridge with the fixed address ``mac``: one that took its ports' lowest address would
     change it as ports come and go, and each change flushes the neighbour entries that answer
     ARP/ND for remote ports (``set_remote_mac``)."""
@@ -81,10 +81,10 @@ def ensure_bridge(ipr: Any, name: str, mtu: int, mac: str) -> LinkInfo:
     elif link.mac != mac:
         ipr.link("set", index=link.index, address=mac)
     ipr.link("set", ifname=name, state="up")
-    return _require(ipr, name)
+    return _marked(ipr, _require(ipr, name), alias)
 
 
-def ensure_vxlan(ipr: Any, name: str, vni: int, local: str, mtu: int) -> LinkInfo:
+def ensure_vxlan(ipr: Any, name: str, vni: int, local: str, mtu: int, alias: str) -> LinkInfo:
     """A VXLAN device with this VNI and local VTEP that learns nothing from frames; one with
     other parameters is replaced. Its own ARP/ND proxy stays off: it drops requests for
     addresses it does not know (allowed address pairs, VIPs), where the bridge's neighbour
@@ -114,7 +114,7 @@ def ensure_vxlan(ipr: Any, name: str, vni: int, local: str, mtu: int) -> LinkInf
             mtu=mtu,
         )
     ipr.link("set", ifname=name, state="up")
-    return _require(ipr, name)
+    return _marked(ipr, _require(ipr, name), alias)
 
 
 def ensure_master(ipr: Any, name: str, master: str) -> None:
@@ -201,12 +201,20 @@ def sync_flood(ipr: Any, name: str, peers: set[str]) -> tuple[set[str], set[str]
     return added, removed
 
 
-def ensure_vlan(ipr: Any, name: str, parent: str, vlan_id: int) -> None:
+def ensure_vlan(ipr: Any, name: str, parent: str, vlan_id: int, alias: str) -> None:
     """A VLAN device ``name`` of ``parent`` with ``vlan_id``, unless one of that name exists."""
     if get_link(ipr, name) is None:
         parent_link = get_link(ipr, parent)
         index = parent_link.index if parent_link else 0
         ipr.link("add", ifname=name, kind="vlan", link=index, vlan_id=vlan_id)
+    _marked(ipr, _require(ipr, name), alias)
+
+
+def _marked(ipr: Any, link: LinkInfo, alias: str) -> LinkInfo:
+    """The link with ``alias`` (set only when it differs: each change is a link event)."""
+    if link.alias != alias:
+        ipr.link("set", index=link.index, ifalias=alias)
+    return link
 
 
 def add_vlan(
