@@ -17,8 +17,6 @@ then kubelet's retry (stop and remove the failed sandbox, run the next attempt).
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,6 +26,7 @@ from typing import Any
 import grpc
 
 from bench.cni_bench import _unpublish
+from bench.cri_bench import private_network, simulated_host
 from bench.stats import row
 from podwire.cni.install import InstallSpec, install
 from podwire.demo.services import Services
@@ -54,15 +53,7 @@ class Node:
         self.network: Any = None
 
     def start(self) -> None:
-        net = self.conn.network
-        self.network = net.create_network(name="pwb-active", project_id=self.project)
-        net.create_subnet(
-            network_id=self.network.id,
-            cidr="10.78.0.0/24",
-            ip_version=4,
-            project_id=self.project,
-            is_dhcp_enabled=False,
-        )
+        self.network = private_network(self.conn, self.project, "pwb-active", "10.78.0.0/24")
         socket = self.start_agent()
         self.containerd.prepare()
         self.containerd.start()
@@ -177,21 +168,14 @@ async def _run(node: Node, rounds: int, per_round: int) -> dict[str, list[float]
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
-    tag = f"pwt-{uuid.uuid4().hex[:6]}"
-    host_ns, host = f"{tag}-h", f"{tag}-host"
-    work = Path(tempfile.mkdtemp(prefix="pwb-act-", dir="/tmp"))
-    node = Node(stack, work, host, host_ns)
-    subprocess.run(["ip", "netns", "add", host_ns], check=True, capture_output=True)
-    try:
-        subprocess.run(
-            ["ip", "netns", "exec", host_ns, "ip", "link", "set", "lo", "up"], check=True
-        )
-        node.start()
-        rounds = max(1, min(samples, 30) // 6)
-        measured = asyncio.run(_run(node, rounds, per_round=2))
-    finally:
-        node.close(stack)
-        subprocess.run(["ip", "netns", "del", host_ns], check=False, capture_output=True)
+    with simulated_host("pwb-act-") as sim:
+        node = Node(stack, sim.work, sim.host, sim.netns)
+        try:
+            node.start()
+            rounds = max(1, min(samples, 30) // 6)
+            measured = asyncio.run(_run(node, rounds, per_round=2))
+        finally:
+            node.close(stack)
     return [
         row(f"port ACTIVE in Neutron from RunPodSandbox, {name} (target < 1 s)", values)
         for name, values in measured.items()

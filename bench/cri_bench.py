@@ -19,11 +19,12 @@ Rows: RunPodSandbox one at a time; 30 RunPodSandbox at once (wall, and each call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,19 @@ def _rows(ours: Phase, ref: Phase) -> list[dict[str, Any]]:
     ]
 
 
+def private_network(conn: Any, project: str, name: str, cidr: str) -> Any:
+    """A network of ``project`` with one IPv4 subnet and no DHCP (no port of Neutron's own)."""
+    network = conn.network.create_network(name=name, project_id=project)
+    conn.network.create_subnet(
+        network_id=network.id,
+        cidr=cidr,
+        ip_version=4,
+        project_id=project,
+        is_dhcp_enabled=False,
+    )
+    return network
+
+
 class PodwireNode:
     """The controller and agent of one simulated node, a pooled network in one group."""
 
@@ -162,16 +176,10 @@ class PodwireNode:
         self.socket = ""
 
     def start(self) -> None:
-        net = self.conn.network
-        self.network = net.create_network(name="pwb-cri", project_id=self.project)
-        net.create_subnet(
-            network_id=self.network.id,
-            cidr="10.79.0.0/24",
-            ip_version=4,
-            project_id=self.project,
-            is_dhcp_enabled=False,
+        self.network = private_network(self.conn, self.project, "pwb-cri", "10.79.0.0/24")
+        self.group = self.conn.network.create_security_group(
+            name="pwb-cri", project_id=self.project
         )
-        self.group = net.create_security_group(name="pwb-cri", project_id=self.project)
         self.services.start_controller([self.host])
         self.socket = self.services.start_agent(self.host, self.host_ns, VTEP)
         self.services.admin("POST", "/v1/pools/populate", self._pool_body(POOL))
@@ -230,28 +238,46 @@ class PodwireNode:
             self.conn.network.delete_security_group(group)
 
 
-def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SimulatedHost:
+    """A node's host namespace (its agent's host netns, where containerd runs) and its work dir."""
+
+    host: str
+    netns: str
+    work: Path
+
+
+@contextlib.contextmanager
+def simulated_host(prefix: str) -> Iterator[SimulatedHost]:
     tag = f"pwt-{uuid.uuid4().hex[:6]}"
-    host_ns, host = f"{tag}-h", f"{tag}-host"
-    work = Path(tempfile.mkdtemp(prefix="pwb-cri-", dir="/tmp"))
-    containerd = Containerd(work / "ctrd", netns=host_ns)
-    node = PodwireNode(stack, work, host, host_ns)
-    subprocess.run(["ip", "netns", "add", host_ns], check=True, capture_output=True)
+    made = SimulatedHost(
+        f"{tag}-host", f"{tag}-h", Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    )
+    subprocess.run(["ip", "netns", "add", made.netns], check=True, capture_output=True)
     try:
         subprocess.run(
-            ["ip", "netns", "exec", host_ns, "ip", "link", "set", "lo", "up"], check=True
+            ["ip", "netns", "exec", made.netns, "ip", "link", "set", "lo", "up"], check=True
         )
-        node.start()
-        containerd.prepare()
-        containerd.start()
-        containerd.import_image()
-        spec = node.spec(containerd)
-        install(spec)
-        singles = max(1, min(samples, 60) // ROUNDS)
-        ours, ref = Phase(conflist(spec), singles), Phase(_reference(work), singles)
-        asyncio.run(_measure(containerd, ours, ref, node.settle))
-        return _rows(ours, ref)
+        yield made
     finally:
-        containerd.cleanup()
-        node.close(stack)
-        subprocess.run(["ip", "netns", "del", host_ns], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", made.netns], check=False, capture_output=True)
+
+
+def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
+    with simulated_host("pwb-cri-") as sim:
+        containerd = Containerd(sim.work / "ctrd", netns=sim.netns)
+        node = PodwireNode(stack, sim.work, sim.host, sim.netns)
+        try:
+            node.start()
+            containerd.prepare()
+            containerd.start()
+            containerd.import_image()
+            spec = node.spec(containerd)
+            install(spec)
+            singles = max(1, min(samples, 60) // ROUNDS)
+            ours, ref = Phase(conflist(spec), singles), Phase(_reference(sim.work), singles)
+            asyncio.run(_measure(containerd, ours, ref, node.settle))
+            return _rows(ours, ref)
+        finally:
+            containerd.cleanup()
+            node.close(stack)
