@@ -27,7 +27,7 @@ from podwire.agent import memif_master, naming
 from podwire.config import MemifSettings
 from podwire.demo.testpmd import Testpmd, available
 from podwire.memif import build as memif_build
-from podwire.netlink import HostNetlink, tap
+from podwire.netlink import HostNetlink, Netlink
 
 WINDOW = 0.5
 WARMUP = 2.0
@@ -98,7 +98,7 @@ class Master:
         self.socket = str(work / "memif.sock")
         host = HostNetlink(topo.host)
         try:
-            fd = asyncio.run(host.run(tap.open_tap, "pwtbench", 1500, "br0", naming.MARK))
+            fd = asyncio.run(host.run(Netlink.open_tap, "pwtbench", 1500, "br0", naming.MARK))
         finally:
             host.close()
         spec = memif_master.MasterSpec("bench", self.socket, SECRET)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from podwire import keys
-from podwire.agent.memif_master import is_running
+from podwire.agent.memif_master import PortStats, is_running
 from podwire.config import EtcdSettings
 from podwire.demo import testpmd
 from podwire.demo.testpmd import Testpmd
@@ -281,7 +281,7 @@ async def test_two_memif_pods_and_grant_release(
     async with asyncio.timeout(10):
         while _memif_of(hosts.cnf_host, f"{pods[0].cid}:eth0") is not None:
             await asyncio.sleep(0.1)
-    assert not is_running(gone.pid, gone.started)
+    assert gone.tap not in _served(hosts.cnf_host)
     assert gone.tap not in links_in(hosts.cnf_host.netns)
     assert neutron.network.find_port(gone.vif.port_id) is None
     state_key = keys.state_port(hosts.cnf_host.host, gone.vif.port_id)
@@ -289,11 +289,11 @@ async def test_two_memif_pods_and_grant_release(
         while await etcd.get(state_key) is not None:
             await asyncio.sleep(0.1)
     assert not Path(gone.socket).exists()
-    assert is_running(entries[1].pid, entries[1].started)  # the other pod is untouched
+    assert _served(hosts.cnf_host)[entries[1].tap].connects == 1  # the other pod is untouched
     for pod in pods:
         await _del(hosts.cnf_host, vxnet.id, pod)
     await _del(hosts.veth_host, vxnet.id, client)
-    assert not is_running(entries[1].pid, entries[1].started)
+    assert not is_running(entries[1].pid, entries[1].started)  # no memif left: no master
     assert not [name for name in links_in(hosts.cnf_host.netns) if name.startswith("pwt")]
 
 
@@ -310,6 +310,12 @@ async def test_device_plugin_failure_never_stops_veth_pods(
     assert all(i["name"] != "memif0" for i in other.result["interfaces"])
     for pod in (plain, other):
         await _del(hosts.cnf_host, vxnet.id, pod)
+
+
+def _served(agent: HostAgent) -> dict[str, PortStats]:
+    """The ports the node's master serves, as its control socket lists them."""
+    assert agent.agent is not None and agent.agent.parts.memif is not None
+    return agent.agent.parts.memif.served()
 
 
 def _memif_of(agent: HostAgent, attachment: str) -> MemifEntry | None:

@@ -31,12 +31,16 @@ LIMITS = MemifSettings(
 REGION = 1 << 20
 
 
+TAP = "pwtmastertest"
+
+
 @dataclass
 class Master:
     socket: str
     log: Path
     pid: int
     started: int
+    control: memif_master.MasterControl
 
     def client(self) -> mc.Client:
         client = mc.Client(self.socket)
@@ -44,10 +48,10 @@ class Master:
         assert kind == mc.HELLO
         return client
 
-    def logged(self, reason: str) -> bool:
+    def logged(self, reason: str, name: str = TAP) -> bool:
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
-            if f'memif.refused name=test reason="{reason}"' in self.log.read_text():
+            if f'memif.refused name={name} reason="{reason}"' in self.log.read_text():
                 return True
             time.sleep(0.02)
         return False
@@ -55,23 +59,33 @@ class Master:
 
 @pytest.fixture
 def master(netenv: NetEnv, tmp_path: Path) -> Iterator[Master]:
+    """The node's master with one port (tap ``TAP`` on a bridge of a namespace of its own)."""
     ns = netenv.namespace("mm")
     in_ns(ns, "ip", "link", "add", "br0", "type", "bridge")
+    log = tmp_path / "master.log"
+    binary = memif_build.find()
+    assert binary is not None
+    control_path = str(tmp_path / "control.sock")
+    with open(log, "wb") as out:
+        pid, started = memif_master.spawn(binary, control_path, LIMITS, stderr=out.fileno())
+    control = memif_master.MasterControl(control_path)
+    path = str(tmp_path / "memif.sock")
+    try:
+        add_port(control, ns, memif_master.PortSpec(TAP, path, SECRET, "br0", False))
+        yield Master(path, log, pid, started, control)
+    finally:
+        control.close()
+        memif_master.stop(pid, started)
+    assert not memif_master.is_running(pid, started)
+
+
+def add_port(control: memif_master.MasterControl, ns: str, spec: memif_master.PortSpec) -> None:
     host = HostNetlink(ns)
     try:
-        fd = _run(host, Netlink.open_tap, "pwtmastertest", 1500, "br0", naming.MARK)
+        fd = _run(host, Netlink.open_tap, spec.name, 1500, spec.domain, naming.MARK)
     finally:
         host.close()
-    log = tmp_path / "master.log"
-    path = str(tmp_path / "memif.sock")
-    with open(log, "wb") as out:
-        binary = memif_build.find()
-        assert binary is not None
-        spec = memif_master.MasterSpec("test", path, SECRET)
-        pid, started = memif_master.spawn(binary, spec, fd, LIMITS, stderr=out.fileno())
-    yield Master(path, log, pid, started)
-    memif_master.stop(pid, started)
-    assert not memif_master.is_running(pid, started)
+    control.add(spec, fd)
 
 
 def _run(host: HostNetlink, fn: Callable[..., int], *args: object) -> int:
@@ -221,7 +235,7 @@ def test_connected_client_with_a_bogus_ring_head_is_dropped(master: Master) -> N
 
 
 def _tap_rx_packets(ns: str) -> int:
-    out = in_ns(ns, "ip", "-s", "-j", "link", "show", "pwtmastertest").stdout
+    out = in_ns(ns, "ip", "-s", "-j", "link", "show", TAP).stdout
     return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
 

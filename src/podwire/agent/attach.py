@@ -88,6 +88,16 @@ class Attacher:
             if enforced is not None:
                 enforced.cancel()  # a no-op once done; a plug that failed first stops it
 
+    def current(self, port_id: str) -> DesiredPort | None:
+        """The port's desired value as wired here now (None: not wired)."""
+        return self._binder.wired.get(port_id)
+
+    async def enforce(self, port: DesiredPort, ifname: str, within: float) -> None:
+        """Until ``port``'s current rules are in force for ``ifname`` (nothing when
+        enforcement is off)."""
+        if self.filter is not None:
+            await self.filter.enforce(port, ifname, within)
+
     def forget(self, port_id: str) -> None:
         """The port's host interface is gone for good: its rules go with the next change."""
         if self.filter is not None:

@@ -95,8 +95,9 @@ class Binder:
         self._kernel = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.synced = asyncio.Event()
-        # Told of every wired port's new desired value (the policy enforcer follows SG changes).
-        self.on_port: Callable[[str, DesiredPort], None] | None = None
+        # Told of every wired port's new desired value, in order (the policy enforcer follows
+        # SG changes, then the memif service re-checks the port's path).
+        self.port_listeners: list[Callable[[str, DesiredPort], None]] = []
         self.devices: PortDevices | None = None
         self.watcher = PrefixWatcher(etcd, keys.node_ports_prefix(settings.host))
 
@@ -258,8 +259,8 @@ class Binder:
                 self.wired.pop(port_id, None)
             else:
                 self.wired[port_id] = port
-                if self.on_port is not None:
-                    self.on_port(port_id, port)
+                for listener in self.port_listeners:
+                    listener(port_id, port)
             if error is None:
                 self.failed.pop(port_id, None)
             else:

@@ -9,8 +9,13 @@ from ``<grant dir>/memif.json``. The port filter (security groups, anti-spoofing
 the port, keyed on the tap's name, before the tap exists, exactly as for a veth: a restarted
 master's tap comes back under the same name and is filtered from its first frame.
 
-Masters outlive the agent (see ``memif_master``); a supervision loop restarts a master that
-died and tears a memif down when its grant's dir is gone (kubelet released the grant).
+One master process serves every memif of the node (``memif_master``); it outlives the agent.
+A supervision loop restarts it when it died (every memif is added again), adds a port it lost,
+tears a memif down when its grant's dir is gone (kubelet released the grant), and keeps each
+port on the path Neutron allows: two memif ports of one network whose Neutron ports both have
+port security off (and so no security groups) exchange frames ring to ring inside the master
+(the shared path); any other port's frames go through its tap, filtered by the kernel. A port
+that leaves the shared path has its rules put in force first, then the master is told.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from podwire.log import get_logger
 from podwire.netlink import HostNetlink, Netlink
 from podwire.schema import fields
 from podwire.schema.checkpoints import MemifEntry
+from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
@@ -47,6 +53,7 @@ MEMIF_IFNAME = "memif0"  # the memif port's attachment: <container id>:memif0
 INFO_FILE = "memif.json"
 GRANT_LOOKUP_TIMEOUT = 5.0
 SUPERVISE_INTERVAL = 1.0
+PATH_RULES_TIMEOUT = 5.0  # a port leaving the shared path waits this long for its rules
 
 PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
 
@@ -86,6 +93,11 @@ class MemifService:
         self._host = host_nl
         self.checkpoint = checkpoints.memifs(state_dir)
         self._lock = asyncio.Lock()
+        self._control_path = str(Path(state_dir) / memif_master.CONTROL_FILE)
+        self._control = memif_master.MasterControl(self._control_path)
+        self._master = (0, 0)  # pid and start time of the node's master
+        self._wake = asyncio.Event()
+        self.stats: dict[str, memif_master.PortStats] = {}  # by tap, as of the last pass
 
     # -- ADD / DEL -----------------------------------------------------------------------
 
@@ -200,63 +212,154 @@ class MemifService:
         await self.checkpoint.remove(attachment)
         self._metrics.memifs.set(len(self.checkpoint.entries))
         log.info("agent.memif.detached", attachment=attachment, port=entry.vif.port_id)
+        await self._stop_master_if_idle()
         return True
 
     # -- the master process --------------------------------------------------------------
 
     async def _start(self, entry: MemifEntry) -> MemifEntry:
+        master = await self._ensure_master()
+        await self._add_port(entry)
+        return entry.with_process(*master)
+
+    async def _ensure_master(self) -> tuple[int, int]:
+        if not memif_master.is_running(*self._master):
+            self._control.close()
+            self._master = await asyncio.to_thread(
+                memif_master.spawn, self._binary, self._control_path, self._settings
+            )
+            log.info("agent.memif.master_started", pid=self._master[0])
+        return self._master
+
+    async def _add_port(self, entry: MemifEntry) -> None:
         await self._host.run(_remove_own_tap, entry.tap)
         fd = await self._host.run(Netlink.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
-        spec = memif_master.MasterSpec(entry.tap, entry.socket, entry.secret)
-        pid, started = await asyncio.to_thread(
-            memif_master.spawn, self._binary, spec, fd, self._settings
-        )
-        return entry.with_process(pid, started)
+        shared = self._wants_shared(entry)
+        spec = memif_master.PortSpec(entry.tap, entry.socket, entry.secret, entry.bridge, shared)
+        await asyncio.to_thread(self._control.add, spec, fd)
 
     async def _stop(self, entry: MemifEntry) -> None:
-        await asyncio.to_thread(memif_master.stop, entry.pid, entry.started)
+        if memif_master.is_running(*self._master):
+            await asyncio.to_thread(self._control.remove, entry.tap)
         await self._host.run(_remove_own_tap, entry.tap)
         await asyncio.to_thread(_remove_files, entry)
+
+    async def _stop_master_if_idle(self) -> None:
+        """No memif left: the master goes too, so an idle node runs nothing for memif."""
+        if self.checkpoint.entries or not memif_master.is_running(*self._master):
+            return
+        self._control.close()
+        await asyncio.to_thread(memif_master.stop, *self._master)
+        self._master = (0, 0)
+        log.info("agent.memif.master_stopped", reason="no memif left")
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def _wants_shared(self, entry: MemifEntry) -> bool:
+        """Ring to ring only for a port Neutron does not filter at all."""
+        port = self._attacher.current(entry.vif.port_id)
+        return port is not None and not port.port_security_enabled and not port.security_groups
+
+    def port_changed(self, port_id: str, port: DesiredPort) -> None:
+        """A wired port's desired value changed: re-check its path now, not at the next pass."""
+        del port
+        if any(e.vif.port_id == port_id for e in self.checkpoint.entries.values()):
+            self._wake.set()
+
+    async def _sync_path(self, entry: MemifEntry, served: memif_master.PortStats) -> None:
+        shared = self._wants_shared(entry)
+        if served.shared == shared:
+            return
+        port = self._attacher.current(entry.vif.port_id)
+        if not shared and port is not None:
+            # Its rules first: once the master answers, its frames go through the filter.
+            await self._attacher.enforce(port, entry.tap, PATH_RULES_TIMEOUT)
+        await asyncio.to_thread(self._control.set_path, entry.tap, shared)
+        log.info(
+            "agent.memif.path",
+            attachment=entry.attachment,
+            port=entry.vif.port_id,
+            path="shared" if shared else "kernel",
+        )
 
     # -- restart and supervision ---------------------------------------------------------
 
     async def restore(self) -> None:
-        """After an agent start: adopt running masters, restart dead ones, drop memifs whose
-        grant is gone. Called once the binder has adopted the bridges."""
+        """After an agent start: adopt the running master, start it again when it died, drop
+        memifs whose grant is gone. Called once the binder has adopted the bridges."""
         self.checkpoint.load()
+        for entry in self.checkpoint.entries.values():
+            if memif_master.is_running(entry.pid, entry.started):
+                self._master = (entry.pid, entry.started)
+                break
         adopted = await self.supervise_once()
         self._metrics.memifs.set(len(self.checkpoint.entries))
         log.info("agent.memif.restored", memifs=len(self.checkpoint.entries), adopted=adopted)
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(SUPERVISE_INTERVAL)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SUPERVISE_INTERVAL):
+                    await self._wake.wait()
+            self._wake.clear()
             await self.supervise_once()
 
     async def supervise_once(self) -> int:
-        """One pass over every memif; returns how many masters were found running."""
-        running = 0
+        """One pass over every memif; returns how many ports the master was found serving."""
         async with self._lock:
-            for entry in list(self.checkpoint.entries.values()):
-                try:
-                    running += await self._supervise(entry)
-                except PodwireError as exc:
-                    log.warning(
-                        "agent.memif.restart_failed", attachment=entry.attachment, error=str(exc)
-                    )
-        return running
+            try:
+                return await self._supervise()
+            except PodwireError as exc:
+                log.warning("agent.memif.supervise_failed", error=str(exc))
+                return 0
 
-    async def _supervise(self, entry: MemifEntry) -> int:
-        if not await asyncio.to_thread(os.path.isdir, entry.host_dir):
-            log.info("agent.memif.grant_gone", attachment=entry.attachment, dir=entry.host_dir)
-            await self._detach(entry.attachment)
+    async def _supervise(self) -> int:
+        for entry in list(self.checkpoint.entries.values()):
+            if not await asyncio.to_thread(os.path.isdir, entry.host_dir):
+                log.info("agent.memif.grant_gone", attachment=entry.attachment, dir=entry.host_dir)
+                await self._detach(entry.attachment)
+        if not self.checkpoint.entries:
+            await self._stop_master_if_idle()
+            self.stats = {}
             return 0
-        if memif_master.is_running(entry.pid, entry.started):
-            return 1
-        log.warning("agent.memif.master_restarted", attachment=entry.attachment, old_pid=entry.pid)
+        await self._restart_dead_master()
+        served = {s.name: s for s in await asyncio.to_thread(self._control.ports)}
+        found = len(served)
+        for entry in list(self.checkpoint.entries.values()):
+            try:
+                await self._keep(entry, served)
+            except PodwireError as exc:
+                log.warning("agent.memif.port_failed", attachment=entry.attachment, error=str(exc))
+        self.stats = {s.name: s for s in await asyncio.to_thread(self._control.ports)}
+        self._metrics.observe_memifs(self.stats, self._port_ids())
+        return found
+
+    async def _restart_dead_master(self) -> None:
+        if memif_master.is_running(*self._master):
+            return
+        old = self._master[0] or next(iter(self.checkpoint.entries.values())).pid
+        await self._ensure_master()
+        log.warning("agent.memif.master_restarted", old_pid=old, new_pid=self._master[0])
         self._metrics.memif_master_restarts.inc()
-        await self.checkpoint.put(await self._start(entry))
-        return 0
+
+    async def _keep(self, entry: MemifEntry, served: dict[str, memif_master.PortStats]) -> None:
+        port = served.get(entry.tap)
+        if port is None:
+            log.info("agent.memif.port_added", attachment=entry.attachment, tap=entry.tap)
+            await self._add_port(entry)
+            await self.checkpoint.put(entry.with_process(*self._master))
+            return
+        await self._sync_path(entry, port)
+
+    def served(self) -> dict[str, memif_master.PortStats]:
+        """What the master serves now, by tap (blocking: a few microseconds of control
+        socket; for status and tests)."""
+        if not memif_master.is_running(*self._master):
+            return {}
+        return {s.name: s for s in self._control.ports()}
+
+    def _port_ids(self) -> dict[str, str]:
+        return {e.tap: e.vif.port_id for e in self.checkpoint.entries.values()}
 
 
 def _write_info(entry: MemifEntry) -> None:

@@ -1,19 +1,29 @@
-"""Starting, recognising and stopping ``podwire-memif`` processes (one per served memif).
+"""The node's ``podwire-memif`` process: starting, recognising and stopping it, and its
+control socket (adding and removing memif ports, choosing their path, reading counters).
 
-The agent binds the control socket and opens the tap, then hands both descriptors to the
-master, which runs in a session of its own: an agent restart or a signal to the agent's
-process group leaves every pod's memif running, and the restarted agent adopts the masters it
-finds (same pid *and* start time) instead of starting new ones.
+One master serves every memif port of the node, so two ports can exchange frames ring to ring
+(the shared path) without another process in between. The agent binds the control socket
+(``<state_dir>/memif-master.sock``, root only) and hands it to the master, which runs in a
+session of its own: an agent restart or a signal to the agent's process group leaves every
+pod's memif running, and the restarted agent adopts the master it finds (same pid *and* start
+time) and reconnects to its control socket.
+
+The control protocol is fixed-size records over SOCK_SEQPACKET: a request of 80 bytes
+(op, port name, secret, domain, shared), and one 128-byte reply per request (status and the
+master's reason), preceded for ``ports()`` by one record per port.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import os
 import signal
 import socket
 import stat
+import struct
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +35,60 @@ from podwire.log import get_logger
 log = get_logger(__name__)
 
 SOCKET_MODE = 0o666  # the CNF may run as any user; the secret is what admits a client
+CONTROL_FILE = "memif-master.sock"
 STOP_WAIT = 2.0
+CONTROL_TIMEOUT = 2.0
+
+REQUEST = struct.Struct("<I16s28s16sI12x")
+REPLY_SIZE = 128
+PORT_RECORD = struct.Struct("<I16s16sII4x8Q")
+OP_ADD, OP_REMOVE, OP_PATH, OP_LIST = 1, 2, 3, 4
+ST_OK, ST_PORT = 0, 2  # any other status is an error, its reason in the text
+CONNECTED = 3  # the master's client state once the memif handshake is done
+
+
+class MasterUnreachable(RetryableError):
+    """The master's control socket does not answer (it died, or is starting)."""
+
+
+class MasterRefused(PermanentError):
+    """The master refused a request; its reason is the message."""
 
 
 @dataclass(frozen=True)
-class MasterSpec:
-    name: str  # for the master's log lines
+class PortSpec:
+    """One memif port as the master serves it: ``name`` is its tap's, ``domain`` the network's
+    bridge (only ports of one domain exchange frames ring to ring)."""
+
+    name: str
     socket: str
     secret: str
+    domain: str
+    shared: bool
+
+
+@dataclass(frozen=True)
+class PortStats:
+    name: str
+    domain: str
+    connected: bool
+    shared: bool
+    from_client: int
+    to_client: int
+    to_kernel: int
+    to_shared: int
+    bad: int
+    ring_full: int
+    kernel_drops: int
+    connects: int
+
+    @property
+    def path(self) -> str:
+        return "shared" if self.shared else "kernel"
+
+    @property
+    def drops(self) -> int:
+        return self.bad + self.ring_full + self.kernel_drops
 
 
 def limits_argv(settings: MemifSettings) -> list[str]:
@@ -46,8 +102,9 @@ def limits_argv(settings: MemifSettings) -> list[str]:
     ]
 
 
-def listen(path: str) -> socket.socket:
-    """Bind the grant's control socket, replacing a stale socket (never another file)."""
+def listen(path: str, mode: int = SOCKET_MODE) -> socket.socket:
+    """Bind a SOCK_SEQPACKET socket at ``path``, replacing a stale socket (never another
+    file)."""
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise PermanentError(f"{path} exists and is not a socket; not replacing it")
@@ -55,37 +112,26 @@ def listen(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         sock.bind(path)
-        os.chmod(path, SOCKET_MODE)
+        os.chmod(path, mode)
         sock.listen(8)
     except OSError as exc:
         sock.close()
-        raise RetryableError(f"cannot listen on memif socket {path}: {exc}") from exc
+        raise RetryableError(f"cannot listen on {path}: {exc}") from exc
     return sock
 
 
 def spawn(
-    binary: Path, spec: MasterSpec, tap_fd: int, settings: MemifSettings, stderr: int | None = None
+    binary: Path, control_path: str, settings: MemifSettings, stderr: int | None = None
 ) -> tuple[int, int]:
-    """Start a master on a fresh socket and the given tap; returns (pid, start time). The
-    caller's tap descriptor is closed here either way: the master's copy keeps the tap. Its
-    log lines go to ``stderr`` (default: the agent's own)."""
-    try:
-        sock = listen(spec.socket)
-    except BaseException:
-        os.close(tap_fd)
-        raise
-    argv = [
-        str(binary),
-        f"--name={spec.name}",
-        f"--listen-fd={sock.fileno()}",
-        f"--tap-fd={tap_fd}",
-        *limits_argv(settings),
-    ]
+    """Start the node's master on a fresh control socket; returns (pid, start time). Its log
+    lines go to ``stderr`` (default: the agent's own)."""
+    sock = listen(control_path, 0o600)
+    argv = [str(binary), f"--control-fd={sock.fileno()}", *limits_argv(settings)]
     try:
         proc = subprocess.Popen(
             argv,
-            pass_fds=(sock.fileno(), tap_fd),
-            env={"PODWIRE_MEMIF_SECRET": spec.secret},
+            pass_fds=(sock.fileno(),),
+            env={},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
@@ -95,12 +141,118 @@ def spawn(
         raise PermanentError(f"cannot start {binary}: {exc.strerror}") from exc
     finally:
         sock.close()
-        os.close(tap_fd)
     if settings.nice:
         with contextlib.suppress(OSError):  # the master runs either way; only its priority differs
             os.setpriority(os.PRIO_PROCESS, proc.pid, settings.nice)
     started = start_time(proc.pid)
     return proc.pid, started or 0
+
+
+class MasterControl:
+    """A connection to the master's control socket. Blocking calls (run them on a worker
+    thread); one request at a time."""
+
+    def __init__(self, path: str, timeout: float = CONTROL_TIMEOUT) -> None:
+        self._path = path
+        self._timeout = timeout
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def add(self, spec: PortSpec, tap_fd: int) -> None:
+        """Serve ``spec`` on a fresh memif socket and the given tap. The caller's tap
+        descriptor is closed here either way: the master's copy keeps the tap."""
+        try:
+            sock = listen(spec.socket)
+        except BaseException:
+            os.close(tap_fd)
+            raise
+        try:
+            request = _request(OP_ADD, spec.name, spec.secret, spec.domain, spec.shared)
+            self._call(request, (sock.fileno(), tap_fd))
+        finally:
+            sock.close()
+            os.close(tap_fd)
+
+    def remove(self, name: str) -> bool:
+        """Stop serving ``name`` (its tap goes with the master's descriptor); False when the
+        master did not serve it."""
+        try:
+            self._call(_request(OP_REMOVE, name))
+        except MasterRefused as exc:
+            if str(exc).endswith("no port of this name"):
+                return False
+            raise
+        return True
+
+    def set_path(self, name: str, shared: bool) -> None:
+        """Once this returns, the port's frames take the path asked for."""
+        self._call(_request(OP_PATH, name, shared=shared))
+
+    def ports(self) -> list[PortStats]:
+        records = self._call(_request(OP_LIST))
+        return [_port_stats(record) for record in records]
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _call(self, request: bytes, fds: tuple[int, ...] = ()) -> list[bytes]:
+        with self._lock:
+            try:
+                return self._exchange(self._connected(), request, fds)
+            except OSError as exc:
+                self._drop()
+                raise MasterUnreachable(f"memif master at {self._path}: {exc}") from exc
+
+    def _connected(self) -> socket.socket:
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            sock.settimeout(self._timeout)
+            try:
+                sock.connect(self._path)
+            except OSError:
+                sock.close()
+                raise
+            self._sock = sock
+        return self._sock
+
+    def _exchange(self, sock: socket.socket, request: bytes, fds: tuple[int, ...]) -> list[bytes]:
+        ancillary = []
+        if fds:
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+        sock.sendmsg([request], ancillary)
+        records = []
+        while True:
+            reply = sock.recv(REPLY_SIZE + 1)
+            if len(reply) != REPLY_SIZE:
+                raise ConnectionError(f"reply of {len(reply)} bytes, not {REPLY_SIZE}")
+            status = struct.unpack_from("<I", reply)[0]
+            if status == ST_PORT:
+                records.append(reply)
+            elif status == ST_OK:
+                return records
+            else:
+                raise MasterRefused(reply[4:].split(b"\0", 1)[0].decode(errors="replace"))
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _request(
+    op: int, name: str = "", secret: str = "", domain: str = "", shared: bool = False
+) -> bytes:
+    return REQUEST.pack(op, name.encode(), secret.encode(), domain.encode(), int(shared))
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _port_stats(record: bytes) -> PortStats:
+    _, name, domain, state, shared, *counters = PORT_RECORD.unpack_from(record)
+    return PortStats(_text(name), _text(domain), state == CONNECTED, bool(shared), *counters)
 
 
 def start_time(pid: int) -> int | None:
@@ -115,14 +267,14 @@ def start_time(pid: int) -> int | None:
 
 
 def reap(pid: int) -> None:
-    """Collect a master that was our child (a restarted agent's adopted ones are not)."""
+    """Collect a master that was our child (a restarted agent's adopted one is not)."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
 
 def is_running(pid: int, started: int) -> bool:
     """Whether ``pid`` is still the master we started: a pid with the same start time (a reused
-    pid cannot have it) that is not a zombie. Works for masters of an earlier agent too."""
+    pid cannot have it) that is not a zombie. Works for a master of an earlier agent too."""
     if pid <= 0:
         return False
     reap(pid)

@@ -7,7 +7,12 @@ same registry, so one scrape shows the whole node.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import prometheus_client as prom
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from podwire.agent.memif_master import PortStats
 
 CNI_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -36,14 +41,16 @@ class AgentMetrics:
             "podwire_agent_attachments", "Pod attachments in the checkpoint", registry=r
         )
         self.memifs = prom.Gauge(
-            "podwire_agent_memifs", "memif interfaces this agent serves (one master each)",
+            "podwire_agent_memifs", "memif interfaces this agent's master serves",
             registry=r,
         )  # fmt: skip
         self.memif_master_restarts = prom.Counter(
             "podwire_agent_memif_master_restarts",
-            "memif masters found dead and started again",
+            "Times the node's memif master was found dead and started again",
             registry=r,
         )
+        self.memif_ports = MemifPorts()
+        r.register(self.memif_ports)
         self.taps = prom.Gauge(
             "podwire_agent_taps", "Tap ports (VMs, Neutron agents) whose device is adopted",
             registry=r,
@@ -89,3 +96,48 @@ class AgentMetrics:
         self.heartbeat_lost = prom.Counter(
             "podwire_agent_lease_lost", "Heartbeat leases lost and re-granted", registry=r
         )
+
+    def observe_memifs(self, stats: Mapping[str, PortStats], port_ids: Mapping[str, str]) -> None:
+        """The master's counters as of the last supervision pass (read at scrape time)."""
+        self.memif_ports.snapshot = [(port_ids.get(name, ""), s) for name, s in stats.items()]
+
+
+class MemifPorts:
+    """Per memif port: the path in use, frames each way, drops by reason (the master's own
+    counters; they start again from 0 when the master is restarted)."""
+
+    def __init__(self) -> None:
+        self.snapshot: list[tuple[str, PortStats]] = []
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["port", "tap"]
+        path = GaugeMetricFamily(
+            "podwire_agent_memif_path", "1 for the path a memif port's frames take",
+            labels=[*labels, "path"],
+        )  # fmt: skip
+        frames = CounterMetricFamily(
+            "podwire_agent_memif_frames", "Frames a memif port moved, by direction",
+            labels=[*labels, "direction"],
+        )  # fmt: skip
+        drops = CounterMetricFamily(
+            "podwire_agent_memif_drops",
+            "Frames of a memif port dropped: bad (descriptor, length), ring_full (the CNF "
+            "offered no buffer), kernel (the tap refused it)",
+            labels=[*labels, "reason"],
+        )
+        for port_id, s in self.snapshot:
+            ids = [port_id, s.name]
+            path.add_metric([*ids, s.path], 1)
+            for direction, count in (
+                ("from_client", s.from_client), ("to_client", s.to_client),
+                ("to_kernel", s.to_kernel), ("to_shared", s.to_shared),
+            ):  # fmt: skip
+                frames.add_metric([*ids, direction], count)
+            for reason, count in (
+                ("bad", s.bad), ("ring_full", s.ring_full), ("kernel", s.kernel_drops),
+            ):  # fmt: skip
+                drops.add_metric([*ids, reason], count)
+        yield from (path, frames, drops)

@@ -241,6 +241,8 @@ class Agent:
         memif = _memif_service(
             self.settings, plugin, memif_binary, (vifs, attacher, kernel[0]), self.metrics
         )
+        if memif is not None:
+            binder.port_listeners.append(memif.port_changed)
         taps = TapPorts(etcd, self.settings.agent.host, kernel[0], attacher, self.metrics)
         binder.devices = taps
         return NodeDataplane(policy, attacher, memif, taps)
@@ -256,7 +258,7 @@ class Agent:
         stack.callback(nft.close)  # the tables stay: they keep enforcing while we are down
         settings = EnforcerSettings(agent.host, agent.security_group_wait)
         policy = PolicyEnforcer(etcd, nft, settings, self.metrics)
-        binder.on_port = policy.port_changed
+        binder.port_listeners.append(policy.port_changed)
         binder.on_remote = policy.remote_changed
         return policy
 

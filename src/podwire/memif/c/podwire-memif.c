@@ -1,20 +1,30 @@
 /*
- * podwire-memif: the master (server) side of one pod's memif, and its data path to a tap.
+ * podwire-memif: the node's memif master. One process serves every memif port of the node.
  *
- * The agent binds the grant's control socket and opens the tap on the network's bridge, then
- * runs this program with both descriptors (--listen-fd: the listening SOCK_SEQPACKET socket,
- * --tap-fd: the tap; the secret in the environment, PODWIRE_MEMIF_SECRET).
- * It serves one client at a time: the memif control protocol (hello, init with the secret
- * checked, regions, rings, connect) with every field validated against the limits given on
- * the command line, then copies frames between the client's rings and the tap. It sleeps in
- * epoll between frames: the client's eventfds and the tap wake it (interrupt mode). A client
- * that goes away (CNF restart) leaves it listening for the next one. It is a process of its
- * own so that an agent restart never interrupts a pod's traffic.
+ * The agent binds a control socket (--control-fd: a listening SOCK_SEQPACKET socket, mode
+ * 0600) and, per memif port, adds the grant's listening socket and the port's tap over it
+ * (op ADD with both descriptors, the port's name, secret, switching domain and path). For each
+ * port this program speaks the memif control protocol (hello, init with the secret checked,
+ * regions, rings, connect) with every field validated against the limits given on the command
+ * line, then moves frames:
  *
- * Everything the client shares (messages, ring indexes, descriptors) is untrusted: a
- * descriptor is copied before it is checked and used, and memory is only touched inside a
- * region whose file cannot shrink (F_SEAL_SHRINK), so a client can neither make this process
- * read or write outside the regions it mapped nor fault it.
+ *   kernel path   client's C2S rings -> the port's tap (the network's bridge, where the port's
+ *                 security groups and port security are enforced), tap -> S2C ring;
+ *   shared path   between two ports of the same domain that the agent marked shared (Neutron
+ *                 port security off on both): ring to ring, by destination MAC learned from
+ *                 the frames each shared port's client sends. Broadcast, multicast and unknown
+ *                 unicast go to the tap as on the kernel path, so the bridge floods them.
+ *
+ * The path is per port and only the agent changes it (op PATH). This process is single
+ * threaded: once the reply to a PATH that clears "shared" is sent, no frame of that port moves
+ * ring to ring any more. It sleeps in epoll between frames (the clients' eventfds, the taps and
+ * the sockets wake it) and polls for --poll-us after traffic.
+ *
+ * Everything a client shares (messages, ring indexes, descriptors) is untrusted: a descriptor
+ * is copied before it is checked and used, and memory is only touched inside a region whose
+ * file cannot shrink (F_SEAL_SHRINK), so a client can neither make this process read or write
+ * outside the regions it mapped nor fault it. A client that stops draining its S2C ring only
+ * loses its own frames (counted as ring_full); nobody waits for it.
  *
  * Written from DPDK's doc/guides/nics/memif.rst description of the wire protocol.
  */
@@ -22,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/if_tun.h>
+#include <net/if.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -36,9 +47,6 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
-
-static int LISTEN_FD = -1;
-static int TAP_FD = -1;
 
 #define MSG_SIZE 128
 #define NAME_SIZE 32
@@ -60,6 +68,24 @@ enum msg_type {
 #define HARD_MAX_RINGS 16
 #define MAX_FRAME 65535
 #define BATCH 256
+#define MAX_PORTS 256
+#define MAX_AGENTS 4
+#define PORT_NAME 16   /* a tap's name: IFNAMSIZ */
+#define FDB_SIZE 4096  /* learned MACs of shared ports, all domains; a power of two */
+#define FDB_PROBE 8
+#define FDB_AGE_MS 300000
+
+/* The agent's control protocol: requests of CTL_REQ bytes (op u32 | name[16] | secret[28] |
+ * domain[16] | shared u32 | zeros), replies of CTL_REP bytes (status u32 | text or a port). */
+#define CTL_REQ 80
+#define REQ_NAME 4
+#define REQ_SECRET 20
+#define REQ_SECRET_SIZE 28
+#define REQ_DOMAIN 48
+#define REQ_SHARED 64
+#define CTL_REP 128
+enum ctl_op { OP_ADD = 1, OP_REMOVE = 2, OP_PATH = 3, OP_LIST = 4 };
+enum ctl_status { ST_OK = 0, ST_ERROR = 1, ST_PORT = 2 };
 
 struct desc {
     uint16_t flags;
@@ -98,43 +124,87 @@ struct conn {
     unsigned nregions;
     struct ring c2s[HARD_MAX_RINGS], s2c[HARD_MAX_RINGS];
     unsigned nc2s, ns2c;
-    uint64_t rx_frames, tx_frames, tx_dropped, rx_bad;
 };
 
-static const char *g_name = "memif";
-static char g_secret[SECRET_SIZE + 1];
-static size_t g_secret_len;
+/* Counters of one port, as reported to the agent (OP_LIST) in this order. */
+struct stats {
+    uint64_t from_client;  /* frames the client sent */
+    uint64_t to_client;    /* frames put on the client's S2C ring */
+    uint64_t to_kernel;    /* frames written to the tap */
+    uint64_t to_shared;    /* frames of this client put ring to ring on another port */
+    uint64_t bad;          /* client frames dropped: bad descriptor, chain or length */
+    uint64_t ring_full;    /* frames for this client dropped: no free S2C buffer */
+    uint64_t kernel_drops; /* frames the tap refused */
+    uint64_t connects;     /* clients that completed the handshake */
+};
+
+struct port {
+    int used;
+    char name[PORT_NAME];
+    char secret[SECRET_SIZE + 1];
+    size_t secret_len;
+    int listen_fd, tap_fd;
+    int domain; /* index into g_domains */
+    int shared;
+    int pending; /* S2C tail not yet published */
+    struct conn c;
+    struct stats st;
+};
+
 static struct limits g_lim = {1, 2, 14, 1ull << 28, 5000, 0};
 static volatile sig_atomic_t g_stop;
 static int g_epoll = -1;
+static int g_control = -1;
+static int g_agents[MAX_AGENTS];
+static struct port g_ports[MAX_PORTS];
+static char g_domains[MAX_PORTS][PORT_NAME];
 static uint8_t g_scratch[MAX_FRAME];
+static long long g_now_ms;
+
+struct fdb_entry {
+    uint8_t mac[6];
+    int16_t port; /* -1: free */
+    int domain;
+    long long seen_ms;
+};
+static struct fdb_entry g_fdb[FDB_SIZE];
+
+/* epoll tags: kind in the low byte, port index above it, ring index above that */
+enum kind { K_CONTROL = 1, K_AGENT, K_LISTEN, K_CLIENT, K_TAP, K_C2S };
+static uint64_t tag(int kind, int port, unsigned ring)
+{
+    return (uint64_t)kind | ((uint64_t)port << 8) | ((uint64_t)ring << 24);
+}
 
 /* -- logging: "event key=value" lines, like the agent's text logs ------------------------ */
 
-static void logline(const char *event, const char *fmt, ...)
+static void logline(const char *event, const char *name, const char *fmt, ...)
 {
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s name=%s %s\n", event, g_name, buf);
+    fprintf(stderr, "%s name=%s %s\n", event, name, buf);
 }
 
-static long long now_ms(void)
+static long long now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* -- little-endian field access into a 128-byte message ------------------------------- */
+static long long now_ms(void) { return now_us() / 1000; }
+
+/* -- little-endian field access into a message -------------------------------------------- */
 
 static uint16_t get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
 static void copy_name(char *out, const uint8_t *field, size_t size)
 {
@@ -144,7 +214,66 @@ static void copy_name(char *out, const uint8_t *field, size_t size)
     out[i] = 0;
 }
 
-/* -- control messages ----------------------------------------------------------------- */
+/* Receive one message of exactly `size` bytes and at most `maxfds` descriptors (returned in
+ * fds, the rest -1). NULL, "" (nothing to read) or the reason the message is refused. */
+static const char *recv_exact(int sock, uint8_t *msg, size_t size, int *fds, int maxfds,
+                              int *eof, const char *size_error)
+{
+    union { char buf[CMSG_SPACE(sizeof(int) * 4)]; struct cmsghdr align; } ctl;
+    uint8_t big[MSG_SIZE + 1];
+    struct iovec iov = {big, size + 1};
+    struct msghdr mh = {0};
+    struct cmsghdr *cm;
+    ssize_t n;
+    int nfds = 0, i;
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof(ctl.buf);
+    for (i = 0; i < maxfds; i++)
+        fds[i] = -1;
+    *eof = 0;
+    n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return "";
+    for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            size_t k, count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (k = 0; k < count; k++) {
+                int got;
+                memcpy(&got, CMSG_DATA(cm) + k * sizeof(int), sizeof(int));
+                if (nfds < maxfds)
+                    fds[nfds] = got;
+                else
+                    close(got);
+                nfds++;
+            }
+        }
+    }
+    if (n <= 0) {
+        for (i = 0; i < maxfds; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        *eof = 1;
+        return n == 0 ? "client closed the control socket" : "control socket error";
+    }
+    if (nfds > maxfds || (mh.msg_flags & MSG_CTRUNC)) {
+        for (i = 0; i < maxfds; i++)
+            if (fds[i] >= 0)
+                close(fds[i]), fds[i] = -1;
+        return maxfds <= 1 ? "more than one descriptor in a message" : "too many descriptors";
+    }
+    if ((size_t)n != size || (mh.msg_flags & MSG_TRUNC)) {
+        for (i = 0; i < maxfds; i++)
+            if (fds[i] >= 0)
+                close(fds[i]), fds[i] = -1;
+        return size_error;
+    }
+    memcpy(msg, big, size);
+    return NULL;
+}
+
+/* -- memif control messages ---------------------------------------------------------------- */
 
 static int send_msg(int fd, const uint8_t *msg)
 {
@@ -182,7 +311,60 @@ static void send_disconnect(int fd, const char *reason)
     send_msg(fd, msg);
 }
 
-/* -- connection lifetime -------------------------------------------------------------- */
+/* -- learned MACs of shared ports ------------------------------------------------------------ */
+
+static unsigned fdb_hash(const uint8_t *mac, int domain)
+{
+    uint32_t h = 2166136261u;
+    int i;
+    for (i = 0; i < 6; i++)
+        h = (h ^ mac[i]) * 16777619u;
+    return (h ^ (uint32_t)domain * 0x9e3779b9u) & (FDB_SIZE - 1);
+}
+
+static struct fdb_entry *fdb_find(const uint8_t *mac, int domain)
+{
+    unsigned h = fdb_hash(mac, domain), i;
+    for (i = 0; i < FDB_PROBE; i++) {
+        struct fdb_entry *e = &g_fdb[(h + i) & (FDB_SIZE - 1)];
+        if (e->port >= 0 && e->domain == domain && memcmp(e->mac, mac, 6) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static void fdb_learn(const uint8_t *mac, int domain, int port)
+{
+    unsigned h = fdb_hash(mac, domain), i;
+    struct fdb_entry *e = fdb_find(mac, domain), *oldest = NULL;
+    if (mac[0] & 1)
+        return; /* a group address is nobody's */
+    if (!e) {
+        for (i = 0; i < FDB_PROBE && !e; i++) {
+            struct fdb_entry *slot = &g_fdb[(h + i) & (FDB_SIZE - 1)];
+            if (slot->port < 0 || g_now_ms - slot->seen_ms > FDB_AGE_MS)
+                e = slot;
+            else if (!oldest || slot->seen_ms < oldest->seen_ms)
+                oldest = slot;
+        }
+        if (!e)
+            e = oldest;
+        memcpy(e->mac, mac, 6);
+        e->domain = domain;
+    }
+    e->port = (int16_t)port;
+    e->seen_ms = g_now_ms;
+}
+
+static void fdb_forget_port(int port)
+{
+    unsigned i;
+    for (i = 0; i < FDB_SIZE; i++)
+        if (g_fdb[i].port == port)
+            g_fdb[i].port = -1;
+}
+
+/* -- connection lifetime -------------------------------------------------------------------- */
 
 static void reset_conn(struct conn *c)
 {
@@ -204,43 +386,50 @@ static void reset_conn(struct conn *c)
     c->state = S_IDLE;
 }
 
-static void set_carrier(int on)
+static void set_carrier(struct port *p, int on)
 {
 #ifdef TUNSETCARRIER
     unsigned int value = on ? 1 : 0;
-    ioctl(TAP_FD, TUNSETCARRIER, &value);
+    ioctl(p->tap_fd, TUNSETCARRIER, &value);
 #else
+    (void)p;
     (void)on;
 #endif
 }
 
-/* Refuse the client: tell it why (memif's disconnect message), log it, keep listening. */
-static void refuse(struct conn *c, const char *reason)
+static void drop_client(struct port *p)
 {
-    logline("memif.refused", "reason=\"%s\" state=%d", reason, (int)c->state);
-    send_disconnect(c->fd, reason);
-    if (c->state == S_CONNECTED)
-        set_carrier(0);
-    reset_conn(c);
-}
-
-static void closed(struct conn *c, const char *why)
-{
-    if (c->state == S_CONNECTED) {
-        logline("memif.disconnected",
-                "reason=\"%s\" rx_frames=%llu tx_frames=%llu tx_dropped=%llu", why,
-                (unsigned long long)c->rx_frames, (unsigned long long)c->tx_frames,
-                (unsigned long long)c->tx_dropped);
-        set_carrier(0);
-    } else {
-        logline("memif.refused", "reason=\"%s\" state=%d", why, (int)c->state);
+    if (p->c.state == S_CONNECTED) {
+        set_carrier(p, 0);
+        fdb_forget_port((int)(p - g_ports));
     }
-    reset_conn(c);
+    p->pending = 0;
+    reset_conn(&p->c);
 }
 
-/* -- handshake steps; each returns NULL or the reason to refuse ------------------------ */
+/* Refuse the client: tell it why (memif's disconnect message), log it, keep listening. */
+static void refuse(struct port *p, const char *reason)
+{
+    logline("memif.refused", p->name, "reason=\"%s\" state=%d", reason, (int)p->c.state);
+    send_disconnect(p->c.fd, reason);
+    drop_client(p);
+}
 
-static const char *on_init(const uint8_t *m)
+static void closed(struct port *p, const char *why)
+{
+    if (p->c.state == S_CONNECTED)
+        logline("memif.disconnected", p->name,
+                "reason=\"%s\" from_client=%llu to_client=%llu ring_full=%llu", why,
+                (unsigned long long)p->st.from_client, (unsigned long long)p->st.to_client,
+                (unsigned long long)p->st.ring_full);
+    else
+        logline("memif.refused", p->name, "reason=\"%s\" state=%d", why, (int)p->c.state);
+    drop_client(p);
+}
+
+/* -- handshake steps; each returns NULL or the reason to refuse ----------------------------- */
+
+static const char *on_init(struct port *p, const uint8_t *m)
 {
     char received[SECRET_SIZE + 1], peer[NAME_SIZE + 1];
     size_t len, i;
@@ -257,14 +446,14 @@ static const char *on_init(const uint8_t *m)
     len = strlen(received);
     /* A C client sends the secret as a string in the 24-byte field, so a 24-character secret
      * arrives as its first 23 characters; both forms are accepted. */
-    equal = len == g_secret_len || (g_secret_len == SECRET_SIZE && len == SECRET_SIZE - 1);
+    equal = len == p->secret_len || (p->secret_len == SECRET_SIZE && len == SECRET_SIZE - 1);
     for (i = 0; i < SECRET_SIZE; i++)
         diff |= (unsigned char)(i < len ? received[i] : 0) ^
-                (unsigned char)(i < len ? g_secret[i] : 0);
+                (unsigned char)(i < len ? p->secret[i] : 0);
     if (!equal || diff || len == 0)
         return "incorrect secret";
     copy_name(peer, m + 33, NAME_SIZE);
-    logline("memif.init", "peer=\"%s\"", peer);
+    logline("memif.init", p->name, "peer=\"%s\"", peer);
     return NULL;
 }
 
@@ -297,7 +486,7 @@ static const char *on_add_region(struct conn *c, const uint8_t *m, int fd)
     return NULL;
 }
 
-static int is_eventfd(int fd)
+static int fd_is(int fd, const char *target_name)
 {
     char path[64], target[64];
     ssize_t n;
@@ -306,7 +495,12 @@ static int is_eventfd(int fd)
     if (n <= 0)
         return 0;
     target[n] = 0;
-    if (strcmp(target, "anon_inode:[eventfd]") != 0)
+    return strcmp(target, target_name) == 0;
+}
+
+static int is_eventfd(int fd)
+{
+    if (!fd_is(fd, "anon_inode:[eventfd]"))
         return 0;
     return fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) == 0;
 }
@@ -347,8 +541,9 @@ static const char *on_add_ring(struct conn *c, const uint8_t *m, int fd)
     return NULL;
 }
 
-static const char *on_connect(struct conn *c)
+static const char *on_connect(struct port *p)
 {
+    struct conn *c = &p->c;
     unsigned i;
     uint32_t cookie;
     struct epoll_event ev = {.events = EPOLLIN};
@@ -361,65 +556,22 @@ static const char *on_connect(struct conn *c)
             return "ring without the memif cookie";
     }
     for (i = 0; i < c->nc2s; i++) {
-        ev.data.u32 = 100 + i;
+        ev.data.u64 = tag(K_C2S, (int)(p - g_ports), i);
         if (epoll_ctl(g_epoll, EPOLL_CTL_ADD, c->c2s[i].efd, &ev) != 0)
             return "C2S interrupt fd cannot be polled";
     }
     return NULL;
 }
 
-/* Receive one message and at most one descriptor; anything else is a protocol error. */
-static const char *recv_msg(struct conn *c, uint8_t *msg, int *fd, int *eof)
+static const char *handshake_step(struct port *p, const uint8_t *m, int fd, int *fd_used)
 {
-    union { char buf[CMSG_SPACE(sizeof(int) * 4)]; struct cmsghdr align; } ctl;
-    uint8_t big[MSG_SIZE + 1];
-    struct iovec iov = {big, sizeof(big)};
-    struct msghdr mh = {0};
-    struct cmsghdr *cm;
-    ssize_t n;
-    int nfds = 0;
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = ctl.buf;
-    mh.msg_controllen = sizeof(ctl.buf);
-    *fd = -1;
-    *eof = 0;
-    n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return "";
-    for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-            size_t k, count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (k = 0; k < count; k++) {
-                int got;
-                memcpy(&got, CMSG_DATA(cm) + k * sizeof(int), sizeof(int));
-                if (nfds++ == 0)
-                    *fd = got;
-                else
-                    close(got);
-            }
-        }
-    }
-    if (n <= 0) {
-        *eof = 1;
-        return n == 0 ? "client closed the control socket" : "control socket error";
-    }
-    if (nfds > 1 || (mh.msg_flags & MSG_CTRUNC))
-        return "more than one descriptor in a message";
-    if (n != MSG_SIZE || (mh.msg_flags & MSG_TRUNC))
-        return "message is not 128 bytes";
-    memcpy(msg, big, MSG_SIZE);
-    return NULL;
-}
-
-static const char *handshake_step(struct conn *c, const uint8_t *m, int fd, int *fd_used)
-{
+    struct conn *c = &p->c;
     uint16_t type = get16(m);
     *fd_used = 0;
     if (type == T_DISCONNECT) {
         char why[97];
         copy_name(why, m + 6, 96);
-        logline("memif.peer_disconnect", "reason=\"%s\"", why);
+        logline("memif.peer_disconnect", p->name, "reason=\"%s\"", why);
         return "peer sent disconnect";
     }
     if (c->state == S_WAIT_INIT) {
@@ -427,7 +579,7 @@ static const char *handshake_step(struct conn *c, const uint8_t *m, int fd, int 
             return "expected init";
         if (fd >= 0)
             return "unexpected descriptor";
-        return on_init(m);
+        return on_init(p, m);
     }
     if (c->state == S_CONNECTED)
         return "unexpected message on a connected interface";
@@ -444,52 +596,74 @@ static const char *handshake_step(struct conn *c, const uint8_t *m, int fd, int 
         return err;
     }
     if (type == T_CONNECT)
-        return fd >= 0 ? "unexpected descriptor" : on_connect(c);
+        return fd >= 0 ? "unexpected descriptor" : on_connect(p);
     return "unexpected message type during setup";
 }
 
-static void on_control(struct conn *c)
+static void on_client(struct port *p)
 {
     uint8_t m[MSG_SIZE];
     int fd, eof, used;
-    const char *err = recv_msg(c, m, &fd, &eof);
+    const char *err = recv_exact(p->c.fd, m, MSG_SIZE, &fd, 1, &eof, "message is not 128 bytes");
     uint16_t type;
     if (err && !*err)
         return;
     if (err) {
-        if (fd >= 0)
-            close(fd);
         if (eof)
-            closed(c, err);
+            closed(p, err);
         else
-            refuse(c, err);
+            refuse(p, err);
         return;
     }
     type = get16(m);
-    err = handshake_step(c, m, fd, &used);
+    err = handshake_step(p, m, fd, &used);
     if (fd >= 0 && !used)
         close(fd);
     if (err) {
         if (type == T_DISCONNECT)
-            closed(c, err);
+            closed(p, err);
         else
-            refuse(c, err);
+            refuse(p, err);
         return;
     }
     if (type == T_CONNECT) {
-        send_simple(c->fd, T_CONNECTED); /* if_name left empty */
-        c->state = S_CONNECTED;
-        set_carrier(1);
-        logline("memif.connected", "regions=%u c2s_rings=%u s2c_rings=%u ring_slots=%u",
-                c->nregions, c->nc2s, c->ns2c, (unsigned)c->c2s[0].size);
+        send_simple(p->c.fd, T_CONNECTED); /* if_name left empty */
+        p->c.state = S_CONNECTED;
+        p->st.connects++;
+        set_carrier(p, 1);
+        logline("memif.connected", p->name,
+                "regions=%u c2s_rings=%u s2c_rings=%u ring_slots=%u path=%s", p->c.nregions,
+                p->c.nc2s, p->c.ns2c, (unsigned)p->c.c2s[0].size,
+                p->shared ? "shared" : "kernel");
         return;
     }
-    if (c->state == S_WAIT_INIT)
-        c->state = S_SETUP;
-    send_simple(c->fd, T_ACK);
+    if (p->c.state == S_WAIT_INIT)
+        p->c.state = S_SETUP;
+    send_simple(p->c.fd, T_ACK);
 }
 
-/* -- data path ------------------------------------------------------------------------ */
+static void on_accept(struct port *p)
+{
+    struct epoll_event ev = {.events = EPOLLIN};
+    int fd = accept4(p->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0)
+        return;
+    if (p->c.state != S_IDLE) {
+        logline("memif.refused", p->name, "reason=\"interface already has a client\" state=%d",
+                (int)p->c.state);
+        send_disconnect(fd, "interface already has a client");
+        close(fd);
+        return;
+    }
+    p->c.fd = fd;
+    p->c.state = S_WAIT_INIT;
+    p->c.deadline_ms = now_ms() + g_lim.handshake_ms;
+    ev.data.u64 = tag(K_CLIENT, (int)(p - g_ports), 0);
+    epoll_ctl(g_epoll, EPOLL_CTL_ADD, fd, &ev);
+    send_hello(fd);
+}
+
+/* -- data path ---------------------------------------------------------------------------- */
 
 static uint16_t load_idx(const uint8_t *p)
 {
@@ -520,9 +694,106 @@ static void read_desc(const struct ring *r, uint16_t slot, struct desc *d)
     memcpy(d, r->base + RING_HEADER + (size_t)(slot & (r->size - 1)) * DESC_SIZE, DESC_SIZE);
 }
 
-/* Client -> tap; counts the slots it consumed into *work. NULL or a reason to drop the client. */
-static const char *drain_c2s(struct conn *c, struct ring *r, unsigned *work)
+/* The next buffer the client offers on its S2C ring, with its capacity; NULL when there is
+ * none (ring full, or the client is gone: a bad head drops the client). */
+static uint8_t *s2c_buffer(struct port *p, uint32_t *capacity)
 {
+    struct ring *r;
+    uint16_t free_slots;
+    struct desc d;
+    if (p->c.state != S_CONNECTED)
+        return NULL;
+    r = &p->c.s2c[0];
+    free_slots = (uint16_t)(load_idx(HEAD(r)) - r->last);
+    if (free_slots > r->size) {
+        refuse(p, "S2C ring head out of range");
+        return NULL;
+    }
+    if (!free_slots)
+        return NULL;
+    read_desc(r, r->last, &d);
+    *capacity = d.length;
+    return buffer_of(&p->c, &d, d.length);
+}
+
+/* The buffer s2c_buffer gave now holds a frame of `length` bytes. */
+static void s2c_commit(struct port *p, uint32_t length)
+{
+    struct ring *r = &p->c.s2c[0];
+    uint8_t *slot = r->base + RING_HEADER + (size_t)(r->last & (r->size - 1)) * DESC_SIZE;
+    uint16_t flags = 0;
+    memcpy(slot, &flags, 2);
+    memcpy(slot + 4, &length, 4);
+    r->last++;
+    p->st.to_client++;
+    p->pending = 1;
+}
+
+/* Publish the S2C tail and wake the client unless it asked not to be woken. */
+static void s2c_flush(struct port *p)
+{
+    struct ring *r;
+    uint16_t flags;
+    if (!p->pending || p->c.state != S_CONNECTED)
+        return;
+    p->pending = 0;
+    r = &p->c.s2c[0];
+    store_idx(TAIL(r), r->last);
+    memcpy(&flags, FLAGS(r), 2);
+    if (!(flags & RING_FLAG_MASK_INT)) {
+        uint64_t one = 1;
+        if (write(r->efd, &one, sizeof(one)) < 0) {
+            /* the client's counter is saturated: it will still see the tail */
+        }
+    }
+}
+
+/* The shared port a frame from `from` goes to ring to ring, or NULL (the kernel path). */
+static struct port *shared_target(struct port *from, const uint8_t *frame)
+{
+    struct fdb_entry *e;
+    struct port *to;
+    if (!from->shared || (frame[0] & 1))
+        return NULL;
+    e = fdb_find(frame, from->domain);
+    if (!e)
+        return NULL;
+    to = &g_ports[e->port];
+    if (to == from || !to->used || !to->shared || to->domain != from->domain ||
+        to->c.state != S_CONNECTED)
+        return NULL;
+    return to;
+}
+
+static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
+{
+    struct port *to;
+    if (from->shared)
+        fdb_learn(frame + 6, from->domain, (int)(from - g_ports));
+    to = shared_target(from, frame);
+    if (to) {
+        uint32_t capacity = 0;
+        uint8_t *buf = s2c_buffer(to, &capacity);
+        if (!buf || capacity < total) {
+            to->st.ring_full++;
+            return;
+        }
+        memcpy(buf, frame, total);
+        s2c_commit(to, total);
+        from->st.to_shared++;
+        return;
+    }
+    if (write(from->tap_fd, frame, total) == (ssize_t)total)
+        from->st.to_kernel++;
+    else
+        from->st.kernel_drops++;
+}
+
+/* Client -> tap or another port's ring; counts the slots it consumed into *work. NULL or a
+ * reason to drop the client. */
+static const char *drain_c2s(struct port *p, struct ring *r, unsigned *work)
+{
+    struct conn *c = &p->c;
     uint16_t head = load_idx(HEAD(r));
     uint16_t avail = (uint16_t)(head - r->last);
     if (avail > r->size)
@@ -552,133 +823,123 @@ static const char *drain_c2s(struct conn *c, struct ring *r, unsigned *work)
         if (d.flags & DESC_FLAG_NEXT)
             ok = 0; /* chain cut by the head */
         if (!ok || total < 14) {
-            c->rx_bad++;
+            p->st.bad++;
             continue;
         }
-        if (write(TAP_FD, single ? single : g_scratch, total) == (ssize_t)total)
-            c->rx_frames++;
+        p->st.from_client++;
+        deliver(p, single ? single : g_scratch, total);
     }
     store_idx(TAIL(r), r->last);
     return NULL;
 }
 
-static unsigned drain_all(struct conn *c)
+static void flush_all(void)
+{
+    int i;
+    for (i = 0; i < MAX_PORTS; i++)
+        if (g_ports[i].pending)
+            s2c_flush(&g_ports[i]);
+}
+
+static unsigned drain_port(struct port *p)
 {
     unsigned i, work = 0;
-    for (i = 0; i < c->nc2s && c->state == S_CONNECTED; i++) {
-        const char *err = drain_c2s(c, &c->c2s[i], &work);
+    for (i = 0; i < p->c.nc2s && p->c.state == S_CONNECTED; i++) {
+        const char *err = drain_c2s(p, &p->c.c2s[i], &work);
         if (err)
-            refuse(c, err);
+            refuse(p, err);
     }
     return work;
 }
 
-static unsigned on_c2s_interrupt(struct conn *c, unsigned index)
+static unsigned on_c2s_interrupt(struct port *p, unsigned index)
 {
     uint64_t count;
-    if (index >= c->nc2s)
+    if (p->c.state != S_CONNECTED || index >= p->c.nc2s)
         return 0;
-    if (read(c->c2s[index].efd, &count, sizeof(count)) < 0 && errno != EAGAIN)
+    if (read(p->c.c2s[index].efd, &count, sizeof(count)) < 0 && errno != EAGAIN)
         return 0;
-    return drain_all(c);
+    return drain_port(p);
 }
 
-/* Tap -> client: fill the buffers the client put on the S2C ring; drop what does not fit.
+/* Tap -> client: fill the buffers the client offers on its S2C ring; drop what does not fit.
  * Returns how many frames it read from the tap. */
-static unsigned on_tap(struct conn *c)
+static unsigned on_tap(struct port *p)
 {
-    struct ring *r = c->state == S_CONNECTED ? &c->s2c[0] : NULL;
     unsigned n;
-    int wrote = 0;
     for (n = 0; n < BATCH; n++) {
-        uint16_t free_slots = 0;
-        struct desc d;
-        uint8_t *buf = NULL;
+        uint32_t capacity = 0;
+        uint8_t *buf = s2c_buffer(p, &capacity);
         ssize_t got;
-        if (r) {
-            free_slots = (uint16_t)(load_idx(HEAD(r)) - r->last);
-            if (free_slots > r->size) {
-                refuse(c, "S2C ring head out of range");
-                r = NULL;
-                free_slots = 0;
-            }
-        }
-        if (free_slots) {
-            read_desc(r, r->last, &d);
-            buf = buffer_of(c, &d, d.length);
-        }
         if (!buf) {
-            got = read(TAP_FD, g_scratch, sizeof(g_scratch));
+            got = read(p->tap_fd, g_scratch, sizeof(g_scratch));
             if (got < 0)
                 break;
-            if (r)
-                c->tx_dropped++;
+            if (p->c.state == S_CONNECTED)
+                p->st.ring_full++;
             continue;
         }
-        got = read(TAP_FD, buf, d.length);
+        got = read(p->tap_fd, buf, capacity);
         if (got < 0)
             break;
-        d.length = (uint32_t)got;
-        d.flags = 0;
-        {
-            uint8_t *slot = r->base + RING_HEADER + (size_t)(r->last & (r->size - 1)) * DESC_SIZE;
-            memcpy(slot, &d.flags, 2);
-            memcpy(slot + 4, &d.length, 4);
-        }
-        r->last++;
-        c->tx_frames++;
-        wrote = 1;
+        s2c_commit(p, (uint32_t)got);
     }
-    if (wrote && r) {
-        uint16_t flags;
-        store_idx(TAIL(r), r->last);
-        memcpy(&flags, FLAGS(r), 2);
-        if (!(flags & RING_FLAG_MASK_INT)) {
-            uint64_t one = 1;
-            if (write(r->efd, &one, sizeof(one)) < 0) {
-                /* the client's counter is saturated: it will still see the tail */
-            }
-        }
-    }
+    s2c_flush(p);
     return n;
 }
 
 /* -- adaptive polling: spin briefly while traffic flows, sleep in epoll when idle ---------- */
 
-static long long now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-/* Ask the client not to signal C2S frames (we are polling) or to signal them again. */
-static void mask_c2s(struct conn *c, int masked)
+/* Ask a client not to signal C2S frames (we are polling) or to signal them again. */
+static void mask_c2s(struct port *p, int masked)
 {
     unsigned i;
-    for (i = 0; i < c->nc2s; i++) {
+    for (i = 0; i < p->c.nc2s; i++) {
         uint16_t flags = masked ? RING_FLAG_MASK_INT : 0;
-        __atomic_store_n((uint16_t *)FLAGS(&c->c2s[i]), flags, __ATOMIC_RELEASE);
+        __atomic_store_n((uint16_t *)FLAGS(&p->c.c2s[i]), flags, __ATOMIC_RELEASE);
     }
+}
+
+static void mask_all(int masked)
+{
+    int i;
+    for (i = 0; i < MAX_PORTS; i++)
+        if (g_ports[i].used && g_ports[i].c.state == S_CONNECTED)
+            mask_c2s(&g_ports[i], masked);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
-/* After traffic: poll rings and tap until nothing came for poll_us, at most SPIN_SLICE_US in
- * one go (the control socket and new clients are served between slices). Returns 1 when the
- * slice ended with traffic still flowing (poll again at once), 0 when idle (sleep). */
+static unsigned poll_once(void)
+{
+    unsigned work = 0;
+    int i;
+    g_now_ms = now_ms();
+    for (i = 0; i < MAX_PORTS; i++) {
+        struct port *p = &g_ports[i];
+        if (!p->used || p->c.state != S_CONNECTED)
+            continue;
+        work += drain_port(p);
+        if (p->c.state == S_CONNECTED)
+            work += on_tap(p);
+    }
+    flush_all();
+    return work;
+}
+
+/* After traffic: poll every connected port until nothing came for poll_us, at most
+ * SPIN_SLICE_US in one go (control sockets and new clients are served between slices).
+ * Returns 1 when the slice ended with traffic still flowing (poll again at once), 0 when
+ * idle (sleep). */
 #define SPIN_SLICE_US 2000
-static int spin(struct conn *c)
+static int spin(void)
 {
     long long start = now_us(), idle_until = start + g_lim.poll_us;
-    if (c->state != S_CONNECTED || g_lim.poll_us == 0)
+    if (g_lim.poll_us == 0)
         return 0;
-    mask_c2s(c, 1);
-    while (c->state == S_CONNECTED && !g_stop) {
+    mask_all(1);
+    while (!g_stop) {
         long long t;
-        unsigned work = drain_all(c);
-        if (c->state != S_CONNECTED)
-            return 0;
-        work += on_tap(c);
+        unsigned work = poll_once();
         t = now_us();
         if (work)
             idle_until = t + g_lim.poll_us;
@@ -687,34 +948,277 @@ static int spin(struct conn *c)
         if (t - start >= SPIN_SLICE_US)
             return 1;
     }
-    if (c->state != S_CONNECTED)
-        return 0;
-    mask_c2s(c, 0);
-    /* frames that came while the mask was set, before the client could see it cleared */
-    return drain_all(c) > 0 && c->state == S_CONNECTED;
+    mask_all(0);
+    /* frames that came while the masks were set, before the clients could see them cleared */
+    return poll_once() > 0;
 }
 
-/* -- main loop ------------------------------------------------------------------------ */
+/* -- the agent's control socket --------------------------------------------------------- */
 
-static void on_accept(struct conn *c)
+/* A NUL-terminated field of 1..size-1 characters, zeros after the terminator; `allow_any`
+ * admits every printable character but space, otherwise only [A-Za-z0-9._-]. */
+static int valid_name(const uint8_t *field, size_t size, char *out, int allow_any)
 {
-    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = 2};
-    int fd = accept4(LISTEN_FD, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0)
+    size_t i, len = 0;
+    while (len < size && field[len])
+        len++;
+    if (len == 0 || len == size)
+        return 0;
+    for (i = 0; i < len; i++) {
+        uint8_t ch = field[i];
+        int ok = allow_any ? (ch > 0x20 && ch < 0x7f)
+                           : ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                              (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.');
+        if (!ok)
+            return 0;
+    }
+    for (i = len; i < size; i++)
+        if (field[i])
+            return 0;
+    memcpy(out, field, len + 1);
+    return 1;
+}
+
+static int zeros(const uint8_t *p, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+static void reply(int fd, uint32_t status, const char *text)
+{
+    uint8_t rep[CTL_REP] = {0};
+    put32(rep, status);
+    if (text)
+        strncpy((char *)rep + 4, text, CTL_REP - 5);
+    send(fd, rep, CTL_REP, MSG_NOSIGNAL);
+}
+
+static struct port *port_named(const char *name)
+{
+    int i;
+    for (i = 0; i < MAX_PORTS; i++)
+        if (g_ports[i].used && strcmp(g_ports[i].name, name) == 0)
+            return &g_ports[i];
+    return NULL;
+}
+
+static int domain_of(const char *name)
+{
+    int i, free_slot = -1;
+    for (i = 0; i < MAX_PORTS; i++) {
+        if (g_domains[i][0] && strcmp(g_domains[i], name) == 0)
+            return i;
+        if (!g_domains[i][0] && free_slot < 0)
+            free_slot = i;
+    }
+    /* every port has a domain, so there is always room for one more */
+    strcpy(g_domains[free_slot], name);
+    return free_slot;
+}
+
+static void release_domain(int domain)
+{
+    int i;
+    for (i = 0; i < MAX_PORTS; i++)
+        if (g_ports[i].used && g_ports[i].domain == domain)
+            return;
+    g_domains[domain][0] = 0;
+}
+
+/* The tap a descriptor holds must be a tap of the port's name. */
+static int tap_named(int fd, const char *name)
+{
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof(ifr));
+    if (ioctl(fd, TUNGETIFF, &ifr) != 0)
+        return 0;
+    return (ifr.ifr_flags & IFF_TAP) && strncmp(ifr.ifr_name, name, IFNAMSIZ) == 0;
+}
+
+static int is_listener(int fd)
+{
+    int type = 0, listening = 0;
+    socklen_t len = sizeof(type);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET)
+        return 0;
+    len = sizeof(listening);
+    return getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening;
+}
+
+static const char *op_add(const uint8_t *m, const char *name, int *fds)
+{
+    char secret[SECRET_SIZE + 1], domain[PORT_NAME];
+    struct epoll_event ev = {.events = EPOLLIN};
+    struct port *p = NULL;
+    uint32_t shared = get32(m + REQ_SHARED);
+    int i;
+    if (fds[0] < 0 || fds[1] < 0)
+        return "add needs two descriptors: the memif socket and the tap";
+    if (!valid_name(m + REQ_SECRET, SECRET_SIZE + 1, secret, 1) || !zeros(m + REQ_SECRET + SECRET_SIZE + 1, REQ_SECRET_SIZE - SECRET_SIZE - 1))
+        return "secret must be 1-24 printable characters";
+    if (!valid_name(m + REQ_DOMAIN, PORT_NAME, domain, 0))
+        return "domain must be 1-15 characters of [A-Za-z0-9._-]";
+    if (shared > 1)
+        return "shared must be 0 or 1";
+    if (port_named(name))
+        return "a port of this name is served already";
+    if (!is_listener(fds[0]))
+        return "the first descriptor is not a listening SOCK_SEQPACKET socket";
+    if (!tap_named(fds[1], name))
+        return "the second descriptor is not the tap of this name";
+    for (i = 0; i < MAX_PORTS && !p; i++)
+        if (!g_ports[i].used)
+            p = &g_ports[i];
+    if (!p)
+        return "no room for another port";
+    memset(p, 0, sizeof(*p));
+    p->used = 1;
+    strcpy(p->name, name);
+    strcpy(p->secret, secret);
+    p->secret_len = strlen(secret);
+    p->listen_fd = fds[0];
+    p->tap_fd = fds[1];
+    p->domain = domain_of(domain);
+    p->shared = (int)shared;
+    p->c.fd = -1;
+    fcntl(p->listen_fd, F_SETFL, fcntl(p->listen_fd, F_GETFL) | O_NONBLOCK);
+    fcntl(p->tap_fd, F_SETFL, fcntl(p->tap_fd, F_GETFL) | O_NONBLOCK);
+    ev.data.u64 = tag(K_LISTEN, (int)(p - g_ports), 0);
+    epoll_ctl(g_epoll, EPOLL_CTL_ADD, p->listen_fd, &ev);
+    ev.data.u64 = tag(K_TAP, (int)(p - g_ports), 0);
+    epoll_ctl(g_epoll, EPOLL_CTL_ADD, p->tap_fd, &ev);
+    set_carrier(p, 0);
+    fds[0] = fds[1] = -1;
+    logline("memif.port_added", p->name, "domain=%s path=%s", domain,
+            shared ? "shared" : "kernel");
+    return NULL;
+}
+
+static void remove_port(struct port *p)
+{
+    int domain = p->domain;
+    if (p->c.state != S_IDLE)
+        send_disconnect(p->c.fd, "port removed");
+    drop_client(p);
+    fdb_forget_port((int)(p - g_ports));
+    epoll_ctl(g_epoll, EPOLL_CTL_DEL, p->listen_fd, NULL);
+    epoll_ctl(g_epoll, EPOLL_CTL_DEL, p->tap_fd, NULL);
+    close(p->listen_fd);
+    close(p->tap_fd);
+    logline("memif.port_removed", p->name, "from_client=%llu to_client=%llu",
+            (unsigned long long)p->st.from_client, (unsigned long long)p->st.to_client);
+    memset(p, 0, sizeof(*p));
+    release_domain(domain);
+}
+
+static const char *op_path(const uint8_t *m, struct port *p)
+{
+    uint32_t shared = get32(m + REQ_SHARED);
+    if (shared > 1)
+        return "shared must be 0 or 1";
+    if (p->shared && !shared)
+        fdb_forget_port((int)(p - g_ports)); /* from now on nothing is delivered to it */
+    if (p->shared != (int)shared)
+        logline("memif.path", p->name, "path=%s", shared ? "shared" : "kernel");
+    p->shared = (int)shared;
+    return NULL;
+}
+
+static void op_list(int fd)
+{
+    int i;
+    for (i = 0; i < MAX_PORTS; i++) {
+        struct port *p = &g_ports[i];
+        uint8_t rep[CTL_REP] = {0};
+        const uint64_t *counters = (const uint64_t *)&p->st;
+        unsigned k;
+        if (!p->used)
+            continue;
+        put32(rep, ST_PORT);
+        memcpy(rep + 4, p->name, PORT_NAME);
+        memcpy(rep + 20, g_domains[p->domain], PORT_NAME);
+        put32(rep + 36, (uint32_t)p->c.state);
+        put32(rep + 40, (uint32_t)p->shared);
+        for (k = 0; k < sizeof(p->st) / 8; k++)
+            put64(rep + 48 + 8 * k, counters[k]);
+        send(fd, rep, CTL_REP, MSG_NOSIGNAL);
+    }
+    reply(fd, ST_OK, NULL);
+}
+
+static void on_agent(int slot)
+{
+    uint8_t m[CTL_REQ];
+    char name[PORT_NAME];
+    int fds[2], eof, fd = g_agents[slot];
+    const char *err = recv_exact(fd, m, CTL_REQ, fds, 2, &eof, "request is not 80 bytes");
+    uint32_t op;
+    struct port *p;
+    if (err && !*err)
         return;
-    if (c->state != S_IDLE) {
-        logline("memif.refused", "reason=\"interface already has a client\" state=%d",
-                (int)c->state);
-        send_disconnect(fd, "interface already has a client");
+    if (eof) {
+        epoll_ctl(g_epoll, EPOLL_CTL_DEL, fd, NULL);
         close(fd);
+        g_agents[slot] = -1;
         return;
     }
-    c->fd = fd;
-    c->state = S_WAIT_INIT;
-    c->deadline_ms = now_ms() + g_lim.handshake_ms;
-    epoll_ctl(g_epoll, EPOLL_CTL_ADD, fd, &ev);
-    send_hello(fd);
+    op = err ? 0 : get32(m);
+    if (!err && !zeros(m + REQ_SHARED + 4, CTL_REQ - REQ_SHARED - 4))
+        err = "reserved bytes must be zero";
+    if (!err && op != OP_LIST && !valid_name(m + REQ_NAME, PORT_NAME, name, 0))
+        err = "name must be 1-15 characters of [A-Za-z0-9._-]";
+    if (!err && op != OP_ADD && (fds[0] >= 0 || fds[1] >= 0))
+        err = "unexpected descriptor";
+    if (!err) {
+        if (op == OP_ADD) {
+            err = op_add(m, name, fds);
+        } else if (op == OP_LIST) {
+            op_list(fd);
+            return;
+        } else if (op == OP_REMOVE || op == OP_PATH) {
+            p = port_named(name);
+            if (!p)
+                err = "no port of this name";
+            else if (op == OP_REMOVE)
+                remove_port(p);
+            else
+                err = op_path(m, p);
+        } else {
+            err = "unknown op";
+        }
+    }
+    if (fds[0] >= 0)
+        close(fds[0]);
+    if (fds[1] >= 0)
+        close(fds[1]);
+    if (err)
+        logline("memif.control_refused", "-", "reason=\"%s\" op=%u", err, op);
+    reply(fd, err ? ST_ERROR : ST_OK, err);
 }
+
+static void on_control_accept(void)
+{
+    struct epoll_event ev = {.events = EPOLLIN};
+    int fd = accept4(g_control, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), i;
+    if (fd < 0)
+        return;
+    for (i = 0; i < MAX_AGENTS; i++) {
+        if (g_agents[i] < 0) {
+            g_agents[i] = fd;
+            ev.data.u64 = tag(K_AGENT, i, 0);
+            epoll_ctl(g_epoll, EPOLL_CTL_ADD, fd, &ev);
+            return;
+        }
+    }
+    reply(fd, ST_ERROR, "too many control connections");
+    close(fd);
+}
+
+/* -- main loop ---------------------------------------------------------------------------- */
 
 static void on_signal(int sig)
 {
@@ -745,12 +1249,8 @@ static void parse_args(int argc, char **argv)
     int i;
     for (i = 1; i < argc; i++) {
         unsigned long long v;
-        if (strncmp(argv[i], "--name=", 7) == 0)
-            g_name = argv[i] + 7;
-        else if (parse_limit(argv[i], "--listen-fd", 0, 65535, &v))
-            LISTEN_FD = (int)v;
-        else if (parse_limit(argv[i], "--tap-fd", 0, 65535, &v))
-            TAP_FD = (int)v;
+        if (parse_limit(argv[i], "--control-fd", 0, 65535, &v))
+            g_control = (int)v;
         else if (parse_limit(argv[i], "--max-regions", 1, HARD_MAX_REGIONS, &v))
             g_lim.max_regions = (unsigned)v;
         else if (parse_limit(argv[i], "--max-rings", 1, HARD_MAX_RINGS, &v))
@@ -770,72 +1270,93 @@ static void parse_args(int argc, char **argv)
     }
 }
 
+/* The nearest handshake deadline as an epoll timeout (ms); refuses clients past theirs. */
+static int handshake_timeout(int timeout)
+{
+    long long now = now_ms();
+    int i;
+    for (i = 0; i < MAX_PORTS; i++) {
+        struct port *p = &g_ports[i];
+        long long left;
+        if (!p->used || (p->c.state != S_WAIT_INIT && p->c.state != S_SETUP))
+            continue;
+        left = p->c.deadline_ms - now;
+        if (left <= 0) {
+            refuse(p, "handshake not finished in time");
+            continue;
+        }
+        if (timeout < 0 || left < timeout)
+            timeout = (int)left;
+    }
+    return timeout;
+}
+
+static unsigned dispatch(uint64_t t)
+{
+    int kind = (int)(t & 0xff), index = (int)((t >> 8) & 0xffff);
+    unsigned ring = (unsigned)(t >> 24);
+    struct port *p = index < MAX_PORTS ? &g_ports[index] : NULL;
+    unsigned work = 0;
+    if (kind == K_CONTROL)
+        on_control_accept();
+    else if (kind == K_AGENT && index < MAX_AGENTS && g_agents[index] >= 0)
+        on_agent(index);
+    else if (!p || !p->used)
+        return 0;
+    else if (kind == K_LISTEN)
+        on_accept(p);
+    else if (kind == K_CLIENT && p->c.fd >= 0)
+        on_client(p);
+    else if (kind == K_TAP)
+        work = on_tap(p);
+    else if (kind == K_C2S)
+        work = on_c2s_interrupt(p, ring);
+    return work;
+}
+
 int main(int argc, char **argv)
 {
-    struct conn c;
-    int busy = 0;
+    int busy = 0, i;
     struct epoll_event ev = {.events = EPOLLIN};
-    const char *secret = getenv("PODWIRE_MEMIF_SECRET");
     struct sigaction sa = {0};
     parse_args(argc, argv);
-    if (!secret || !*secret || strlen(secret) > SECRET_SIZE) {
-        fprintf(stderr, "podwire-memif: PODWIRE_MEMIF_SECRET must hold 1-24 characters\n");
+    if (g_control < 0 || !is_listener(g_control)) {
+        fprintf(stderr, "podwire-memif: --control-fd must name a listening SOCK_SEQPACKET "
+                        "socket\n");
         return 2;
     }
-    g_secret_len = strlen(secret);
-    memcpy(g_secret, secret, g_secret_len);
-    unsetenv("PODWIRE_MEMIF_SECRET");
-    if (LISTEN_FD < 0 || TAP_FD < 0 || LISTEN_FD == TAP_FD || fcntl(LISTEN_FD, F_GETFD) < 0 ||
-        fcntl(TAP_FD, F_GETFD) < 0) {
-        fprintf(stderr, "podwire-memif: --listen-fd and --tap-fd must name two open fds\n");
-        return 2;
-    }
-    fcntl(LISTEN_FD, F_SETFL, fcntl(LISTEN_FD, F_GETFL) | O_NONBLOCK);
-    fcntl(TAP_FD, F_SETFL, fcntl(TAP_FD, F_GETFL) | O_NONBLOCK);
+    fcntl(g_control, F_SETFL, fcntl(g_control, F_GETFL) | O_NONBLOCK);
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stderr, NULL, _IOLBF, 0);
+    for (i = 0; i < MAX_AGENTS; i++)
+        g_agents[i] = -1;
+    for (i = 0; i < FDB_SIZE; i++)
+        g_fdb[i].port = -1;
     g_epoll = epoll_create1(EPOLL_CLOEXEC);
-    memset(&c, 0, sizeof(c));
-    c.fd = -1;
-    ev.data.u32 = 1;
-    epoll_ctl(g_epoll, EPOLL_CTL_ADD, LISTEN_FD, &ev);
-    ev.data.u32 = 3;
-    epoll_ctl(g_epoll, EPOLL_CTL_ADD, TAP_FD, &ev);
-    set_carrier(0);
-    logline("memif.listening", "max_regions=%u max_rings=%u max_log2_ring=%u poll_us=%u",
+    ev.data.u64 = tag(K_CONTROL, 0, 0);
+    epoll_ctl(g_epoll, EPOLL_CTL_ADD, g_control, &ev);
+    logline("memif.listening", "-", "max_regions=%u max_rings=%u max_log2_ring=%u poll_us=%u",
             g_lim.max_regions, g_lim.max_rings, g_lim.max_log2_ring, g_lim.poll_us);
     while (!g_stop) {
-        struct epoll_event evs[16];
-        int timeout = busy ? 0 : -1, n, i;
+        struct epoll_event evs[32];
+        int n, timeout = handshake_timeout(busy ? 0 : -1);
         unsigned work = 0;
-        if (c.state == S_WAIT_INIT || c.state == S_SETUP) {
-            long long left = c.deadline_ms - now_ms();
-            if (left <= 0) {
-                refuse(&c, "handshake not finished in time");
-                continue;
-            }
-            timeout = (int)left;
-        }
-        n = epoll_wait(g_epoll, evs, 16, timeout);
-        for (i = 0; i < n; i++) {
-            uint32_t tag = evs[i].data.u32;
-            if (tag == 1)
-                on_accept(&c);
-            else if (tag == 2 && c.fd >= 0)
-                on_control(&c);
-            else if (tag == 3)
-                work += on_tap(&c);
-            else if (tag >= 100 && c.state == S_CONNECTED)
-                work += on_c2s_interrupt(&c, tag - 100);
-        }
-        busy = (work || busy) ? spin(&c) : 0;
+        n = epoll_wait(g_epoll, evs, 32, timeout);
+        g_now_ms = now_ms();
+        for (i = 0; i < n; i++)
+            work += dispatch(evs[i].data.u64);
+        flush_all();
+        busy = (work || busy) ? spin() : 0;
     }
-    if (c.state != S_IDLE)
-        send_disconnect(c.fd, "master stopping");
-    logline("memif.stopped", "rx_frames=%llu tx_frames=%llu", (unsigned long long)c.rx_frames,
-            (unsigned long long)c.tx_frames);
+    for (i = 0; i < MAX_PORTS; i++)
+        if (g_ports[i].used) {
+            if (g_ports[i].c.state != S_IDLE)
+                send_disconnect(g_ports[i].c.fd, "master stopping");
+            remove_port(&g_ports[i]);
+        }
+    logline("memif.stopped", "-", "");
     return 0;
 }
