@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,10 @@ WINDOW = 0.5
 WARMUP = 2.0
 SINK_MAC = "02:00:00:00:0b:01"
 CNF_MAC = "02:00:00:00:0c:01"
+# The shared-path CNFs use 2^14-slot rings: with three busy processes on two cores a ring
+# must cover a scheduler slice of the receiver (1,024 slots are 0.5 ms at 2 Mpps).
+RSIZE = 14
+SHARED_A, SHARED_B = "02:00:00:00:0d:01", "02:00:00:00:0d:02"
 SECRET = "bench-secret"
 # The RTT CNF runs at a higher priority for its few seconds: a CNF has a core of its own in
 # production; on this shared VM a busy-polling testpmd at normal priority waits milliseconds
@@ -89,43 +96,99 @@ class Topology:
 
 
 class Master:
-    """podwire's master on a tap on the bridge, started the way the agent starts it."""
+    """The node's master, with the ports the bench needs, started the way the agent starts it:
+    ``pwtbench`` on the kernel path, and ``pwtsa``/``pwtsb`` on the shared path."""
 
     def __init__(self, topo: Topology, work: Path) -> None:
         binary = memif_build.find()
         if binary is None:
             raise RuntimeError("podwire-memif is not built: run scripts/setup")
-        self.socket = str(work / "memif.sock")
+        control = str(work / "control.sock")
+        self.pid, self.started = memif_master.spawn(binary, control, MemifSettings())
+        self.control = memif_master.MasterControl(control)
+        self.sockets: dict[str, str] = {}
         host = HostNetlink(topo.host)
         try:
-            fd = asyncio.run(host.run(Netlink.open_tap, "pwtbench", 1500, "br0", naming.MARK))
+            for name, shared, mac in (
+                ("pwtbench", False, CNF_MAC), ("pwtsa", True, SHARED_A), ("pwtsb", True, SHARED_B),
+            ):  # fmt: skip
+                self.sockets[name] = str(work / f"{name}.sock")
+                fd = asyncio.run(host.run(Netlink.open_tap, name, 1500, "br0", naming.MARK))
+                spec = memif_master.PortSpec(name, self.sockets[name], SECRET, "br0", shared, mac)
+                self.control.add(spec, fd)
+        except BaseException:
+            self.stop()
+            raise
         finally:
             host.close()
-        spec = memif_master.MasterSpec("bench", self.socket, SECRET)
-        self.pid, self.started = memif_master.spawn(binary, spec, fd, MemifSettings())
+
+    def client(self, name: str, mac: str, log2_ring: int = 10) -> str:
+        return (
+            f"net_memif0,role=client,socket={self.sockets[name]},socket-abstract=no,"
+            f"secret={SECRET},mac={mac},rsize={log2_ring}"
+        )
+
+    def port(self, name: str) -> memif_master.PortStats:
+        return next(s for s in self.control.ports() if s.name == name)
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
+        self.control.close()
         memif_master.stop(self.pid, self.started)
-        memif_master.remove_socket(self.socket)
+        for path in self.sockets.values():
+            memif_master.remove_socket(path)
 
 
-def _pps_windows(topo: Topology, pmd: Testpmd, windows: int) -> list[float]:
-    pmd.start()
+def _busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine spent busy (every core), from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Windows:
+    """Per 0.5 s window: frames counted at the receiver (kpps), the machine's busy cores per
+    Mpps moved, and frames dropped per second."""
+
+    kpps: list[float] = field(default_factory=list)
+    cores_per_mpps: list[float] = field(default_factory=list)
+    drops: list[float] = field(default_factory=list)
+
+
+def _measure(count: Callable[[], tuple[int, int]], pmds: list[Testpmd], windows: int) -> Windows:
+    """``count`` gives (frames received, frames dropped) so far."""
+    for pmd in pmds:
+        pmd.start()
     try:
         time.sleep(WARMUP)
-        samples, last, at = [], topo.received(), time.perf_counter()
+        out = Windows()
+        (got, dropped), busy, at = count(), _busy_cpu_seconds(), time.perf_counter()
         for _ in range(windows):
             time.sleep(WINDOW)
-            now_count, now = topo.received(), time.perf_counter()
-            samples.append((now_count - last) / (now - at) / 1000.0)
-            last, at = now_count, now
-        return samples
+            (now_got, now_dropped), now_busy, now = (
+                count(),
+                _busy_cpu_seconds(),
+                time.perf_counter(),
+            )
+            seconds = now - at
+            rate = (now_got - got) / seconds
+            out.kpps.append(rate / 1000.0)
+            if rate:
+                out.cores_per_mpps.append((now_busy - busy) / seconds / (rate / 1e6))
+            out.drops.append((now_dropped - dropped) / seconds)
+            got, dropped, busy, at = now_got, now_dropped, now_busy, now
+        return out
     finally:
-        pmd.stop()
+        for pmd in pmds:
+            pmd.stop()
 
 
-def _txonly(vdev: str) -> Testpmd:
-    return Testpmd(vdev, "txonly", ("--txpkts=64", f"--eth-peer=0,{SINK_MAC}"))
+def _txonly(vdev: str, to: str = SINK_MAC, cpu: int = 1) -> Testpmd:
+    return Testpmd(vdev, "txonly", ("--txpkts=64", f"--eth-peer=0,{to}"), cpu=cpu)
 
 
 def _rtts(ns: str, address: str, count: int) -> list[float]:
@@ -146,29 +209,78 @@ def run(stack: Any, samples: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="pwm-", dir="/tmp") as tmp:
         master = Master(topo, Path(tmp))
         try:
-            client = (
-                f"net_memif0,role=client,socket={master.socket},socket-abstract=no,"
-                f"secret={SECRET},mac={CNF_MAC}"
-            )
-            memif_pps = _pps_windows(topo, _txonly(client), windows)
-            ref = _txonly("net_af_packet0,iface=vaf")
-            ref.netns = topo.host
-            kernel_pps = _pps_windows(topo, ref, windows)
-            echo = Testpmd(client, "icmpecho", nice=CNF_NICE)
-            echo.start()
-            try:
-                time.sleep(WARMUP)
-                count = max(20, min(samples, 200))
-                memif_rtt = _rtts(topo.sink, "10.99.0.99", count)
-            finally:
-                echo.stop()
-            veth_rtt = _rtts(topo.sink, "10.99.0.11", count)
+            return _throughput(topo, master, windows) + _latency(topo, master, samples)
         finally:
             master.stop()
             topo.remove()
+
+
+def _throughput(topo: Topology, master: Master, windows: int) -> list[dict[str, Any]]:
+    def at_sink() -> tuple[int, int]:
+        return topo.received(), 0
+
+    def at_b() -> tuple[int, int]:
+        b = master.port("pwtsb")
+        return b.to_client, b.ring_full
+
+    kernel = _measure(at_sink, [_txonly(master.client("pwtbench", CNF_MAC))], windows)
+    ref = _txonly("net_af_packet0,iface=vaf")
+    ref.netns = topo.host
+    packet = _measure(at_sink, [ref], windows)
+    # One core each side: the sender on CPU 0, the receiver on CPU 1; the master shares them.
+    sender = _txonly(master.client("pwtsa", SHARED_A, RSIZE), to=SHARED_B, cpu=0)
+    receiver = Testpmd(master.client("pwtsb", SHARED_B, RSIZE), "rxonly", cpu=1)
+    shared = _measure(at_b, [receiver, sender], windows)
+    idle = _idle_master(
+        master,
+        [
+            Testpmd(master.client(n, m), "rxonly", cpu=c)
+            for n, m, c in (("pwtsa", SHARED_A, 0), ("pwtsb", SHARED_B, 1))
+        ],
+    )
+    ref_name = "testpmd net_af_packet on a veth"
     return [
-        row("memif: 64 B frames testpmd -> podwire memif -> bridge -> veth pod (kpps)",
-            memif_pps, "testpmd net_af_packet on a veth", kernel_pps, unit="kpps"),
+        row("memif kernel path: 64 B testpmd -> master -> tap -> bridge -> veth pod (kpps)",
+            kernel.kpps, ref_name, packet.kpps, unit="kpps"),
+        row("memif shared path: 64 B testpmd -> master -> testpmd, same network (kpps)",
+            shared.kpps, ref_name, packet.kpps, unit="kpps"),
+        row("memif kernel path: busy cores per Mpps (whole machine)", kernel.cores_per_mpps,
+            ref_name, packet.cores_per_mpps, unit="cores/Mpps"),
+        row("memif shared path: busy cores per Mpps (whole machine)", shared.cores_per_mpps,
+            ref_name, packet.cores_per_mpps, unit="cores/Mpps"),
+        row("memif shared path: frames dropped per second (receiver's ring full)", shared.drops,
+            unit="frames/s"),
+        row("memif master idle, two CNFs connected: % of one core", idle, unit="%"),
+    ]  # fmt: skip
+
+
+def _idle_master(master: Master, pmds: list[Testpmd]) -> list[float]:
+    for pmd in pmds:
+        pmd.start()
+    try:
+        time.sleep(WARMUP)
+        samples = []
+        for _ in range(6):
+            before, at = master.cpu_seconds(), time.perf_counter()
+            time.sleep(WINDOW)
+            samples.append(100.0 * (master.cpu_seconds() - before) / (time.perf_counter() - at))
+        return samples
+    finally:
+        for pmd in pmds:
+            pmd.stop()
+
+
+def _latency(topo: Topology, master: Master, samples: int) -> list[dict[str, Any]]:
+    echo = Testpmd(master.client("pwtbench", CNF_MAC), "icmpecho", nice=CNF_NICE)
+    echo.start()
+    try:
+        time.sleep(WARMUP)
+        count = max(20, min(samples, 200))
+        memif_rtt = _rtts(topo.sink, "10.99.0.99", count)
+    finally:
+        echo.stop()
+    veth_rtt = _rtts(topo.sink, "10.99.0.11", count)
+    return [
         row("memif: ping RTT veth pod -> memif CNF (testpmd icmpecho)", memif_rtt,
             "veth pod -> veth pod", veth_rtt),
     ]  # fmt: skip

@@ -235,7 +235,9 @@ class MemifService:
         await self._host.run(_remove_own_tap, entry.tap)
         fd = await self._host.run(Netlink.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
         shared = self._wants_shared(entry)
-        spec = memif_master.PortSpec(entry.tap, entry.socket, entry.secret, entry.bridge, shared)
+        spec = memif_master.PortSpec(
+            entry.tap, entry.socket, entry.secret, entry.bridge, shared, entry.vif.mac_address
+        )
         await asyncio.to_thread(self._control.add, spec, fd)
 
     async def _stop(self, entry: MemifEntry) -> None:

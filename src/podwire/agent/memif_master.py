@@ -39,7 +39,7 @@ CONTROL_FILE = "memif-master.sock"
 STOP_WAIT = 2.0
 CONTROL_TIMEOUT = 2.0
 
-REQUEST = struct.Struct("<I16s28s16sI12x")
+REQUEST = struct.Struct("<I16s28s16sI6s6x")
 REPLY_SIZE = 128
 PORT_RECORD = struct.Struct("<I16s16sII4x8Q")
 OP_ADD, OP_REMOVE, OP_PATH, OP_LIST = 1, 2, 3, 4
@@ -65,6 +65,7 @@ class PortSpec:
     secret: str
     domain: str
     shared: bool
+    mac: str = ""  # the Neutron port's: the shared path knows it before the CNF sends
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,9 @@ class MasterControl:
             os.close(tap_fd)
             raise
         try:
-            request = _request(OP_ADD, spec.name, spec.secret, spec.domain, spec.shared)
+            request = _request(
+                OP_ADD, spec.name, spec.secret, spec.domain, spec.shared, _mac_bytes(spec.mac)
+            )
             self._call(request, (sock.fileno(), tap_fd))
         finally:
             sock.close()
@@ -241,9 +244,18 @@ class MasterControl:
 
 
 def _request(
-    op: int, name: str = "", secret: str = "", domain: str = "", shared: bool = False
+    op: int,
+    name: str = "",
+    secret: str = "",
+    domain: str = "",
+    shared: bool = False,
+    mac: bytes = b"",
 ) -> bytes:
-    return REQUEST.pack(op, name.encode(), secret.encode(), domain.encode(), int(shared))
+    return REQUEST.pack(op, name.encode(), secret.encode(), domain.encode(), int(shared), mac)
+
+
+def _mac_bytes(mac: str) -> bytes:
+    return bytes.fromhex(mac.replace(":", "")) if mac else b""
 
 
 def _text(raw: bytes) -> str:

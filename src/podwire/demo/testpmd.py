@@ -1,7 +1,8 @@
 """DPDK's testpmd as a CNF: the real memif client (and the af_packet reference for the bench).
 
-One forwarding lcore pinned with the main lcore on one CPU (``--lcores=0@1,1@1``): testpmd
-busy-polls, and the test machine's two cores are shared. Always stopped by its pid.
+One forwarding lcore pinned with the main lcore on one CPU (``cpu``, default 1: ``--lcores=
+0@1,1@1``): testpmd busy-polls, and the test machine's two cores are shared. Always stopped by
+its pid.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Testpmd:
     log: Path | None = None
     netns: str = ""  # run inside this named namespace (the af_packet reference's veth is there)
     nice: int = 0  # below 0: a CNF with a core of its own, as in production (the bench's RTT)
+    cpu: int = 1
     prefix: str = field(default_factory=lambda: f"pw{uuid.uuid4().hex[:8]}")
     proc: subprocess.Popen[bytes] | None = None
 
@@ -43,7 +45,7 @@ class Testpmd:
             *(["ip", "netns", "exec", self.netns] if self.netns else []),
             *(["nice", "-n", str(self.nice)] if self.nice else []),
             BINARY,
-            "--lcores=0@1,1@1",
+            f"--lcores=0@{self.cpu},1@{self.cpu}",
             "--no-huge",
             "-m",
             "256",

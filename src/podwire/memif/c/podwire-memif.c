@@ -33,6 +33,7 @@
 #include <fcntl.h>
 #include <linux/if_tun.h>
 #include <net/if.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -76,13 +77,15 @@ enum msg_type {
 #define FDB_AGE_MS 300000
 
 /* The agent's control protocol: requests of CTL_REQ bytes (op u32 | name[16] | secret[28] |
- * domain[16] | shared u32 | zeros), replies of CTL_REP bytes (status u32 | text or a port). */
+ * domain[16] | shared u32 | mac[6] | zeros), replies of CTL_REP bytes (status u32 | text or a port). */
 #define CTL_REQ 80
 #define REQ_NAME 4
 #define REQ_SECRET 20
 #define REQ_SECRET_SIZE 28
 #define REQ_DOMAIN 48
 #define REQ_SHARED 64
+#define REQ_MAC 68
+#define REQ_END 74
 #define CTL_REP 128
 enum ctl_op { OP_ADD = 1, OP_REMOVE = 2, OP_PATH = 3, OP_LIST = 4 };
 enum ctl_status { ST_OK = 0, ST_ERROR = 1, ST_PORT = 2 };
@@ -146,6 +149,7 @@ struct port {
     int listen_fd, tap_fd;
     int domain; /* index into g_domains */
     int shared;
+    uint8_t mac[6]; /* the Neutron port's; all zero: not given */
     int pending; /* S2C tail not yet published */
     struct conn c;
     struct stats st;
@@ -164,6 +168,7 @@ static long long g_now_ms;
 struct fdb_entry {
     uint8_t mac[6];
     int16_t port; /* -1: free */
+    int pinned;   /* the port's own Neutron MAC: not learned elsewhere, never aged */
     int domain;
     long long seen_ms;
 };
@@ -339,21 +344,39 @@ static void fdb_learn(const uint8_t *mac, int domain, int port)
     struct fdb_entry *e = fdb_find(mac, domain), *oldest = NULL;
     if (mac[0] & 1)
         return; /* a group address is nobody's */
+    if (e && e->pinned)
+        return; /* a Neutron port's MAC stays its port's, whoever sends from it */
     if (!e) {
         for (i = 0; i < FDB_PROBE && !e; i++) {
             struct fdb_entry *slot = &g_fdb[(h + i) & (FDB_SIZE - 1)];
-            if (slot->port < 0 || g_now_ms - slot->seen_ms > FDB_AGE_MS)
+            if (slot->port < 0 || (!slot->pinned && g_now_ms - slot->seen_ms > FDB_AGE_MS))
                 e = slot;
-            else if (!oldest || slot->seen_ms < oldest->seen_ms)
+            else if (!slot->pinned && (!oldest || slot->seen_ms < oldest->seen_ms))
                 oldest = slot;
         }
         if (!e)
             e = oldest;
+        if (!e)
+            return; /* every slot holds a pinned MAC: this one is not learned */
         memcpy(e->mac, mac, 6);
         e->domain = domain;
+        e->pinned = 0;
     }
     e->port = (int16_t)port;
     e->seen_ms = g_now_ms;
+}
+
+/* A shared port's own MAC is known before its client sends a frame. */
+static void fdb_pin(struct port *p)
+{
+    static const uint8_t none[6];
+    struct fdb_entry *e;
+    if (memcmp(p->mac, none, 6) == 0)
+        return;
+    fdb_learn(p->mac, p->domain, (int)(p - g_ports));
+    e = fdb_find(p->mac, p->domain);
+    if (e && e->port == (int)(p - g_ports))
+        e->pinned = 1;
 }
 
 static void fdb_forget_port(int port)
@@ -361,7 +384,7 @@ static void fdb_forget_port(int port)
     unsigned i;
     for (i = 0; i < FDB_SIZE; i++)
         if (g_fdb[i].port == port)
-            g_fdb[i].port = -1;
+            g_fdb[i].port = -1, g_fdb[i].pinned = 0;
 }
 
 /* -- connection lifetime -------------------------------------------------------------------- */
@@ -765,6 +788,9 @@ static struct port *shared_target(struct port *from, const uint8_t *frame)
     return to;
 }
 
+/* One frame from `from`'s client, to another shared port's ring or to the tap. A receiver
+ * with no free buffer loses the frame (counted as its ring_full), as a NIC's receive ring
+ * overruns: the sender is never held back, so no receiver can stall it. */
 static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
 {
     struct port *to;
@@ -789,7 +815,7 @@ static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
         from->st.kernel_drops++;
 }
 
-/* Client -> tap or another port's ring; counts the slots it consumed into *work. NULL or a
+/* Client -> tap or another port's ring; counts the frames it moved into *work. NULL or a
  * reason to drop the client. */
 static const char *drain_c2s(struct port *p, struct ring *r, unsigned *work)
 {
@@ -798,7 +824,6 @@ static const char *drain_c2s(struct port *p, struct ring *r, unsigned *work)
     uint16_t avail = (uint16_t)(head - r->last);
     if (avail > r->size)
         return "C2S ring head out of range";
-    *work += avail;
     while (avail) {
         struct desc d;
         uint32_t total = 0;
@@ -828,6 +853,7 @@ static const char *drain_c2s(struct port *p, struct ring *r, unsigned *work)
         }
         p->st.from_client++;
         deliver(p, single ? single : g_scratch, total);
+        (*work)++;
     }
     store_idx(TAIL(r), r->last);
     return NULL;
@@ -909,27 +935,37 @@ static void mask_all(int masked)
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
-static unsigned poll_once(void)
+static unsigned drain_all(void)
 {
     unsigned work = 0;
     int i;
-    g_now_ms = now_ms();
-    for (i = 0; i < MAX_PORTS; i++) {
-        struct port *p = &g_ports[i];
-        if (!p->used || p->c.state != S_CONNECTED)
-            continue;
-        work += drain_port(p);
-        if (p->c.state == S_CONNECTED)
-            work += on_tap(p);
-    }
+    for (i = 0; i < MAX_PORTS; i++)
+        if (g_ports[i].used && g_ports[i].c.state == S_CONNECTED)
+            work += drain_port(&g_ports[i]);
     flush_all();
     return work;
 }
 
-/* After traffic: poll every connected port until nothing came for poll_us, at most
- * SPIN_SLICE_US in one go (control sockets and new clients are served between slices).
- * Returns 1 when the slice ended with traffic still flowing (poll again at once), 0 when
- * idle (sleep). */
+static unsigned dispatch(uint64_t t);
+
+/* What epoll has ready now (taps, sockets), without waiting; returns frames moved. */
+static unsigned ready_now(int timeout)
+{
+    struct epoll_event evs[32];
+    unsigned work = 0;
+    int n = epoll_wait(g_epoll, evs, 32, timeout), i;
+    g_now_ms = now_ms();
+    for (i = 0; i < n; i++)
+        work += dispatch(evs[i].data.u64);
+    flush_all();
+    return work;
+}
+
+/* After traffic: with the clients' C2S interrupts masked, poll their rings (and, through one
+ * epoll_wait, the taps and sockets) until nothing moved for poll_us, at most SPIN_SLICE_US in
+ * one go. A round that moved nothing yields the CPU: on a node where CNFs busy-poll, the master
+ * must not keep a receiver from draining its ring. Returns 1 when the slice ended with traffic
+ * still flowing (poll again at once), 0 when idle (sleep). */
 #define SPIN_SLICE_US 2000
 static int spin(void)
 {
@@ -939,18 +975,20 @@ static int spin(void)
     mask_all(1);
     while (!g_stop) {
         long long t;
-        unsigned work = poll_once();
+        unsigned work = ready_now(0) + drain_all();
         t = now_us();
         if (work)
             idle_until = t + g_lim.poll_us;
         else if (t >= idle_until)
             break;
+        else
+            sched_yield();
         if (t - start >= SPIN_SLICE_US)
             return 1;
     }
     mask_all(0);
     /* frames that came while the masks were set, before the clients could see them cleared */
-    return poll_once() > 0;
+    return drain_all() > 0;
 }
 
 /* -- the agent's control socket --------------------------------------------------------- */
@@ -1064,6 +1102,8 @@ static const char *op_add(const uint8_t *m, const char *name, int *fds)
         return "domain must be 1-15 characters of [A-Za-z0-9._-]";
     if (shared > 1)
         return "shared must be 0 or 1";
+    if (m[REQ_MAC] & 1)
+        return "mac must be a unicast address";
     if (port_named(name))
         return "a port of this name is served already";
     if (!is_listener(fds[0]))
@@ -1084,7 +1124,10 @@ static const char *op_add(const uint8_t *m, const char *name, int *fds)
     p->tap_fd = fds[1];
     p->domain = domain_of(domain);
     p->shared = (int)shared;
+    memcpy(p->mac, m + REQ_MAC, 6);
     p->c.fd = -1;
+    if (p->shared)
+        fdb_pin(p);
     fcntl(p->listen_fd, F_SETFL, fcntl(p->listen_fd, F_GETFL) | O_NONBLOCK);
     fcntl(p->tap_fd, F_SETFL, fcntl(p->tap_fd, F_GETFL) | O_NONBLOCK);
     ev.data.u64 = tag(K_LISTEN, (int)(p - g_ports), 0);
@@ -1125,6 +1168,8 @@ static const char *op_path(const uint8_t *m, struct port *p)
     if (p->shared != (int)shared)
         logline("memif.path", p->name, "path=%s", shared ? "shared" : "kernel");
     p->shared = (int)shared;
+    if (p->shared)
+        fdb_pin(p);
     return NULL;
 }
 
@@ -1167,7 +1212,7 @@ static void on_agent(int slot)
         return;
     }
     op = err ? 0 : get32(m);
-    if (!err && !zeros(m + REQ_SHARED + 4, CTL_REQ - REQ_SHARED - 4))
+    if (!err && !zeros(m + REQ_END, CTL_REQ - REQ_END))
         err = "reserved bytes must be zero";
     if (!err && op != OP_LIST && !valid_name(m + REQ_NAME, PORT_NAME, name, 0))
         err = "name must be 1-15 characters of [A-Za-z0-9._-]";
@@ -1341,14 +1386,7 @@ int main(int argc, char **argv)
     logline("memif.listening", "-", "max_regions=%u max_rings=%u max_log2_ring=%u poll_us=%u",
             g_lim.max_regions, g_lim.max_rings, g_lim.max_log2_ring, g_lim.poll_us);
     while (!g_stop) {
-        struct epoll_event evs[32];
-        int n, timeout = handshake_timeout(busy ? 0 : -1);
-        unsigned work = 0;
-        n = epoll_wait(g_epoll, evs, 32, timeout);
-        g_now_ms = now_ms();
-        for (i = 0; i < n; i++)
-            work += dispatch(evs[i].data.u64);
-        flush_all();
+        unsigned work = ready_now(handshake_timeout(busy ? 0 : -1));
         busy = (work || busy) ? spin() : 0;
     }
     for (i = 0; i < MAX_PORTS; i++)
