@@ -63,6 +63,11 @@ def state_capabilities(host: str) -> str:
     return state_node_prefix(host) + "capabilities"
 
 
+def state_memif(host: str) -> str:
+    """The agent's memif ports as its master serves them: path, frames, drops."""
+    return state_node_prefix(host) + "memif"
+
+
 def state_policy(host: str) -> str:
     """The agent's security-group enforcement: ports enforced, policy revision in force."""
     return state_node_prefix(host) + "policy"
@@ -106,7 +111,7 @@ def parse_state_key(key: str) -> tuple[str, str, str | None] | None:
     parts = key[len(prefix) :].split("/")
     if not all(fields.NAME.fullmatch(part) for part in parts):
         return None
-    if len(parts) == 2 and parts[1] in ("alive", "vtep", "capabilities", "policy"):
+    if len(parts) == 2 and parts[1] in ("alive", "vtep", "capabilities", "policy", "memif"):
         return parts[0], parts[1], None
     if len(parts) == 3 and parts[1] in ("physnets", "ports"):
         return parts[0], parts[1], parts[2]

@@ -417,3 +417,83 @@ async def test_security_groups_apply_to_the_memif_port(
     await _del(hosts.cnf_host, vxnet.id, cnf)
     assert entry.tap not in _secured(hosts.cnf_host)
     await _del(hosts.veth_host, vxnet.id, client)
+
+
+def _stats(agent: HostAgent, tap: str) -> PortStats:
+    return _served(agent)[tap]
+
+
+async def _until_path(agent: HostAgent, tap: str, path: str, within: float = 10.0) -> float:
+    """Seconds until the master serves ``tap`` on ``path``."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with asyncio.timeout(within):
+        while _stats(agent, tap).path != path:
+            await asyncio.sleep(0.005)
+    return loop.time() - started
+
+
+async def test_port_security_chooses_the_shared_path_and_back(
+    enforcing_hosts: MemifHosts,
+    netenv: NetEnv,
+    vxnet: Any,
+    neutron: Any,
+    cnf_groups: tuple[Any, Any],
+    etcd: EtcdClient,
+    tmp_path: Path,
+) -> None:
+    """Two CNFs' memif ports on one network: filtered, their frames take the kernel path;
+    with port security off on both, ring to ring; port security back on one, and the master
+    is told only once its rules are in force: from then on, not one of its spoofed frames
+    (testpmd txonly's addresses are not its port's) reaches the other CNF."""
+    hosts, net = enforcing_hosts, neutron.network
+    cnf_group, _ = cnf_groups
+    grants = [await _grant(hosts, f"cnf{i}", f"memif-{i}") for i in range(2)]
+    pods = [await _add(hosts.cnf_host, netenv, vxnet.id, f"cnf{i}",
+                       securityGroups=[cnf_group.id]) for i in range(2)]  # fmt: skip
+    a, b = (_entry(hosts.cnf_host, f"{pod.cid}:eth0") for pod in pods)
+    assert _stats(hosts.cnf_host, a.tap).path == "kernel"
+    for entry in (a, b):
+        net.update_port(entry.vif.port_id, security_groups=[], port_security_enabled=False)
+    for entry in (a, b):
+        await _until_path(hosts.cnf_host, entry.tap, "shared")
+    # What `podwire status` shows: each port with its path, from the agent's etcd key.
+    async with asyncio.timeout(10):
+        while True:
+            kv = await etcd.get(keys.state_memif(hosts.cnf_host.host))
+            shown = {p.port_id: p.path for p in nodes.parse_memif_state(kv.value)} if kv else {}
+            if shown == {a.vif.port_id: "shared", b.vif.port_id: "shared"}:
+                break
+            await asyncio.sleep(0.1)
+    mac_a, mac_b = a.vif.mac_address, b.vif.mac_address
+    receiver = Testpmd.memif_client(grants[1].socket, grants[1].secret, mac_b, mode="rxonly",
+                                    log=tmp_path / "rx")  # fmt: skip
+    sender = Testpmd.memif_client(grants[0].socket, grants[0].secret, mac_a, mode="txonly",
+                                  extra=("--txpkts=64", f"--eth-peer=0,{mac_b}"),
+                                  log=tmp_path / "tx", cpu=0)  # fmt: skip
+    try:
+        receiver.start()
+        sender.start()
+        async with asyncio.timeout(20):
+            while _stats(hosts.cnf_host, b.tap).to_client < 10_000:
+                await asyncio.sleep(0.05)
+        assert _stats(hosts.cnf_host, a.tap).to_shared >= 10_000
+
+        net.update_port(a.vif.port_id, port_security_enabled=True,
+                        security_groups=[cnf_group.id])  # fmt: skip
+        switched = await _until_path(hosts.cnf_host, a.tap, "kernel")
+        print(f"path switch seen {switched * 1000:.0f} ms after Neutron's update returned")
+        assert a.tap in _secured(hosts.cnf_host)
+        moved = _stats(hosts.cnf_host, a.tap).to_shared
+        got = _stats(hosts.cnf_host, b.tap).to_client
+        sent = _stats(hosts.cnf_host, a.tap).to_kernel
+        await asyncio.sleep(1.0)
+        after_a, after_b = _stats(hosts.cnf_host, a.tap), _stats(hosts.cnf_host, b.tap)
+        assert after_a.to_shared == moved  # nothing ring to ring any more
+        assert after_a.to_kernel - sent > 10_000  # A goes on sending, into its filter...
+        assert after_b.to_client - got < 20  # ...which drops every one (kernel chatter aside)
+    finally:
+        sender.stop()
+        receiver.stop()
+    for pod in pods:
+        await _del(hosts.cnf_host, vxnet.id, pod)

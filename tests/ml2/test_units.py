@@ -98,6 +98,22 @@ def test_cache_tracks_hosts_and_reports_changes() -> None:
     assert cache.apply("delete", port_key, b"") == []
 
 
+def test_status_reports_of_an_agent_change_nothing_for_neutron() -> None:
+    """The agent's policy and memif reports are for podwire status; the driver skips them (a
+    memif report once stopped the driver's state follower: every later binding waited)."""
+    cache = fed_cache()
+    memif = values.memif_state_value([], 1.0)
+    assert cache.apply("put", keys.state_memif(HOST), memif) == []
+    assert cache.apply("delete", keys.state_memif(HOST), b"") == []
+    assert (
+        cache.apply("put", keys.state_policy(HOST), values.policy_state_value(1, 2, 0, 1.0)) == []
+    )
+    port_key = keys.state_port(HOST, "port-1")
+    assert cache.apply("put", port_key, values.port_state_value(2.0)) == [
+        StateChange("port_wired", HOST, "port-1")
+    ]
+
+
 def test_cache_treats_malformed_values_as_absent() -> None:
     cache = fed_cache()
     assert cache.apply("put", keys.state_physnet(HOST, "physnet1"), b"{bad") == []

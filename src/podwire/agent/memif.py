@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from podwire.log import get_logger
 from podwire.netlink import HostNetlink, Netlink
 from podwire.schema import fields
 from podwire.schema.checkpoints import MemifEntry
+from podwire.schema.nodes import MemifPortState
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
 
@@ -55,7 +57,11 @@ GRANT_LOOKUP_TIMEOUT = 5.0
 SUPERVISE_INTERVAL = 1.0
 PATH_RULES_TIMEOUT = 5.0  # a port leaving the shared path waits this long for its rules
 
+PUBLISH_INTERVAL = 2.0  # at most this often to etcd while counters move; a path change at once
+
 PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
+# Puts what ``podwire status`` shows of this node's memif ports (the agent's etcd key).
+Publish = Callable[[list[MemifPortState]], Awaitable[None]]
 
 
 def tap_name(vif_attachment: str) -> str:
@@ -83,6 +89,7 @@ class MemifService:
         host_nl: HostNetlink,
         state_dir: str,
         metrics: AgentMetrics | None = None,
+        publish: Publish | None = None,
     ) -> None:
         self._settings = settings
         self._metrics = metrics or AgentMetrics()
@@ -98,6 +105,8 @@ class MemifService:
         self._master = (0, 0)  # pid and start time of the node's master
         self._wake = asyncio.Event()
         self.stats: dict[str, memif_master.PortStats] = {}  # by tap, as of the last pass
+        self._publish = publish
+        self._published: tuple[list[MemifPortState], float] | None = None
 
     # -- ADD / DEL -----------------------------------------------------------------------
 
@@ -323,6 +332,7 @@ class MemifService:
         if not self.checkpoint.entries:
             await self._stop_master_if_idle()
             self.stats = {}
+            await self._publish_state()
             return 0
         await self._restart_dead_master()
         served = {s.name: s for s in await asyncio.to_thread(self._control.ports)}
@@ -334,6 +344,7 @@ class MemifService:
                 log.warning("agent.memif.port_failed", attachment=entry.attachment, error=str(exc))
         self.stats = {s.name: s for s in await asyncio.to_thread(self._control.ports)}
         self._metrics.observe_memifs(self.stats, self._port_ids())
+        await self._publish_state()
         return found
 
     async def _restart_dead_master(self) -> None:
@@ -360,8 +371,37 @@ class MemifService:
             return {}
         return {s.name: s for s in self._control.ports()}
 
+    async def _publish_state(self) -> None:
+        if self._publish is None:
+            return
+        ids = self._port_ids()
+        ports = [_port_state(ids[tap], s) for tap, s in sorted(self.stats.items()) if tap in ids]
+        now = time.monotonic()
+        if self._published is not None:
+            last, at = self._published
+            if ports == last or (_shape(ports) == _shape(last) and now - at < PUBLISH_INTERVAL):
+                return
+        try:
+            await self._publish(ports)
+        except PodwireError as exc:
+            log.warning("agent.memif.publish_failed", error=str(exc))
+            return
+        self._published = (ports, now)
+
     def _port_ids(self) -> dict[str, str]:
         return {e.tap: e.vif.port_id for e in self.checkpoint.entries.values()}
+
+
+def _port_state(port_id: str, s: memif_master.PortStats) -> MemifPortState:
+    return MemifPortState(
+        port_id, s.name, s.path, s.connected, s.from_client, s.to_client, s.to_kernel,
+        s.to_shared, s.drops, s.ring_full,
+    )  # fmt: skip
+
+
+def _shape(ports: list[MemifPortState]) -> list[tuple[str, str, bool]]:
+    """What must reach ``podwire status`` at once when it changes: ports, paths, clients."""
+    return [(p.tap, p.path, p.connected) for p in ports]
 
 
 def _write_info(entry: MemifEntry) -> None:

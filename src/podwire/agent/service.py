@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,9 @@ from podwire.log import get_logger
 from podwire.memif import build as memif_build
 from podwire.netfilter import Nftables
 from podwire.netlink import HostNetlink, PodNetlink, tun_available
+from podwire.schema import nodes as node_values
 from podwire.schema.checkpoints import Attachment
+from podwire.schema.nodes import MemifPortState
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
 from podwire.service.ops_http import OpsServer
@@ -239,7 +242,7 @@ class Agent:
         policy = self._policy(stack, etcd, binder)
         attacher = Attacher(binder, policy)
         memif = _memif_service(
-            self.settings, plugin, memif_binary, (vifs, attacher, kernel[0]), self.metrics
+            self.settings, plugin, memif_binary, (vifs, attacher, kernel[0], etcd), self.metrics
         )
         if memif is not None:
             binder.port_listeners.append(memif.port_changed)
@@ -333,12 +336,17 @@ def _memif_service(
     settings: Settings,
     plugin: DevicePlugin | None,
     binary: Path | None,
-    parts: tuple[VifSource, Attacher, HostNetlink],
+    parts: tuple[VifSource, Attacher, HostNetlink, EtcdClient],
     metrics: AgentMetrics,
 ) -> MemifService | None:
     if plugin is None or binary is None:
         return None
-    vifs, attacher, host_nl = parts
+    vifs, attacher, host_nl, etcd = parts
+    key = keys.state_memif(settings.agent.host)
+
+    async def publish(ports: list[MemifPortState]) -> None:
+        await etcd.put(key, node_values.memif_state_value(ports, time.time()))
+
     return MemifService(
         settings.memif,
         binary,
@@ -348,6 +356,7 @@ def _memif_service(
         host_nl,
         settings.agent.state_dir,
         metrics,
+        publish,
     )
 
 

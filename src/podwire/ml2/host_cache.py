@@ -138,9 +138,10 @@ class HostCache:
         if what == "capabilities":
             entry.capabilities = None if raw is None else values.parse_capabilities(raw, key)
             return []
-        if what == "policy":  # the agent's enforcement report, for podwire status only
+        if what != "ports" or name is None:
+            # The agent's reports for podwire status (policy, memif), and any kind a newer
+            # agent adds: nothing Neutron is told depends on them.
             return []
-        assert what == "ports" and name is not None
         if raw is None:
             if name in entry.ports:
                 entry.ports.discard(name)

@@ -8,7 +8,7 @@ on (a VTEP that is a unicast host address, interface names the kernel accepts) o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from podwire.schema import doc, fields
@@ -172,3 +172,57 @@ def parse_policy_state(raw: bytes, what: str = "policy state") -> PolicyState:
         obj.opt("problems", count, 0),
         obj.req("applied_at", fields.timestamp),
     )
+
+
+MAX_MEMIF_PORTS = 256  # the master's own limit
+MEMIF_COUNTERS = ("from_client", "to_client", "to_kernel", "to_shared", "drops", "ring_full")
+
+
+@dataclass(frozen=True)
+class MemifPortState:
+    """One memif port as ``podwire status`` shows it; counters are the master's since it
+    started."""
+
+    port_id: str
+    tap: str
+    path: str  # "kernel" or "shared"
+    connected: bool
+    from_client: int
+    to_client: int
+    to_kernel: int
+    to_shared: int
+    drops: int
+    ring_full: int
+
+
+def memif_state_value(ports: list[MemifPortState], at: float) -> bytes:
+    body = {"ports": [asdict(p) for p in ports], "at": at}
+    return doc.encode_versioned(body)
+
+
+def parse_memif_state(raw: bytes, what: str = "memif state") -> list[MemifPortState]:
+    obj = doc.Obj(doc.decode_versioned(raw, what), what)
+    obj.req("at", fields.timestamp)
+    return obj.req("ports", _memif_ports)
+
+
+def _memif_ports(value: Any, what: str) -> list[MemifPortState]:
+    return fields.each(value, what, _memif_port, MAX_MEMIF_PORTS)
+
+
+def _memif_port(value: Any, what: str) -> MemifPortState:
+    obj = doc.Obj(doc.closed_object(value, what, MEMIF_FIELDS), what)
+
+    def count(raw: Any, where: str) -> int:
+        return fields.integer(raw, where, 0, 2**64 - 1)
+
+    return MemifPortState(
+        port_id=obj.req("port_id", fields.uuid),
+        tap=obj.req("tap", fields.ifname),
+        path=obj.req("path", lambda v, w: fields.one_of(v, w, ("kernel", "shared"))),
+        connected=obj.req("connected", fields.boolean),
+        **{name: obj.req(name, count) for name in MEMIF_COUNTERS},
+    )
+
+
+MEMIF_FIELDS = frozenset(("port_id", "tap", "path", "connected", *MEMIF_COUNTERS))

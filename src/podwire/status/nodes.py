@@ -25,6 +25,7 @@ class NodeStatus:
     # Security groups: ports enforced, the /podwire/global/ revision in force, problems logged;
     # None when the agent does not enforce (or predates enforcement).
     policy: nodes.PolicyState | None = None
+    memif: list[nodes.MemifPortState] = field(default_factory=list)
 
 
 def _apply_state(node: NodeStatus, kind: str, name: str | None, kv: KeyValue) -> None:
@@ -41,6 +42,8 @@ def _apply_state(node: NodeStatus, kind: str, name: str | None, kv: KeyValue) ->
             node.physnets[name] = nodes.parse_physnet(kv.value, kv.key)
         elif kind == "policy":
             node.policy = nodes.parse_policy_state(kv.value, kv.key)
+        elif kind == "memif":
+            node.memif = nodes.parse_memif_state(kv.value, kv.key)
         elif kind == "ports":
             nodes.parse_port_state(kv.value, kv.key)
             node.ports_wired += 1

@@ -12,7 +12,8 @@ def render(report: Report) -> str:
     lines = [_etcd_line(report)]
     if report.etcd.get("state") == "ok":
         leaders = [f"  {name:11} {who or '(none)'}" for name, who in report.leaders.items()]
-        lines += ["", "NODES", *_node_lines(report), "", "ML2", *_ml2_lines(report)]
+        lines += ["", "NODES", *_node_lines(report), *_memif_lines(report)]
+        lines += ["", "ML2", *_ml2_lines(report)]
         lines += ["", "POOLS", *_pool_lines(report), "", "LEADERS", *leaders]
     problems = [f"  - {problem}" for problem in report.problems] or ["  none"]
     lines += ["", "PROBLEMS", *problems]
@@ -38,6 +39,24 @@ def _node_lines(report: Report) -> list[str]:
         lines.append(
             f"  {node.host:24} {'yes' if node.alive else 'NO':5}  {node.vtep or '-':15}"
             f"  {physnets:24} {wired:20} {_policy_text(node)}"
+        )
+    return lines
+
+
+def _memif_lines(report: Report) -> list[str]:
+    """Per memif port: the path its frames take, frames each way, drops (shown only when a
+    node serves memif)."""
+    rows = [(node.host, port) for node in report.nodes for port in node.memif]
+    if not rows:
+        return []
+    lines = ["", "MEMIF PORTS",
+             f"  {'host':24} {'port':36} {'path':6} {'client':6} {'from CNF':>12} {'to CNF':>12}"
+             f" {'via shared':>12} {'drops':>10} {'ring full':>10}"]  # fmt: skip
+    for host, p in rows:
+        lines.append(
+            f"  {host:24} {p.port_id:36} {p.path:6} {'yes' if p.connected else 'no':6}"
+            f" {p.from_client:12} {p.to_client:12} {p.to_shared:12} {p.drops:10}"
+            f" {p.ring_full:10}"
         )
     return lines
 
