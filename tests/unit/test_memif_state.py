@@ -19,8 +19,11 @@ KEY = "/podwire/state/nodes/n1/memif"
 
 
 def _state(**changes: object) -> nodes.MemifPortState:
-    fields = dict(port_id=PORT, tap="pwt0123456789ab", path="shared", connected=True,
-                  from_client=10, to_client=20, to_kernel=1, to_shared=9, drops=3, ring_full=2)  # fmt: skip
+    fields: dict[str, object] = {
+        "port_id": PORT, "tap": "pwt0123456789ab", "path": "shared", "connected": True,
+        "from_client": 10, "to_client": 20, "to_kernel": 1, "to_shared": 9, "drops": 3,
+        "ring_full": 2,
+    }  # fmt: skip
     fields.update(changes)
     return nodes.MemifPortState(**fields)  # type: ignore[arg-type]
 
