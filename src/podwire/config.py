@@ -317,7 +317,8 @@ class DevicePluginSettings:
 
 @dataclass(frozen=True)
 class MemifSettings:
-    """The agent's memif masters (docs/memif.md): one ``podwire-memif`` process per grant."""
+    """The node's memif master (docs/memif.md): one ``podwire-memif`` process serving every
+    memif port of the node, on the kernel path or ring to ring (the shared path)."""
 
     # Serve memif for pods holding a grant (needs [deviceplugin] enabled and the built master).
     enabled: bool = True
@@ -331,10 +332,10 @@ class MemifSettings:
     max_region_mb: int = 256  # a client's largest region, MiB (1 … 16384)
     # Seconds a client may take from connecting to "connect" before it is refused.
     handshake_timeout: float = 5.0
-    # Microseconds a master keeps polling after the last frame before it sleeps again in
+    # Microseconds the master keeps polling after the last frame before it sleeps again in
     # interrupt mode (lower latency under traffic; 0: interrupts only). Idle costs nothing.
     poll_us: int = 50
-    # Scheduling priority of the masters (nice, -20 … 19); a master waiting for a CPU adds
+    # Scheduling priority of the master (nice, -20 … 19); a master waiting for a CPU adds
     # that wait to its frames' latency.
     nice: int = 0
 
