@@ -28,7 +28,7 @@ from typing import Any
 from bench.stats import row
 from podwire.agent import memif_master, naming
 from podwire.config import MemifSettings
-from podwire.demo.testpmd import Testpmd, available
+from podwire.demo.testpmd import Testpmd, available, memif_vdev
 from podwire.memif import build as memif_build
 from podwire.netlink import HostNetlink, Netlink
 
@@ -122,11 +122,8 @@ class Master:
         finally:
             host.close()
 
-    def client(self, name: str, mac: str, log2_ring: int = 10) -> str:
-        return (
-            f"net_memif0,role=client,socket={self.sockets[name]},socket-abstract=no,"
-            f"secret={SECRET},mac={mac},rsize={log2_ring}"
-        )
+    def client(self, name: str, mac: str, log2_ring: int | None = None) -> str:
+        return memif_vdev(self.sockets[name], SECRET, mac, log2_ring)
 
     def port(self, name: str) -> memif_master.PortStats:
         return next(s for s in self.control.ports() if s.name == name)

@@ -5,6 +5,7 @@ across domains, and hostile receivers that cannot stall the sender or crash the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import os
 import struct
@@ -17,7 +18,7 @@ import pytest
 from podwire.agent import memif_master, naming
 from podwire.agent.memif_master import MasterControl, PortSpec, PortStats
 from podwire.config import MemifSettings
-from podwire.demo.testpmd import Testpmd, available
+from podwire.demo.testpmd import Testpmd, available, memif_vdev
 from podwire.memif import build as memif_build
 from podwire.netlink import HostNetlink, Netlink
 from tests.agent import memif_client as mc
@@ -62,10 +63,7 @@ class Node:
         return next(s for s in self.control.ports() if s.name == name)
 
     def cnf(self, name: str, mac: str, mode: str, *extra: str, cpu: int = 1) -> Testpmd:
-        vdev = (
-            f"net_memif0,role=client,socket={self.work / f'{name}.sock'},socket-abstract=no,"
-            f"secret={SECRET},mac={mac}"
-        )
+        vdev = memif_vdev(str(self.work / f"{name}.sock"), SECRET, mac)
         return Testpmd(vdev, mode, extra, log=self.work / f"{name}-{mode}.log", cpu=cpu)
 
     def stop(self) -> None:
@@ -102,20 +100,31 @@ def _txonly(node: Node, name: str, mac: str, to: str) -> Testpmd:
     return node.cnf(name, mac, "txonly", "--txpkts=64", f"--eth-peer=0,{to}", cpu=0)
 
 
+@contextlib.contextmanager
+def _flowing(node: Node, receiver_mode: str = "rxonly") -> Iterator[tuple[Testpmd, Testpmd]]:
+    """Shared ports A and B with a txonly CNF on A sending to B's MAC and a CNF in
+    ``receiver_mode`` on B, both connected; (receiver, sender), stopped at the end."""
+    node.add("pwtsa", MAC_A, shared=True)
+    node.add("pwtsb", MAC_B, shared=True)
+    receiver = node.cnf("pwtsb", MAC_B, receiver_mode)
+    sender = _txonly(node, "pwtsa", MAC_A, MAC_B)
+    try:
+        receiver.start()
+        sender.start()
+        _connected(node, "pwtsa", "pwtsb")
+        yield receiver, sender
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
 def _tap_rx(ns: str, name: str) -> int:
     out = in_ns(ns, "cat", f"/sys/class/net/{name}/statistics/rx_packets").stdout
     return int(out)
 
 
 def test_frames_ring_to_ring_then_back_through_the_tap(node: Node) -> None:
-    node.add("pwtsa", MAC_A, shared=True)
-    node.add("pwtsb", MAC_B, shared=True)
-    receiver = node.cnf("pwtsb", MAC_B, "rxonly")
-    sender = _txonly(node, "pwtsa", MAC_A, MAC_B)
-    try:
-        receiver.start()
-        sender.start()
-        _connected(node, "pwtsa", "pwtsb")
+    with _flowing(node):
         _until(lambda: node.port("pwtsb").to_client > 10_000)
         a, b = node.port("pwtsa"), node.port("pwtsb")
         assert a.path == "shared" and a.to_shared > 10_000
@@ -136,9 +145,6 @@ def test_frames_ring_to_ring_then_back_through_the_tap(node: Node) -> None:
 
         node.control.set_path("pwtsa", True)
         _until(lambda: node.port("pwtsa").to_shared > moved + 10_000)
-    finally:
-        sender.stop()
-        receiver.stop()
 
 
 def test_both_ends_must_be_shared_and_in_one_domain(node: Node) -> None:
@@ -216,14 +222,7 @@ def test_a_hostile_receiver_stalls_nobody(node: Node, offset: int) -> None:
 
 
 def test_cnf_restart_on_the_shared_path(node: Node) -> None:
-    node.add("pwtsa", MAC_A, shared=True)
-    node.add("pwtsb", MAC_B, shared=True)
-    receiver = node.cnf("pwtsb", MAC_B, "rxonly")
-    sender = _txonly(node, "pwtsa", MAC_A, MAC_B)
-    try:
-        receiver.start()
-        sender.start()
-        _connected(node, "pwtsa", "pwtsb")
+    with _flowing(node) as (receiver, _):
         _until(lambda: node.port("pwtsb").to_client > 10_000)
         receiver.stop()  # killed: the master drops its frames meanwhile, and goes on
         _until(lambda: not node.port("pwtsb").connected)
@@ -234,9 +233,6 @@ def test_cnf_restart_on_the_shared_path(node: Node) -> None:
         _until(lambda: node.port("pwtsb").to_client > got + 10_000)
         assert node.port("pwtsb").connects == 2
         assert node.port("pwtsb").ring_full >= full
-    finally:
-        sender.stop()
-        receiver.stop()
 
 
 @pytest.mark.parametrize("mode", ["io", "macswap"])
@@ -244,14 +240,7 @@ def test_a_forwarding_cnf_on_the_shared_path(node: Node, mode: str) -> None:
     """B sends back out of its port what it gets: macswap turns A's frames around, and they
     reach A ring to ring (A, a txonly testpmd, never drains, so most are its ring_full); io
     keeps their destination, B's own MAC, which never loops back into B's ring: the tap."""
-    node.add("pwtsa", MAC_A, shared=True)
-    node.add("pwtsb", MAC_B, shared=True)
-    forwarder = node.cnf("pwtsb", MAC_B, mode)
-    sender = _txonly(node, "pwtsa", MAC_A, MAC_B)
-    try:
-        forwarder.start()
-        sender.start()
-        _connected(node, "pwtsa", "pwtsb")
+    with _flowing(node, mode):
         _until(lambda: node.port("pwtsb").from_client > 10_000)
         if mode == "macswap":
             _until(lambda: node.port("pwtsa").ring_full > 10_000)
@@ -260,6 +249,3 @@ def test_a_forwarding_cnf_on_the_shared_path(node: Node, mode: str) -> None:
         else:
             b = node.port("pwtsb")
             assert b.to_shared == 0 and b.to_kernel > 10_000
-    finally:
-        sender.stop()
-        forwarder.stop()

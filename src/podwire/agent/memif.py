@@ -277,10 +277,11 @@ class MemifService:
         if any(e.vif.port_id == port_id for e in self.checkpoint.entries.values()):
             self._wake.set()
 
-    async def _sync_path(self, entry: MemifEntry, served: memif_master.PortStats) -> None:
+    async def _sync_path(self, entry: MemifEntry, served: memif_master.PortStats) -> bool:
+        """Tell the master the path Neutron allows now; whether it had to be told."""
         shared = self._wants_shared(entry)
         if served.shared == shared:
-            return
+            return False
         port = self._attacher.current(entry.vif.port_id)
         if not shared and port is not None:
             # Its rules first: once the master answers, its frames go through the filter.
@@ -292,6 +293,7 @@ class MemifService:
             port=entry.vif.port_id,
             path="shared" if shared else "kernel",
         )
+        return True
 
     # -- restart and supervision ---------------------------------------------------------
 
@@ -332,19 +334,20 @@ class MemifService:
         if not self.checkpoint.entries:
             await self._stop_master_if_idle()
             self.stats = {}
-            await self._publish_state()
+            await self._publish_state({})
             return 0
         await self._restart_dead_master()
-        served = {s.name: s for s in await asyncio.to_thread(self._control.ports)}
-        found = len(served)
+        served = await asyncio.to_thread(self._served_now)
+        found, changed = len(served), False
         for entry in list(self.checkpoint.entries.values()):
             try:
-                await self._keep(entry, served)
+                changed |= await self._keep(entry, served)
             except PodwireError as exc:
                 log.warning("agent.memif.port_failed", attachment=entry.attachment, error=str(exc))
-        self.stats = {s.name: s for s in await asyncio.to_thread(self._control.ports)}
-        self._metrics.observe_memifs(self.stats, self._port_ids())
-        await self._publish_state()
+        self.stats = await asyncio.to_thread(self._served_now) if changed else served
+        ids = self._port_ids()
+        self._metrics.observe_memifs(self.stats, ids)
+        await self._publish_state(ids)
         return found
 
     async def _restart_dead_master(self) -> None:
@@ -355,26 +358,29 @@ class MemifService:
         log.warning("agent.memif.master_restarted", old_pid=old, new_pid=self._master[0])
         self._metrics.memif_master_restarts.inc()
 
-    async def _keep(self, entry: MemifEntry, served: dict[str, memif_master.PortStats]) -> None:
+    async def _keep(self, entry: MemifEntry, served: dict[str, memif_master.PortStats]) -> bool:
+        """The port served on the path Neutron allows; whether the master had to be told."""
         port = served.get(entry.tap)
         if port is None:
             log.info("agent.memif.port_added", attachment=entry.attachment, tap=entry.tap)
             await self._add_port(entry)
             await self.checkpoint.put(entry.with_process(*self._master))
-            return
-        await self._sync_path(entry, port)
+            return True
+        return await self._sync_path(entry, port)
 
     def served(self) -> dict[str, memif_master.PortStats]:
         """What the master serves now, by tap (blocking: a few microseconds of control
         socket; for status and tests)."""
         if not memif_master.is_running(*self._master):
             return {}
+        return self._served_now()
+
+    def _served_now(self) -> dict[str, memif_master.PortStats]:
         return {s.name: s for s in self._control.ports()}
 
-    async def _publish_state(self) -> None:
+    async def _publish_state(self, ids: dict[str, str]) -> None:
         if self._publish is None:
             return
-        ids = self._port_ids()
         ports = [_port_state(ids[tap], s) for tap, s in sorted(self.stats.items()) if tap in ids]
         now = time.monotonic()
         if self._published is not None:

@@ -235,7 +235,7 @@ class MasterControl:
             elif status == ST_OK:
                 return records
             else:
-                raise MasterRefused(reply[4:].split(b"\0", 1)[0].decode(errors="replace"))
+                raise MasterRefused(_text(reply[4:]))
 
     def _drop(self) -> None:
         if self._sock is not None:

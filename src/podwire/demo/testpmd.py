@@ -20,6 +20,13 @@ def available() -> bool:
     return shutil.which(BINARY) is not None
 
 
+def memif_vdev(socket: str, secret: str, mac: str, log2_ring: int | None = None) -> str:
+    """DPDK's memif PMD as a client of ``socket`` (a path, not DPDK's default abstract name);
+    ``log2_ring``: its rings' size, log2 of the slots (DPDK's default: 10)."""
+    vdev = f"net_memif0,role=client,socket={socket},socket-abstract=no,secret={secret},mac={mac}"
+    return vdev if log2_ring is None else f"{vdev},rsize={log2_ring}"
+
+
 @dataclass
 class Testpmd:
     __test__ = False
@@ -35,10 +42,7 @@ class Testpmd:
 
     @classmethod
     def memif_client(cls, socket: str, secret: str, mac: str, **kw: object) -> Testpmd:
-        vdev = (
-            f"net_memif0,role=client,socket={socket},socket-abstract=no,secret={secret},mac={mac}"
-        )
-        return cls(vdev, **kw)  # type: ignore[arg-type]
+        return cls(memif_vdev(socket, secret, mac), **kw)  # type: ignore[arg-type]
 
     def start(self) -> None:
         argv = [
