@@ -3,10 +3,12 @@ in a disconnect message and logged), and the master keeps listening for the next
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import mmap
 import os
+import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -277,3 +279,73 @@ def test_descriptors_outside_the_region_are_dropped_good_frames_pass(
     with pytest.raises(TimeoutError):
         client.recv()  # still connected: bad descriptors cost a frame, not the session
     client.close()
+
+
+def _raw_control(master: Master, request: bytes, fds: tuple[int, ...] = ()) -> str:
+    """One request as bytes on a connection of its own; the master's reason, "" when OK."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(2)
+    sock.connect(str(master.log.parent / "control.sock"))
+    try:
+        ancillary = []
+        if fds:
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+        sock.sendmsg([request], ancillary)
+        reply = sock.recv(memif_master.REPLY_SIZE)
+    finally:
+        sock.close()
+    status = struct.unpack_from("<I", reply)[0]
+    return "" if status == memif_master.ST_OK else reply[4:].split(b"\0", 1)[0].decode()
+
+
+def _req(op: int, name: bytes = b"pwtother", **kw: bytes) -> bytes:
+    return memif_master.REQUEST.pack(
+        op, name, kw.get("secret", b"s"), kw.get("domain", b"br0"), 0, kw.get("mac", b"")
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "reason"),
+    [
+        (b"short", "request is not 80 bytes"),
+        (_req(9), "unknown op"),
+        (_req(memif_master.OP_REMOVE, b"bad name!"), "name must be 1-15 characters"),
+        (_req(memif_master.OP_REMOVE, b""), "name must be 1-15 characters"),
+        (_req(memif_master.OP_REMOVE), "no port of this name"),
+        (_req(memif_master.OP_PATH), "no port of this name"),
+        (_req(memif_master.OP_ADD), "add needs two descriptors"),
+        (_req(memif_master.OP_LIST) + b"", ""),
+        (_req(memif_master.OP_LIST)[:-1] + b"x", "reserved bytes must be zero"),
+    ],
+)
+def test_bad_control_requests_refused_and_nothing_changes(
+    master: Master, request_bytes: bytes, reason: str
+) -> None:
+    before = master.control.ports()
+    assert _raw_control(master, request_bytes).startswith(reason)
+    assert master.control.ports() == before  # the one port still served, untouched
+    assert memif_master.is_running(master.pid, master.started)
+
+
+def test_add_with_the_wrong_descriptors_refused(master: Master, tmp_path: Path) -> None:
+    listener = memif_master.listen(str(tmp_path / "other.sock"))
+    not_a_listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pipe_r, pipe_w = os.pipe()
+    try:
+        add = _req(memif_master.OP_ADD)
+        wrong = {
+            "the first descriptor is not a listening": (not_a_listener.fileno(), pipe_r),
+            "the second descriptor is not the tap of this name": (listener.fileno(), pipe_r),
+        }
+        for reason, fds in wrong.items():
+            assert _raw_control(master, add, fds).startswith(reason)
+        bad_mac = _req(memif_master.OP_ADD, mac=bytes.fromhex("010000000001"))
+        assert _raw_control(master, bad_mac, (listener.fileno(), pipe_r)).startswith(
+            "mac must be a unicast address"
+        )
+        assert [p.name for p in master.control.ports()] == [TAP]
+    finally:
+        for closing in (listener, not_a_listener):
+            closing.close()
+        os.close(pipe_r)
+        os.close(pipe_w)
