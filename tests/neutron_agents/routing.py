@@ -212,7 +212,8 @@ def tap_guest(
     """A VM's port on network 1 of ``host`` (indices from 0): a ``compute:nova`` port bound
     there, and a guest namespace behind a veth named as Nova names the tap (the node agent
     adopts it as it adopts QEMU's). The guest configures its address and route itself, as a
-    guest does from DHCP; it serves WEB_PORT and OTHER_PORT."""
+    guest does from DHCP; it serves OTHER_PORT, and WEB_PORT answering with the client's
+    address (so an answer shows that the guest, not a pod, took the flow)."""
     network = site.networks[0]
     (subnet,) = neutron.network.subnets(network_id=network.id)
     port = neutron.network.create_port(
@@ -227,6 +228,6 @@ def tap_guest(
     in_ns(guest, "ip", "link", "set", "eth0", "address", port.mac_address, "up")
     in_ns(guest, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
     in_ns(guest, "ip", "route", "add", "default", "via", subnet.gateway_ip)
-    for served in (WEB_PORT, OTHER_PORT):
-        site.serve(guest, served)
+    site.serve(guest, WEB_PORT, tell_peer=True)
+    site.serve(guest, OTHER_PORT)
     return {"ns": guest, "ip": address, "port": str(port.id)}
