@@ -10,6 +10,8 @@ import mmap
 import os
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -349,3 +351,147 @@ def test_add_with_the_wrong_descriptors_refused(master: Master, tmp_path: Path) 
             closing.close()
         os.close(pipe_r)
         os.close(pipe_w)
+
+
+# -- frames larger than one buffer: chained both ways -----------------------------------------
+
+ETHERTYPE = 0x88B5  # IEEE local experimental: nothing else on the bridge sends it
+BUFFER = 1024
+S2C_RING, BUFFERS_AT = 4096, 16384
+
+
+def _raw(ns: str, device: str, script: str, *args: str) -> subprocess.Popen[str]:
+    """A raw AF_PACKET socket on ``device`` inside ``ns`` running ``script``."""
+    code = f"import socket,sys\ns=socket.socket(socket.AF_PACKET,socket.SOCK_RAW)\n{script}"
+    argv = ["ip", "netns", "exec", ns, sys.executable, "-c", code, device, *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
+def _send_frame(ns: str, frame: bytes) -> None:
+    script = "s.bind((sys.argv[1],0))\ns.send(bytes.fromhex(sys.argv[2]))"
+    assert _raw(ns, "pwtinjpeer", script, frame.hex()).wait(timeout=10) == 0
+
+
+def _frame(size: int, seed: int) -> bytes:
+    head = bytes.fromhex("ffffffffffff02000000aa01") + struct.pack(">H", ETHERTYPE)
+    return head + bytes((seed + i) % 251 for i in range(size - len(head)))
+
+
+@pytest.fixture
+def jumbo(master: Master, netenv: NetEnv) -> str:
+    """The master's namespace with a 9000-byte MTU on its bridge, the tap and a veth whose peer
+    injects and captures frames; IPv6 off so nothing else talks on the bridge."""
+    ns = netenv.namespaces[-1]
+    for conf in ("all", "default"):
+        in_ns(ns, "sysctl", "-qw", f"net.ipv6.conf.{conf}.disable_ipv6=1")
+    in_ns(ns, "ip", "link", "add", "pwtinject", "mtu", "9000", "type", "veth", "peer", "name",
+          "pwtinjpeer", "mtu", "9000")  # fmt: skip
+    for device in ("br0", TAP, "pwtinject", "pwtinjpeer"):
+        in_ns(ns, "ip", "link", "set", device, "mtu", "9000", "up")
+    in_ns(ns, "ip", "link", "set", "pwtinject", "master", "br0")
+    return ns
+
+
+def _connected(master: Master) -> tuple[mc.Client, mmap.mmap, int]:
+    """A client with a C2S ring at 0 and an S2C ring at S2C_RING, both of 16 slots, whose S2C
+    descriptors point at BUFFER-byte buffers from BUFFERS_AT; (client, region, C2S event)."""
+    client = _inited(master)
+    fd = _region()
+    region = mmap.mmap(fd, REGION)
+    for offset in (0, S2C_RING):
+        struct.pack_into("<I", region, offset, mc.COOKIE)
+    for slot in range(16):
+        offset = BUFFERS_AT + slot * BUFFER
+        struct.pack_into("<HHIII", region, S2C_RING + 128 + 16 * slot, 0, 0, BUFFER, offset, 0)
+    c2s_event = _event()
+    for data, ring_fd in (
+        (mc.add_region(0, REGION), fd),
+        (mc.add_ring(0, 4, True), c2s_event),
+        (mc.add_ring(0, 4, False, offset=S2C_RING), _event()),
+    ):
+        assert client.request(data, ring_fd)[0] == mc.ACK
+    assert client.request(mc.message(mc.CONNECT))[0] == mc.CONNECTED
+    return client, region, c2s_event
+
+
+def _s2c_tail(region: mmap.mmap) -> int:
+    return int(struct.unpack_from("<H", region, S2C_RING + 64)[0])
+
+
+def _received(region: mmap.mmap, first: int, last: int) -> list[tuple[list[int], bytes]]:
+    """The frames in S2C slots first..last-1: each its descriptors' flags and its bytes."""
+    frames: list[tuple[list[int], bytes]] = []
+    flags: list[int] = []
+    data = b""
+    for slot in range(first, last):
+        descriptor = S2C_RING + 128 + 16 * slot
+        flag, _, length, offset, _ = struct.unpack_from("<HHIII", region, descriptor)
+        flags.append(flag)
+        data += region[offset : offset + length]
+        if not flag & 1:
+            frames.append((flags, data))
+            flags, data = [], b""
+    assert not flags, "a chain left open at the tail"
+    return frames
+
+
+def _until_tail(region: mmap.mmap, wanted: int) -> None:
+    deadline = time.monotonic() + 5
+    while _s2c_tail(region) != wanted:
+        assert time.monotonic() < deadline, f"S2C tail {_s2c_tail(region)}, wanted {wanted}"
+        time.sleep(0.01)
+
+
+def test_a_frame_larger_than_a_buffer_reaches_the_client_chained_or_not_at_all(
+    master: Master, jumbo: str
+) -> None:
+    client, region, _ = _connected(master)
+    struct.pack_into("<H", region, S2C_RING + 6, 4)  # four buffers offered
+    big = _frame(3000, 1)
+    _send_frame(jumbo, big)
+    _until_tail(region, 3)
+    assert _received(region, 0, 3) == [([1, 1, 0], big)]  # 1024 + 1024 + 952, whole
+
+    # One buffer left: the next jumbo frame is dropped whole (counted), nothing half-written;
+    # a frame that fits still goes.
+    full_before = master.control.ports()[0].ring_full
+    _send_frame(jumbo, _frame(3000, 2))
+    _until(lambda: master.control.ports()[0].ring_full == full_before + 1)
+    assert _s2c_tail(region) == 3
+    small = _frame(200, 3)
+    _send_frame(jumbo, small)
+    _until_tail(region, 4)
+    assert _received(region, 3, 4) == [([0], small)]
+    client.close()
+
+
+def test_a_chained_frame_from_the_client_reaches_the_kernel_whole(
+    master: Master, jumbo: str
+) -> None:
+    client, region, c2s_event = _connected(master)
+    big = _frame(5000, 7)
+    capture = _raw(jumbo, "pwtinjpeer",
+                   f"s.bind((sys.argv[1],{ETHERTYPE}))\nprint('ready',flush=True)\n"
+                   "print(s.recv(65535).hex(),flush=True)")  # fmt: skip
+    assert capture.stdout is not None and capture.stdout.readline().strip() == "ready"
+    pieces = [big[i : i + 2000] for i in range(0, len(big), 2000)]  # 2000 + 2000 + 1000
+    for slot, piece in enumerate(pieces):
+        offset = 262144 + slot * 4096
+        region[offset : offset + len(piece)] = piece
+        flags = 1 if slot < len(pieces) - 1 else 0
+        struct.pack_into("<HHIII", region, 128 + 16 * slot, flags, 0, len(piece), offset, 0)
+    struct.pack_into("<H", region, 6, len(pieces))  # C2S head
+    os.eventfd_write(c2s_event, 1)
+    try:
+        out, _ = capture.communicate(timeout=10)
+    finally:
+        capture.kill()
+    assert bytes.fromhex(out.strip()) == big
+    client.close()
+
+
+def _until(check: Callable[[], bool], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)

@@ -49,11 +49,11 @@ class Node:
             )
         self.control = MasterControl(control)
 
-    def add(self, name: str, mac: str, shared: bool, bridge: str = "br0") -> str:
+    def add(self, name: str, mac: str, shared: bool, bridge: str = "br0", mtu: int = 1500) -> str:
         socket = str(self.work / f"{name}.sock")
         host = HostNetlink(self.ns)
         try:
-            fd = asyncio.run(host.run(Netlink.open_tap, name, 1500, bridge, naming.MARK))
+            fd = asyncio.run(host.run(Netlink.open_tap, name, mtu, bridge, naming.MARK))
         finally:
             host.close()
         self.control.add(PortSpec(name, socket, SECRET, bridge, shared, mac), fd)
@@ -96,18 +96,21 @@ def _connected(node: Node, *names: str) -> None:
     _until(lambda: all(node.port(n).connected for n in names))
 
 
-def _txonly(node: Node, name: str, mac: str, to: str) -> Testpmd:
-    return node.cnf(name, mac, "txonly", "--txpkts=64", f"--eth-peer=0,{to}", cpu=0)
+def _txonly(node: Node, name: str, mac: str, to: str, frames: str = "64") -> Testpmd:
+    """``frames``: testpmd's --txpkts, the segments of each frame it sends."""
+    return node.cnf(name, mac, "txonly", f"--txpkts={frames}", f"--eth-peer=0,{to}", cpu=0)
 
 
 @contextlib.contextmanager
-def _flowing(node: Node, receiver_mode: str = "rxonly") -> Iterator[tuple[Testpmd, Testpmd]]:
+def _flowing(
+    node: Node, receiver_mode: str = "rxonly", sender_frames: str = "64"
+) -> Iterator[tuple[Testpmd, Testpmd]]:
     """Shared ports A and B with a txonly CNF on A sending to B's MAC and a CNF in
     ``receiver_mode`` on B, both connected; (receiver, sender), stopped at the end."""
     node.add("pwtsa", MAC_A, shared=True)
     node.add("pwtsb", MAC_B, shared=True)
     receiver = node.cnf("pwtsb", MAC_B, receiver_mode)
-    sender = _txonly(node, "pwtsa", MAC_A, MAC_B)
+    sender = _txonly(node, "pwtsa", MAC_A, MAC_B, sender_frames)
     try:
         receiver.start()
         sender.start()
@@ -249,3 +252,30 @@ def test_a_forwarding_cnf_on_the_shared_path(node: Node, mode: str) -> None:
         else:
             b = node.port("pwtsb")
             assert b.to_shared == 0 and b.to_kernel > 10_000
+
+
+def test_jumbo_frames_both_ways_on_both_paths(node: Node, netenv: NetEnv) -> None:
+    """Frames larger than DPDK's 2 KiB memif buffers travel chained: a 9000-byte-MTU pod pings
+    an icmpecho CNF through the kernel path with 8000-byte payloads (the kernel checks every
+    reply's checksum over the whole payload), and 3000-byte frames go ring to ring."""
+    in_ns(node.ns, "ip", "link", "set", "br0", "mtu", "9000")
+    node.add("pwtsj", MAC_C, shared=False, mtu=9000)
+    pod = netenv.namespace("jp")
+    in_ns(node.ns, "ip", "link", "add", "pwtjumbo", "mtu", "9000", "type", "veth", "peer",
+          "name", "eth0", "mtu", "9000", "netns", pod)  # fmt: skip
+    in_ns(node.ns, "ip", "link", "set", "pwtjumbo", "master", "br0", "up")
+    in_ns(pod, "ip", "addr", "add", "10.88.7.2/24", "dev", "eth0")
+    in_ns(pod, "ip", "link", "set", "eth0", "up")
+    echo = node.cnf("pwtsj", MAC_C, "icmpecho")
+    try:
+        echo.start()
+        _connected(node, "pwtsj")
+        ping = ["ping", "-c", "3", "-i", "0.2", "-W", "2", "-M", "do", "-s", "8000", "10.88.7.9"]
+        _until(lambda: in_ns(pod, *ping, check=False).returncode == 0)
+        assert node.port("pwtsj").bad == 0
+    finally:
+        echo.stop()
+
+    with _flowing(node, sender_frames="2000,1000"):
+        _until(lambda: node.port("pwtsb").to_client > 10_000)
+        assert node.port("pwtsa").to_shared > 10_000 and node.port("pwtsa").bad == 0

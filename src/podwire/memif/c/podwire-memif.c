@@ -45,6 +45,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -717,39 +718,87 @@ static void read_desc(const struct ring *r, uint16_t slot, struct desc *d)
     memcpy(d, r->base + RING_HEADER + (size_t)(slot & (r->size - 1)) * DESC_SIZE, DESC_SIZE);
 }
 
-/* The next buffer the client offers on its S2C ring, with its capacity; NULL when there is
- * none (ring full, or the client is gone: a bad head drops the client). */
-static uint8_t *s2c_buffer(struct port *p, uint32_t *capacity)
+/* How many buffers the client offers on its S2C ring now (0 when none, or the client is gone:
+ * a bad head drops the client). */
+static uint16_t s2c_free(struct port *p)
 {
     struct ring *r;
     uint16_t free_slots;
-    struct desc d;
     if (p->c.state != S_CONNECTED)
-        return NULL;
+        return 0;
     r = &p->c.s2c[0];
     free_slots = (uint16_t)(load_idx(HEAD(r)) - r->last);
     if (free_slots > r->size) {
         refuse(p, "S2C ring head out of range");
-        return NULL;
+        return 0;
     }
-    if (!free_slots)
-        return NULL;
-    read_desc(r, r->last, &d);
+    return free_slots;
+}
+
+/* The client's buffer in S2C slot `r->last + ahead`, with its capacity; NULL for a descriptor
+ * outside the client's regions. */
+static uint8_t *s2c_slot_buffer(struct port *p, uint16_t ahead, uint32_t *capacity)
+{
+    struct ring *r = &p->c.s2c[0];
+    struct desc d;
+    read_desc(r, (uint16_t)(r->last + ahead), &d);
     *capacity = d.length;
     return buffer_of(&p->c, &d, d.length);
+}
+
+/* The next buffer the client offers on its S2C ring, with its capacity; NULL when none. */
+static uint8_t *s2c_buffer(struct port *p, uint32_t *capacity)
+{
+    if (!s2c_free(p))
+        return NULL;
+    return s2c_slot_buffer(p, 0, capacity);
+}
+
+static void s2c_write_slot(struct port *p, uint16_t ahead, uint16_t flags, uint32_t length)
+{
+    struct ring *r = &p->c.s2c[0];
+    uint16_t slot_index = (uint16_t)(r->last + ahead);
+    uint8_t *slot = r->base + RING_HEADER + (size_t)(slot_index & (r->size - 1)) * DESC_SIZE;
+    memcpy(slot, &flags, 2);
+    memcpy(slot + 4, &length, 4);
 }
 
 /* The buffer s2c_buffer gave now holds a frame of `length` bytes. */
 static void s2c_commit(struct port *p, uint32_t length)
 {
-    struct ring *r = &p->c.s2c[0];
-    uint8_t *slot = r->base + RING_HEADER + (size_t)(r->last & (r->size - 1)) * DESC_SIZE;
-    uint16_t flags = 0;
-    memcpy(slot, &flags, 2);
-    memcpy(slot + 4, &length, 4);
-    r->last++;
+    s2c_write_slot(p, 0, 0, length);
+    p->c.s2c[0].last++;
     p->st.to_client++;
     p->pending = 1;
+}
+
+/* A frame into the client's S2C buffers, chained over as many as it needs (every descriptor
+ * but the last flagged NEXT), as a NIC scatters a jumbo frame. All or nothing: the buffers are
+ * checked before any is written, so a frame that does not fit leaves the ring as it was.
+ * Returns 1 when the frame is queued. */
+static int s2c_put(struct port *p, const uint8_t *frame, uint32_t total)
+{
+    uint16_t free_slots = s2c_free(p), used = 0, i;
+    uint32_t room = 0, done = 0;
+    while (room < total) {
+        uint32_t capacity;
+        if (used == free_slots || !s2c_slot_buffer(p, used, &capacity) || !capacity)
+            return 0;
+        room += capacity < total ? capacity : total;
+        used++;
+    }
+    for (i = 0; i < used; i++) {
+        uint32_t capacity, n;
+        uint8_t *buf = s2c_slot_buffer(p, i, &capacity);
+        n = total - done < capacity ? total - done : capacity;
+        memcpy(buf, frame + done, n);
+        done += n;
+        s2c_write_slot(p, i, done < total ? DESC_FLAG_NEXT : 0, n);
+    }
+    p->c.s2c[0].last = (uint16_t)(p->c.s2c[0].last + used);
+    p->st.to_client++;
+    p->pending = 1;
+    return 1;
 }
 
 /* Publish the S2C tail and wake the client unless it asked not to be woken. */
@@ -798,15 +847,10 @@ static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
         fdb_learn(frame + 6, from->domain, (int)(from - g_ports));
     to = shared_target(from, frame);
     if (to) {
-        uint32_t capacity = 0;
-        uint8_t *buf = s2c_buffer(to, &capacity);
-        if (!buf || capacity < total) {
+        if (s2c_put(to, frame, total))
+            from->st.to_shared++;
+        else
             to->st.ring_full++;
-            return;
-        }
-        memcpy(buf, frame, total);
-        s2c_commit(to, total);
-        from->st.to_shared++;
         return;
     }
     if (write(from->tap_fd, frame, total) == (ssize_t)total)
@@ -888,6 +932,26 @@ static unsigned on_c2s_interrupt(struct port *p, unsigned index)
     return drain_port(p);
 }
 
+/* One frame from the tap into the client's next buffer, the part that does not fit into the
+ * scratch buffer behind it (one read either way); a frame larger than the buffer then goes out
+ * chained. Returns 0 when the tap had nothing. */
+static int tap_to_client(struct port *p, uint8_t *buf, uint32_t capacity)
+{
+    uint32_t first = capacity < MAX_FRAME ? capacity : MAX_FRAME;
+    struct iovec iov[2] = {{buf, first}, {g_scratch + first, MAX_FRAME - first}};
+    ssize_t got = readv(p->tap_fd, iov, 2);
+    if (got < 0)
+        return 0;
+    if ((uint32_t)got <= first) {
+        s2c_commit(p, (uint32_t)got);
+        return 1;
+    }
+    memcpy(g_scratch, buf, first);
+    if (!s2c_put(p, g_scratch, (uint32_t)got))
+        p->st.ring_full++;
+    return 1;
+}
+
 /* Tap -> client: fill the buffers the client offers on its S2C ring; drop what does not fit.
  * Returns how many frames it read from the tap. */
 static unsigned on_tap(struct port *p)
@@ -896,19 +960,15 @@ static unsigned on_tap(struct port *p)
     for (n = 0; n < BATCH; n++) {
         uint32_t capacity = 0;
         uint8_t *buf = s2c_buffer(p, &capacity);
-        ssize_t got;
         if (!buf) {
-            got = read(p->tap_fd, g_scratch, sizeof(g_scratch));
-            if (got < 0)
+            if (read(p->tap_fd, g_scratch, sizeof(g_scratch)) < 0)
                 break;
             if (p->c.state == S_CONNECTED)
                 p->st.ring_full++;
             continue;
         }
-        got = read(p->tap_fd, buf, capacity);
-        if (got < 0)
+        if (!tap_to_client(p, buf, capacity))
             break;
-        s2c_commit(p, (uint32_t)got);
     }
     s2c_flush(p);
     return n;
