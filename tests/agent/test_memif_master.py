@@ -380,10 +380,11 @@ def _frame(size: int, seed: int) -> bytes:
 @pytest.fixture
 def jumbo(master: Master, netenv: NetEnv) -> str:
     """The master's namespace with a 9000-byte MTU on its bridge, the tap and a veth whose peer
-    injects and captures frames; IPv6 off so nothing else talks on the bridge."""
+    injects and captures frames; IPv6 and multicast snooping off so nothing else talks there."""
     ns = netenv.namespaces[-1]
     for conf in ("all", "default"):
         in_ns(ns, "sysctl", "-qw", f"net.ipv6.conf.{conf}.disable_ipv6=1")
+    in_ns(ns, "ip", "link", "set", "br0", "type", "bridge", "mcast_snooping", "0")  # no IGMP
     in_ns(ns, "ip", "link", "add", "pwtinject", "mtu", "9000", "type", "veth", "peer", "name",
           "pwtinjpeer", "mtu", "9000")  # fmt: skip
     for device in ("br0", TAP, "pwtinject", "pwtinjpeer"):
@@ -392,22 +393,25 @@ def jumbo(master: Master, netenv: NetEnv) -> str:
     return ns
 
 
-def _connected(master: Master) -> tuple[mc.Client, mmap.mmap, int]:
-    """A client with a C2S ring at 0 and an S2C ring at S2C_RING, both of 16 slots, whose S2C
-    descriptors point at BUFFER-byte buffers from BUFFERS_AT; (client, region, C2S event)."""
+def _connected(
+    master: Master, log2: int = 4, buffer: int = BUFFER
+) -> tuple[mc.Client, mmap.mmap, int]:
+    """A client with a C2S ring at 0 of 16 slots and an S2C ring at S2C_RING of 2^log2, whose
+    S2C descriptors point at ``buffer``-byte buffers from BUFFERS_AT; (client, region, C2S
+    event)."""
     client = _inited(master)
     fd = _region()
     region = mmap.mmap(fd, REGION)
     for offset in (0, S2C_RING):
         struct.pack_into("<I", region, offset, mc.COOKIE)
-    for slot in range(16):
-        offset = BUFFERS_AT + slot * BUFFER
-        struct.pack_into("<HHIII", region, S2C_RING + 128 + 16 * slot, 0, 0, BUFFER, offset, 0)
+    for slot in range(1 << log2):
+        offset = BUFFERS_AT + slot * buffer
+        struct.pack_into("<HHIII", region, S2C_RING + 128 + 16 * slot, 0, 0, buffer, offset, 0)
     c2s_event = _event()
     for data, ring_fd in (
         (mc.add_region(0, REGION), fd),
         (mc.add_ring(0, 4, True), c2s_event),
-        (mc.add_ring(0, 4, False, offset=S2C_RING), _event()),
+        (mc.add_ring(0, log2, False, offset=S2C_RING), _event()),
     ):
         assert client.request(data, ring_fd)[0] == mc.ACK
     assert client.request(mc.message(mc.CONNECT))[0] == mc.CONNECTED
@@ -457,11 +461,26 @@ def test_a_frame_larger_than_a_buffer_reaches_the_client_chained_or_not_at_all(
     full_before = master.control.ports()[0].ring_full
     _send_frame(jumbo, _frame(3000, 2))
     _until(lambda: master.control.ports()[0].ring_full == full_before + 1)
-    assert _s2c_tail(region) == 3
+    assert _s2c_tail(region) == 3, _received(region, 3, _s2c_tail(region))
     small = _frame(200, 3)
     _send_frame(jumbo, small)
     _until_tail(region, 4)
     assert _received(region, 3, 4) == [([0], small)]
+    client.close()
+
+
+def test_a_chain_is_at_most_64_buffers_long(master: Master, jumbo: str) -> None:
+    """Tiny buffers cannot make the master walk a whole ring per frame: a frame needing more
+    than 64 is dropped (counted), one needing 63 goes."""
+    client, region, _ = _connected(master, log2=7, buffer=64)
+    struct.pack_into("<H", region, S2C_RING + 6, 128)  # every buffer offered
+    full_before = master.control.ports()[0].ring_full
+    _send_frame(jumbo, _frame(64 * 64 + 1, 4))
+    _until(lambda: master.control.ports()[0].ring_full == full_before + 1)
+    fits = _frame(63 * 64, 5)
+    _send_frame(jumbo, fits)
+    _until_tail(region, 63)
+    assert _received(region, 0, 63) == [([1] * 62 + [0], fits)]
     client.close()
 
 

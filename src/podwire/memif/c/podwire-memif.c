@@ -774,26 +774,30 @@ static void s2c_commit(struct port *p, uint32_t length)
 
 /* A frame into the client's S2C buffers, chained over as many as it needs (every descriptor
  * but the last flagged NEXT), as a NIC scatters a jumbo frame. All or nothing: the buffers are
- * checked before any is written, so a frame that does not fit leaves the ring as it was.
- * Returns 1 when the frame is queued. */
+ * checked before any is written, so a frame that does not fit leaves the ring as it was. Each
+ * descriptor is read once: the client may rewrite its ring meanwhile, and what was checked is
+ * what is used. A frame needing more than MAX_CHAIN buffers does not fit (with DPDK's 2 KiB
+ * buffers the largest frame takes 32). Returns 1 when the frame is queued. */
+#define MAX_CHAIN 64
 static int s2c_put(struct port *p, const uint8_t *frame, uint32_t total)
 {
+    uint8_t *bufs[MAX_CHAIN];
+    uint32_t sizes[MAX_CHAIN], done = 0;
     uint16_t free_slots = s2c_free(p), used = 0, i;
-    uint32_t room = 0, done = 0;
-    while (room < total) {
+    while (done < total) {
         uint32_t capacity;
-        if (used == free_slots || !s2c_slot_buffer(p, used, &capacity) || !capacity)
+        if (used == free_slots || used == MAX_CHAIN)
             return 0;
-        room += capacity < total ? capacity : total;
-        used++;
+        bufs[used] = s2c_slot_buffer(p, used, &capacity);
+        if (!bufs[used] || !capacity)
+            return 0;
+        sizes[used] = total - done < capacity ? total - done : capacity;
+        done += sizes[used++];
     }
-    for (i = 0; i < used; i++) {
-        uint32_t capacity, n;
-        uint8_t *buf = s2c_slot_buffer(p, i, &capacity);
-        n = total - done < capacity ? total - done : capacity;
-        memcpy(buf, frame + done, n);
-        done += n;
-        s2c_write_slot(p, i, done < total ? DESC_FLAG_NEXT : 0, n);
+    for (i = 0, done = 0; i < used; i++) {
+        memcpy(bufs[i], frame + done, sizes[i]);
+        done += sizes[i];
+        s2c_write_slot(p, i, i + 1 < used ? DESC_FLAG_NEXT : 0, sizes[i]);
     }
     p->c.s2c[0].last = (uint16_t)(p->c.s2c[0].last + used);
     p->st.to_client++;
@@ -939,7 +943,12 @@ static int tap_to_client(struct port *p, uint8_t *buf, uint32_t capacity)
 {
     uint32_t first = capacity < MAX_FRAME ? capacity : MAX_FRAME;
     struct iovec iov[2] = {{buf, first}, {g_scratch + first, MAX_FRAME - first}};
-    ssize_t got = readv(p->tap_fd, iov, 2);
+    ssize_t got;
+    if (!capacity) { /* an empty buffer goes back empty, as before: it must not wedge the ring */
+        s2c_commit(p, 0);
+        return 1;
+    }
+    got = readv(p->tap_fd, iov, 2);
     if (got < 0)
         return 0;
     if ((uint32_t)got <= first) {
@@ -947,7 +956,7 @@ static int tap_to_client(struct port *p, uint8_t *buf, uint32_t capacity)
         return 1;
     }
     memcpy(g_scratch, buf, first);
-    if (!s2c_put(p, g_scratch, (uint32_t)got))
+    if (!s2c_put(p, g_scratch, (uint32_t)got) && p->c.state == S_CONNECTED)
         p->st.ring_full++;
     return 1;
 }
