@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from podwire.errors import PodwireError, RetryableError
+from podwire.errors import ConfigError, PodwireError, RetryableError
 from podwire.health import Health
 from podwire.log import get_logger
 
@@ -77,3 +77,66 @@ async def retry_forever(
             delay = backoff.next()
             log.warning("retry.restart", what=what, error=str(exc), delay=round(delay, 3))
             await asyncio.sleep(delay)
+
+
+class Supervised:
+    """One long-running part of a service: run forever, and a failure nobody foresaw (a bug,
+    a value from another node the part could not take) restarts it after a backoff instead
+    of ending the process and every pod's CNI with it. Only a configuration error, which a
+    restart cannot fix (``fatal``: a bad setting, an etcd role that does not cover a key),
+    leaves. Restarts are counted and shown through ``health`` until the part has run longer
+    than the longest delay again."""
+
+    def __init__(
+        self,
+        name: str,
+        job: Callable[[], Awaitable[None]],
+        before_restart: Callable[[], None] | None = None,
+        backoff: Backoff | None = None,
+        fatal: tuple[type[Exception], ...] = (ConfigError,),
+    ) -> None:
+        self.name = name
+        self._job = job
+        self._fatal = fatal
+        self._before_restart = before_restart
+        self._backoff = backoff or Backoff(0.5, 10.0)
+        self.health = Health(f"task {name}")
+        self.restarts = 0
+        self.last_error: str | None = None
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self._job()
+                return
+            except Exception as exc:  # the one place a failure is survived: logged, counted
+                if _holds(exc, self._fatal):
+                    raise
+                self._failed(exc, time.monotonic() - started)
+            await asyncio.sleep(self._backoff.next())
+            if self._before_restart is not None:
+                self._before_restart()
+            self._clear_later(self.restarts)
+
+    def _failed(self, exc: BaseException, ran: float) -> None:
+        if ran > self._backoff.maximum:
+            self._backoff.reset()
+        self.restarts += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        self.health.failing(f"restarted {self.restarts} times; last: {self.last_error}")
+        log.exception("task.restart", task=self.name, restarts=self.restarts)
+
+    def _clear_later(self, restarts: int) -> None:
+        def clear() -> None:
+            if self.restarts == restarts:  # no failure since
+                self.health.ok()
+
+        asyncio.get_running_loop().call_later(self._backoff.maximum, clear)
+
+
+def _holds(exc: BaseException, kinds: tuple[type[Exception], ...]) -> bool:
+    """Whether ``exc`` is one of ``kinds``, or a task group's error holding one."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_holds(inner, kinds) for inner in exc.exceptions)
+    return isinstance(exc, kinds)

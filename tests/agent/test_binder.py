@@ -12,6 +12,7 @@ import pytest
 from podwire import keys
 from podwire.agent import naming
 from podwire.agent.binder import Binder, BinderSettings, PortVanished
+from podwire.agent.metrics import AgentMetrics
 from podwire.agent.peers import PeerTracker
 from podwire.etcd import EtcdClient
 from podwire.netlink import HostNetlink
@@ -25,15 +26,20 @@ pytestmark = pytest.mark.stack
 
 
 @pytest.fixture
+def metrics() -> AgentMetrics:
+    return AgentMetrics()
+
+
+@pytest.fixture
 async def bound(
-    etcd: EtcdClient, netenv: NetEnv, hostnames: list[str]
+    etcd: EtcdClient, netenv: NetEnv, hostnames: list[str], metrics: AgentMetrics
 ) -> AsyncIterator[tuple[Binder, str, str]]:
     ns, vtep = netenv.host(1)
     phys = netenv.physnet_link(ns)
     nl = HostNetlink(ns)
     settings = BinderSettings(hostnames[0], vtep, {"physnet1": phys}, vlan_capable=False)
-    binder = Binder(etcd, nl, settings)
-    tracker = PeerTracker(etcd, hostnames[0], binder.set_peers, vtep)
+    binder = Binder(etcd, nl, settings, metrics)
+    tracker = PeerTracker(etcd, hostnames[0], binder.set_peers, vtep, metrics)
     tasks = [asyncio.create_task(binder.run()), asyncio.create_task(tracker.run())]
     await asyncio.wait_for(binder.synced.wait(), 10)
     try:
@@ -245,11 +251,13 @@ async def test_a_port_whose_desired_key_went_is_reported_vanished_at_once(
 
 
 async def test_remote_ports_become_static_forwarding_and_arp_answers(
-    bound: tuple[Binder, str, str], etcd: EtcdClient
+    bound: tuple[Binder, str, str], etcd: EtcdClient, metrics: AgentMetrics
 ) -> None:
     """No learning from frames: the VXLAN device and the bridge port learn nothing; each
-    port another node reports wired (with its MAC and IPs) is a static entry towards that
-    node's VTEP and an ARP/ND answer; a MAC a second node claims stays with the first."""
+    port another node reports wired, and Neutron bound to it, is a static entry towards that
+    node's VTEP and an ARP/ND answer. Claims Neutron does not back (a port bound elsewhere or
+    nowhere, another MAC or address than the binding's) are refused; a MAC two bindings share
+    (a port moving) stays with the first claim, ties in time going by node name."""
     binder, ns, host = bound
     port, net = _ids()
     await etcd.put(keys.node_port(host, port), desired_value(port, net, "fa:16:3e:00:00:07", _ip()))
@@ -259,20 +267,28 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
     assert " nolearning " in detail and " proxy " not in detail
     port_flags = in_ns(ns, "bridge", "-d", "link", "show", "dev", device).stdout
     assert "learning off" in port_flags and "neigh_suppress on" in port_flags
-    peers = {"honest": "192.0.2.61", "liar": "192.0.2.62"}
+    peers = {"a-honest": "192.0.2.61", "liar": "192.0.2.62", "z-mover": "192.0.2.63"}
     lease = await etcd.grant_lease(30)
     remote = _remote_port(net, "fa:16:3e:aa:00:01", "10.1.0.61")
+    liars_own = _remote_port(net, "fa:16:3e:aa:00:02", "10.1.0.62")
     try:
         for peer, vtep in peers.items():
             await etcd.put(keys.state_vtep(f"{host}-{peer}"), values.vtep_value(vtep))
             await etcd.put(keys.state_alive(f"{host}-{peer}"), values.alive_value(0, "t"),
                            lease=lease.id)  # fmt: skip
-        honest_key = keys.state_port(f"{host}-honest", remote.port_id)
+        await _bind_remote(etcd, f"{host}-a-honest", remote)
+        honest_key = keys.state_port(f"{host}-a-honest", remote.port_id)
         await etcd.put(honest_key, values.port_state_value(1.0, remote))
-        await etcd.put(  # the same MAC, claimed later by another node
-            keys.state_port(f"{host}-liar", str(uuid.uuid4())),
-            values.port_state_value(2.0, replace(remote, port_id=str(uuid.uuid4()))),
-        )
+        await _bind_remote(etcd, f"{host}-liar", liars_own)
+        lies = [  # each written earlier than the honest claim, with the victim's MAC
+            replace(remote, port_id=str(uuid.uuid4())),  # a port bound nowhere
+            remote,  # the honest node's own port, bound there
+            replace(liars_own, mac_address=remote.mac_address),  # its own port, another MAC
+            replace(liars_own, fixed_ips=remote.fixed_ips),  # its own port, another address
+        ]
+        for lie in lies:
+            key = keys.state_port(f"{host}-liar", lie.port_id)
+            await etcd.put(key, values.port_state_value(0.0, lie))
 
         async def entries() -> bool:
             fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
@@ -284,13 +300,30 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
             )
 
         await eventually(entries, "the honest node's port as static entries")
-        liar = "fa:16:3e:aa:00:01 dst 192.0.2.62"
-        assert liar not in in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
+        fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
+        assert "dst 192.0.2.62" not in fdb.replace("00:00:00:00:00:00 dst 192.0.2.62", "")
+        neigh = in_ns(ns, "ip", "neigh", "show", "dev", naming.bridge(net)).stdout
+        assert "10.1.0.62" not in neigh and "fa:16:3e:aa:00:02" not in neigh
+
+        # The port moves to another node (Neutron bound it there too, for now), claimed at
+        # the same time: the first by name keeps it, the same on every node; no crash.
+        await _bind_remote(etcd, f"{host}-z-mover", remote)
+        await etcd.put(keys.state_port(f"{host}-z-mover", remote.port_id),
+                       values.port_state_value(1.0, remote))  # fmt: skip
+
+        async def all_refused() -> bool:
+            sample = "podwire_agent_peer_values_rejected_total"
+            return metrics.registry.get_sample_value(sample, {"kind": "claim"}) == len(lies)
+
+        # Every lie refused and counted once; the unbound ones once the bindings caught up.
+        await eventually(all_refused, "the lies refused")
+        fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
+        assert "fa:16:3e:aa:00:01 dst 192.0.2.61" in fdb, fdb
         await etcd.delete(honest_key)
 
         async def moved() -> bool:
             fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
-            return "fa:16:3e:aa:00:01 dst 192.0.2.62 self permanent" in fdb
+            return "fa:16:3e:aa:00:01 dst 192.0.2.63 self permanent" in fdb
 
         await eventually(moved, "the MAC with its remaining claim once the first went")
         assert local.port_id == port
@@ -298,7 +331,16 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
         await lease.revoke()
         for peer in peers:
             await etcd.delete_prefix(keys.state_node_prefix(f"{host}-{peer}"))
+            await etcd.delete_prefix(keys.node_prefix(f"{host}-{peer}"))
         await etcd.delete(keys.node_port(host, port))
+
+
+async def _bind_remote(etcd: EtcdClient, host: str, port: DesiredPort) -> None:
+    """What the ml2 forwarder writes when Neutron binds ``port`` to ``host``."""
+    ips = [{"ip_address": ip.ip_address, "subnet_id": "s", "cidr": "10.1.0.0/24"}
+           for ip in port.fixed_ips]  # fmt: skip
+    value = desired_value(port.port_id, port.network_id, port.mac_address, ips)
+    await etcd.put(keys.node_port(host, port.port_id), value)
 
 
 def _remote_port(net: str, mac: str, ip: str) -> DesiredPort:

@@ -8,6 +8,7 @@ after etcd restarts (not ready while etcd is away, ready again after re-authenti
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -136,11 +137,13 @@ async def logged(path: Path, text: str) -> bool:
 
 
 async def refused_elsewhere(mine: EtcdClient, peer: str) -> None:
-    """The node's own user cannot write another node's keys nor read its desired ports."""
+    """The node's own user cannot write another node's keys nor its desired ports (it reads
+    them: Neutron's bindings are what a peer's claims are checked against)."""
     with pytest.raises(EtcdPermissionDenied, match=keys.state_alive(peer)):
         await mine.put(keys.state_alive(peer), b"{}")
-    with pytest.raises(EtcdPermissionDenied, match=keys.node_ports_prefix(peer)):
-        await mine.get_prefix(keys.node_ports_prefix(peer))
+    with pytest.raises(EtcdPermissionDenied, match=keys.node_port(peer, "p")):
+        await mine.put(keys.node_port(peer, "p"), b"{}")
+    await mine.get_prefix(keys.node_ports_prefix(peer))
     assert await mine.get(keys.state_alive(peer)) is not None
 
 
@@ -152,11 +155,11 @@ async def test_agent_with_a_too_narrow_role_or_a_wrong_password_exits_with_one_l
     ns, vtep = netenv.host(1)
     narrow = RoleSpec(
         "narrow",
-        (Grant("read", keys.node_prefix(node)), Grant("readwrite", keys.state_node_prefix(node))),
+        (Grant("read", keys.nodes_prefix()), Grant("readwrite", keys.state_node_prefix(node))),
     )
     async with started(tmp_path) as authed:
         for password, expected in (
-            ("pw", f"etcd list {keys.state_prefix()}nodes/: permission denied for etcd user"),
+            ("pw", ": permission denied for etcd user 'narrow-user': its role does not cover"),
             ("wrong", "etcd refused user 'narrow-user': wrong user name or password"),
         ):
             await authed.user("narrow-user", narrow, "pw")
@@ -173,4 +176,6 @@ async def test_agent_with_a_too_narrow_role_or_a_wrong_password_exits_with_one_l
             assert proc.returncode == 2
             last = err.decode().strip().splitlines()[-1]
             assert last.startswith("podwire agent: error: ") and expected in last, err.decode()
+            if password == "pw":  # a peers' or the policy's listing, whichever asked first
+                assert re.search(r"etcd list /podwire/(state/nodes|global)/: ", last), last
             assert "Traceback" not in err.decode()

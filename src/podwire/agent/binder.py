@@ -66,6 +66,7 @@ class BinderSettings:
     physnet_mappings: dict[str, str]
     vlan_capable: bool
     retry_interval: float = 5.0
+    repair_interval: float = 1.0  # how often the other nodes' kernel entries are read back
 
 
 class Binder:
@@ -87,7 +88,6 @@ class Binder:
         self._plans: dict[str, NetworkPlan] = {}  # network id -> plumbing ensured on the host
         self._view = PeerView()
         self._view_known = False  # the peer tracker's first listing is in
-        self._legacy: list[str] = []  # peers publishing ports without MACs, as last logged
         self._synced: dict[str, tuple[set[str], dict[str, RemoteMac]]] = {}  # vxlan device ->
         # Told of the remote MACs each VXLAN device may receive frames from (None: not every
         # peer says, so none is checked); the policy enforcer drops the others.
@@ -108,6 +108,7 @@ class Binder:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(follow)
             tg.create_task(self._retry_failed())
+            tg.create_task(self._repair_peers())
 
     async def _follow(self) -> None:
         """Apply the watch in order; after a failure half-way the watcher replays it all."""
@@ -280,16 +281,49 @@ class Binder:
             self._tell_remote()
 
     async def _sync_peers(self, plan: NetworkPlan) -> None:
+        """Only the difference from what this device was last given; a device not synced
+        before is read back from the kernel and made exact."""
         device = plan.uplink or ""
         wanted = (self._view.flood, self._remote_macs(plan.network_id))
-        if self._nl is None or self._synced.get(device) == wanted:
+        before = self._synced.get(device)
+        if self._nl is None or before == wanted:
             return
         try:
-            await self._nl.run(plumbing.sync_peers, device, plan.bridge, *wanted)
+            if before is None:
+                await self._nl.run(plumbing.sync_peers, device, plan.bridge, *wanted)
+            else:
+                await self._nl.run(plumbing.update_peers, device, plan.bridge, before, wanted)
         except PodwireError as exc:  # one network's failure must not stop others
             log.warning("agent.peers.sync_failed", device=device, error=str(exc))
+            self._synced.pop(device, None)  # read back in full next time
             return
         self._synced[device] = wanted
+
+    async def _repair_peers(self) -> None:
+        """What someone changed behind the agent (an FDB or neighbour entry deleted, a flood
+        entry added) is read back and put right, counted and logged, as Felix does."""
+        if self._nl is None:
+            return
+        while True:
+            await asyncio.sleep(self._settings.repair_interval)
+            async with self._kernel:
+                for device, synced in list(self._synced.items()):
+                    plan = next((p for p in self._plans.values() if p.uplink == device), None)
+                    if plan is not None:
+                        await self._repair(device, plan.bridge, synced)
+
+    async def _repair(
+        self, device: str, bridge: str, synced: tuple[set[str], dict[str, RemoteMac]]
+    ) -> None:
+        assert self._nl is not None
+        try:
+            changed = await self._nl.run(plumbing.sync_peers, device, bridge, *synced)
+        except PodwireError as exc:
+            log.warning("agent.peers.repair_failed", device=device, error=str(exc))
+            return
+        if changed:
+            self._metrics.peer_repairs.inc(changed)
+            log.warning("agent.peers.repaired", device=device, entries=changed)
 
     def _remote_macs(self, network_id: str) -> dict[str, RemoteMac]:
         local = {p.mac_address.lower() for p in self.wired.values() if p.network_id == network_id}
@@ -308,14 +342,6 @@ class Binder:
     def _tell_remote(self) -> None:
         if self.on_remote is None or not self._view_known:
             return  # unchecked until the other nodes' ports are known: never dropped meanwhile
-        legacy = self._view.legacy()
-        if legacy != self._legacy:
-            self._legacy = legacy
-            if legacy:
-                log.warning("agent.peers.legacy", hosts=legacy, effect="remote MACs not checked")
-        if legacy:
-            self.on_remote(None)
-            return
         self.on_remote({
             plan.uplink: frozenset(self._remote_macs(plan.network_id))
             for plan in self._plans.values()
@@ -376,25 +402,26 @@ class Binder:
 def remote_macs(
     view: PeerView, network_id: str, local: frozenset[str] | set[str] = frozenset()
 ) -> dict[str, RemoteMac]:
-    """The other nodes' ports of a network by MAC. A MAC two nodes claim (a port moving, or a
-    node lying) stays with the first claim, which a later one cannot take over; the claim
-    that goes frees it. A MAC of a port wired here (``local``, lower case) is no other
-    node's, whatever it claims: pointed at that node, this node's frames for its own pod
-    would leave through the VXLAN device."""
+    """The other nodes' ports of a network by MAC. The view holds only ports Neutron bound
+    to their node, so two claims of one MAC are one port moving between nodes: the first
+    claim keeps it (ties in time go by node name, then port id, the same on every node) until
+    it goes. A MAC of a port wired here (``local``, lower case) is no other node's, whatever
+    it claims: pointed at that node, this node's frames for its own pod would leave through
+    the VXLAN device."""
     claims = sorted(
-        (state.wired_at, host, state)
+        (state.wired_at, host, port_id, state.mac, state.ips)
         for host, ports in view.ports.items()
-        for state in ports.values()
+        for port_id, state in ports.items()
         if state.network_id == network_id and state.mac
     )
     found: dict[str, RemoteMac] = {}
-    for _, host, state in claims:
-        assert state.mac is not None
-        if state.mac.lower() in local:
-            log.warning("agent.peers.local_mac_claimed", mac=state.mac, host=host)
+    for _, host, _, mac, ips in claims:
+        assert mac is not None
+        if mac.lower() in local:
+            log.warning("agent.peers.local_mac_claimed", mac=mac, host=host)
             continue
-        if state.mac in found:
-            log.warning("agent.peers.mac_claimed_twice", mac=state.mac, host=host)
+        if mac in found:
+            log.warning("agent.peers.mac_claimed_twice", mac=mac, host=host)
             continue
-        found[state.mac] = RemoteMac(state.mac, view.vteps[host], frozenset(state.ips))
+        found[mac] = RemoteMac(mac, view.vteps[host], frozenset(ips))
     return found

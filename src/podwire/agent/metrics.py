@@ -93,6 +93,26 @@ class AgentMetrics:
             "Rules, groups or members left out because they did not parse or are missing",
             registry=r,
         )
+        self.peer_values_rejected = prom.Counter(
+            "podwire_agent_peer_values_rejected",
+            "Values other nodes wrote that this agent refused (vtep, port_state: unreadable;"
+            " claim: a port Neutron did not bind to that node, or not as claimed; over_limit:"
+            " past the claims one node may hold)",
+            ["kind"],
+            registry=r,
+        )
+        self.peer_repairs = prom.Counter(
+            "podwire_agent_peer_repairs",
+            "Kernel entries for other nodes (flood list, remote MACs, ARP/ND answers) found"
+            " changed behind the agent's back and put back",
+            registry=r,
+        )
+        self.task_restarts = prom.Counter(
+            "podwire_agent_task_restarts",
+            "Long-running parts restarted after a failure nobody foresaw",
+            ["task"],
+            registry=r,
+        )
         self.heartbeat_lost = prom.Counter(
             "podwire_agent_lease_lost", "Heartbeat leases lost and re-granted", registry=r
         )

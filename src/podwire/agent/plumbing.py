@@ -107,16 +107,48 @@ def _check_replaceable(nl: Netlink, name: str, vni: int, local: str) -> None:
 
 def sync_peers(
     nl: Netlink, vxlan_device: str, bridge: str, peers: set[str], remote: dict[str, RemoteMac]
+) -> int:
+    """Flood entries for ``peers``, and exactly ``remote`` as the device's remote MACs, read
+    back from the kernel (a network's first sync, and the drift repair): the local ports hear
+    of each new one's addresses by gratuitous ARP. Returns how many entries were changed."""
+    if nl.link(vxlan_device) is None or nl.link(bridge) is None:
+        return 0
+    added, removed = nl.sync_flood(vxlan_device, peers)
+    current = nl.remote_macs(vxlan_device, bridge)
+    return len(added) + len(removed) + _apply_remote(nl, vxlan_device, bridge, current, remote)
+
+
+def update_peers(
+    nl: Netlink,
+    vxlan_device: str,
+    bridge: str,
+    before: tuple[set[str], dict[str, RemoteMac]],
+    after: tuple[set[str], dict[str, RemoteMac]],
 ) -> None:
-    """Flood entries for ``peers``, and exactly ``remote`` as the device's remote MACs; the
-    local ports hear of each new one's addresses by gratuitous ARP."""
+    """From what was synced to what is wanted, touching only the difference: a change of
+    the other nodes costs its own entries, not a read of all of them."""
     if nl.link(vxlan_device) is None or nl.link(bridge) is None:
         return
-    nl.sync_flood(vxlan_device, peers)
-    current = nl.remote_macs(vxlan_device, bridge)
+    flood_before, flood_after = before[0], after[0]
+    for dst in sorted(flood_after - flood_before):
+        nl.add_flood(vxlan_device, dst)
+    for dst in sorted(flood_before - flood_after):
+        nl.drop_flood(vxlan_device, dst)
+    _apply_remote(nl, vxlan_device, bridge, before[1], after[1])
+
+
+def _apply_remote(
+    nl: Netlink,
+    vxlan_device: str,
+    bridge: str,
+    current: dict[str, RemoteMac],
+    remote: dict[str, RemoteMac],
+) -> int:
+    changed = 0
     for mac, found in current.items():
         if remote.get(mac) != found:
             nl.drop_remote_mac(vxlan_device, bridge, found)
+            changed += 1
     appeared: list[RemoteMac] = []
     for mac, wanted in remote.items():
         if current.get(mac) != wanted:
@@ -124,6 +156,7 @@ def sync_peers(
             appeared.append(wanted)
     if appeared:
         _announce(nl, vxlan_device, bridge, appeared)
+    return changed + len(appeared)
 
 
 def _announce(nl: Netlink, vxlan_device: str, bridge: str, remotes: list[RemoteMac]) -> None:

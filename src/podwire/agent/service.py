@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from podwire import keys
 from podwire.agent import checkpoint as checkpoints
@@ -31,12 +33,14 @@ from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.taps import TapPorts
 from podwire.agent.veth import Plugger, is_nested
 from podwire.agent.vifsource import VifSource
+from podwire.backoff import Supervised
 from podwire.cni.server import CniServer
 from podwire.config import Settings
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.metrics import StatsCollector
 from podwire.errors import ConfigError, PodwireError
 from podwire.etcd import EtcdClient
+from podwire.etcd.errors import EtcdPermissionDenied
 from podwire.health import Health, first_problem
 from podwire.log import get_logger
 from podwire.memif import build as memif_build
@@ -68,11 +72,13 @@ class AgentParts:
     """What a running agent exposes to tests and the CLI."""
 
     binder: Binder | None = None
+    peers: PeerTracker | None = None
     heartbeat: Heartbeat | None = None
     handler: CniHandler | None = None
     memif: MemifService | None = None
     policy: PolicyEnforcer | None = None
     taps: TapPorts | None = None
+    tasks: list[Supervised] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -117,8 +123,17 @@ class Agent:
         self.metrics.registry.register(collector)
         stack.callback(self.metrics.registry.unregister, collector)
 
+    def _live(self) -> dict[str, Any]:
+        """Parts restarted after a failure, for ``/healthz``."""
+        restarted = {
+            task.name: {"restarts": task.restarts, "last_error": task.last_error}
+            for task in self.parts.tasks
+            if task.restarts
+        }
+        return {"restarted": restarted} if restarted else {}
+
     async def _start_ops(self, stack: contextlib.AsyncExitStack, ready: ReadyCheck) -> None:
-        ops = OpsServer(self.settings.agent.ops_listen, ready, self.metrics.registry)
+        ops = OpsServer(self.settings.agent.ops_listen, ready, self.metrics.registry, self._live)
         await ops.start()
         stack.push_async_callback(ops.stop)
 
@@ -148,17 +163,17 @@ class Agent:
             self.metrics,
         )
         stack.push_async_callback(_last_sweep, binder)  # runs before the heartbeat's revoke
-        peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip)
+        peers = PeerTracker(etcd, agent.host, binder.set_peers, agent.vtep_ip, self.metrics)
         checkpoint = _load_checkpoint(agent.state_dir, vifs)
         node = self._dataplane(stack, etcd, binder, vifs, plugin, memif_binary, kernel)
         memif, policy, taps = node.memif, node.policy, node.taps
         releaser = self._releaser(stack, plugin)
 
         embedded = EmbeddedPlugin(plugin) if plugin is not None else None
-        watched = [heartbeat.health, binder.watcher.health, peers.watcher.health]
-        watched += [policy.watcher.health] if policy is not None else []
-        watched += [taps.health] if taps is not None else []
-        aside = [embedded.health] if embedded is not None else []
+        watched = [heartbeat.health, binder.watcher.health, *peers.healths]
+        watched += [part.health for part in (policy and policy.watcher, taps) if part]
+        tasks = self._supervised(heartbeat, binder, peers, embedded, releaser, policy, taps)
+        aside = [part.health for part in (embedded, *tasks) if part is not None]
 
         async def ready() -> tuple[bool, str]:
             found = await _readiness(etcd, agent.host, heartbeat, binder, vifs, watched)
@@ -180,11 +195,11 @@ class Agent:
                 memif,
             )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
+        self.parts.peers = peers
         self.parts.memif, self.parts.policy, self.parts.taps = memif, policy, taps
         async with asyncio.TaskGroup() as tg:
-            for part in (heartbeat, binder, peers, embedded, releaser, policy, taps):
-                if part is not None:
-                    tg.create_task(part.run())
+            for task in tasks:
+                tg.create_task(task.run())
             await self._restore(tg, checkpoint)
             if handler is not None:
                 server = CniServer(agent.cni_socket, handler)
@@ -200,6 +215,42 @@ class Agent:
             )
             self.parts.started.set()
 
+    def _supervised(
+        self,
+        heartbeat: Heartbeat,
+        binder: Binder,
+        peers: PeerTracker,
+        *others: EmbeddedPlugin | PodReleaser | PolicyEnforcer | TapPorts | None,
+    ) -> list[Supervised]:
+        """Each long-running part restarted on its own failures (a part that lost a batch
+        half-way re-lists what it follows before it runs again)."""
+
+        tasks = [
+            self._supervise("heartbeat", heartbeat.run),
+            self._supervise("binder", binder.run, binder.watcher.replay),
+            self._supervise("peers", peers.run, peers.replay),
+        ]
+        for part in others:
+            if part is not None:
+                tasks.append(self._supervise(type(part).__name__, part.run))
+        self.parts.tasks.extend(tasks)
+        return tasks
+
+    def _supervise(
+        self,
+        name: str,
+        job: Callable[[], Awaitable[None]],
+        replay: Callable[[], None] | None = None,
+    ) -> Supervised:
+        restarts = self.metrics.task_restarts.labels(name)
+
+        def before_restart() -> None:
+            restarts.inc()
+            if replay is not None:
+                replay()
+
+        return Supervised(name, job, before_restart, fatal=(ConfigError, EtcdPermissionDenied))
+
     async def _restore(self, tg: asyncio.TaskGroup, checkpoint: EntryStore[Attachment]) -> None:
         """What was plugged before this start is known again, and keeps its rules: the
         desired ports listed, memif masters adopted, tap devices listed, then the first
@@ -209,7 +260,9 @@ class Agent:
         await parts.binder.synced.wait()
         if parts.memif is not None:
             await parts.memif.restore()
-            tg.create_task(parts.memif.run())
+            memif = self._supervise("memif", parts.memif.run)
+            parts.tasks.append(memif)
+            tg.create_task(memif.run())
         if parts.taps is not None:
             await parts.taps.listed.wait()
         plugged = _plugged_ports(checkpoint, parts.memif, parts.binder, parts.taps)

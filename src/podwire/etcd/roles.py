@@ -1,9 +1,11 @@
 """The etcd roles podwire's components need, derived from the key layout in ``keys``.
 
 Each role lists exactly the ranges its component reads or writes, so a node's credentials
-cannot touch another node's keys: an agent reads the ports desired for its own host only and
-writes only under its own state prefix. Grants name keys as etcd stores them: a deployment's
-namespace in front, so a node of one deployment cannot read another's.
+cannot touch another node's keys: an agent writes only under its own state prefix. It reads
+every node's desired ports (what Neutron bound where, written by the ml2 forwarder alone): a
+peer's claim of a port counts only when Neutron bound that port to that peer. Grants name
+keys as etcd stores them: a deployment's namespace in front, so a node of one deployment
+cannot read another's.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class RoleSpec:
 def node_role(host: str, deployment: Deployment = DEFAULT) -> RoleSpec:
     """What ``podwire agent`` on ``host`` touches."""
     grants = (
-        Grant("read", keys.node_prefix(host)),
+        Grant("read", keys.nodes_prefix()),  # its own ports, and what backs peers' claims
         Grant("read", keys.state_prefix() + "nodes/"),  # peers: VTEPs, alive
         Grant("readwrite", keys.state_node_prefix(host)),
         Grant("read", keys.global_prefix()),

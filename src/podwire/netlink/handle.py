@@ -149,6 +149,12 @@ class Netlink:
     def sync_flood(self, name: str, peers: set[str]) -> tuple[set[str], set[str]]:
         return links.sync_flood(self._ipr, name, peers)
 
+    def add_flood(self, name: str, peer: str) -> None:
+        links.add_flood(self._ipr, name, peer)
+
+    def drop_flood(self, name: str, peer: str) -> None:
+        links.drop_flood(self._ipr, name, peer)
+
     def add_vlan(
         self, name: str, uplink: str, vlan_id: int, mac: str, mtu: int, netns_fd: int
     ) -> None:

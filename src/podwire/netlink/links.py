@@ -166,17 +166,21 @@ def set_remote_mac(ipr: Any, name: str, bridge: str, remote: RemoteMac) -> None:
 def drop_remote_mac(ipr: Any, name: str, bridge: str, remote: RemoteMac) -> None:
     index, bridge_index = _require(ipr, name).index, _require(ipr, bridge).index
     for ip in sorted(remote.ips):
-        _ignore_missing(ipr.neigh, "del", ifindex=bridge_index, dst=ip, lladdr=remote.mac)
-    _ignore_missing(ipr.fdb, "del", ifindex=index, lladdr=remote.mac, dst=remote.vtep,
+        _tolerating(MISSING, ipr.neigh, "del", ifindex=bridge_index, dst=ip, lladdr=remote.mac)
+    _tolerating(MISSING, ipr.fdb, "del", ifindex=index, lladdr=remote.mac, dst=remote.vtep,
                     flags=NTF_SELF)  # fmt: skip
-    _ignore_missing(ipr.fdb, "del", ifindex=index, lladdr=remote.mac, flags=NTF_MASTER)
+    _tolerating(MISSING, ipr.fdb, "del", ifindex=index, lladdr=remote.mac, flags=NTF_MASTER)
 
 
-def _ignore_missing(call: Any, *args: Any, **kwargs: Any) -> None:
+MISSING = (errno.ENOENT, errno.ENODEV)
+
+
+def _tolerating(codes: tuple[int, ...], call: Any, *args: Any, **kwargs: Any) -> None:
+    """A netlink call whose failure with one of ``codes`` means it is already as wanted."""
     try:
         call(*args, **kwargs)
     except NetlinkError as exc:
-        if exc.code not in (errno.ENOENT, errno.ENODEV):
+        if exc.code not in codes:
             raise
 
 
@@ -191,14 +195,31 @@ def flood_peers(ipr: Any, name: str) -> set[str]:
 
 def sync_flood(ipr: Any, name: str, peers: set[str]) -> tuple[set[str], set[str]]:
     """Make the all-zero (flood) FDB entries of a VXLAN device exactly ``peers``."""
-    link = _require(ipr, name)
     current = flood_peers(ipr, name)
     added, removed = peers - current, current - peers
     for dst in sorted(added):
-        ipr.fdb("append", ifindex=link.index, lladdr=FLOOD_MAC, dst=dst, flags=NTF_SELF)
+        add_flood(ipr, name, dst)
     for dst in sorted(removed):
-        ipr.fdb("del", ifindex=link.index, lladdr=FLOOD_MAC, dst=dst, flags=NTF_SELF)
+        drop_flood(ipr, name, dst)
     return added, removed
+
+
+def add_flood(ipr: Any, name: str, peer: str) -> None:
+    index = _require(ipr, name).index
+    _tolerating(
+        (errno.EEXIST,),
+        ipr.fdb,
+        "append",
+        ifindex=index,
+        lladdr=FLOOD_MAC,
+        dst=peer,
+        flags=NTF_SELF,
+    )
+
+
+def drop_flood(ipr: Any, name: str, peer: str) -> None:
+    index = _require(ipr, name).index
+    _tolerating(MISSING, ipr.fdb, "del", ifindex=index, lladdr=FLOOD_MAC, dst=peer, flags=NTF_SELF)
 
 
 def ensure_vlan(ipr: Any, name: str, parent: str, vlan_id: int, alias: str) -> None:

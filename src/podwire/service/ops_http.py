@@ -9,20 +9,25 @@ A service with its own aiohttp app mounts these routes with ``add_ops_routes``; 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import prometheus_client
 from aiohttp import web
 
 ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
+# What liveness adds to its answer (e.g. parts restarted after a failure): still live, since
+# the process restarts its own parts, but an operator sees it.
+LiveDetail = Callable[[], dict[str, Any]]
 
 
 def add_ops_routes(
     app: web.Application,
     ready: ReadyCheck,
     registry: prometheus_client.CollectorRegistry = prometheus_client.REGISTRY,
+    live: LiveDetail | None = None,
 ) -> None:
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return web.json_response({"status": "ok", **(live() if live is not None else {})})
 
     async def readyz(_: web.Request) -> web.Response:
         is_ready, detail = await ready()
@@ -48,11 +53,12 @@ class OpsServer:
         listen: str,
         ready: ReadyCheck,
         registry: prometheus_client.CollectorRegistry = prometheus_client.REGISTRY,
+        live: LiveDetail | None = None,
     ) -> None:
         host, _, port = listen.rpartition(":")
         self._host, self._port = host, int(port)
         self._app = web.Application()
-        add_ops_routes(self._app, ready, registry)
+        add_ops_routes(self._app, ready, registry, live)
         self._runner = web.AppRunner(self._app, access_log=None)
 
     @property
