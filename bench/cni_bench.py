@@ -163,6 +163,11 @@ class AgentProcess:
             self.stop()
             raise RuntimeError("the benchmark agent did not start")
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.terminate()

@@ -5,12 +5,19 @@ VXLAN network; another node is played in etcd (alive, VTEP). Each sample writes 
 wired-port state for a new port (what its agent writes when it wires one), and measures until
 this node has the port's static forwarding entry and its MAC in the set of MACs frames from
 other nodes may carry: from then on the port is reachable from here (target p99 <= 200 ms).
-Then the state goes, and the removal is measured the same way.
+Then the state goes, and the removal is measured the same way. Every port is bound to the
+other node first (its desired key, as the ml2 forwarder writes it): only such claims count.
+
+The flood (#39): that node writes ``FLOOD`` claims of ports Neutron never bound to it, one put
+each, as fast as etcd takes them; measured are the agent's CPU while they arrive and after, how
+long until it is idle again, and how long a legitimate port claimed right after the flood takes
+to be forwarded here (target: idle again at once, the new port within 1 s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import tempfile
 import time
@@ -25,11 +32,13 @@ from podwire.agent import naming
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.schema import nodes as values
-from podwire.schema.ports import parse_desired_port
+from podwire.schema.ports import DesiredPort, parse_desired_port
 from tests.agent.desired_keys import desired_value
 from tests.agent.netenv import in_ns, sh
 
 POLL = 0.005
+FLOOD = 5000
+IDLE = 0.05  # CPU seconds per second below which the agent counts as idle
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
@@ -44,6 +53,7 @@ async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
     sh("ip", "netns", "add", host_ns)
     agent = AgentProcess(_config(work, stack, host, host_ns), _no_vifs(work))
+    flood: list[dict[str, Any]] = []
     lease = await etcd.grant_lease(120)
     try:
         in_ns(host_ns, "ip", "link", "set", "lo", "up")
@@ -58,6 +68,7 @@ async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         await etcd.put(keys.state_alive(peer), values.alive_value(0, "b"), lease=lease.id)
         await _until(lambda: _has(host_ns, network, "dst 192.0.2.2"), 30)  # plumbing, flood
         added, removed = await _samples(etcd, host_ns, peer, network, samples)
+        flood = await _flood(etcd, agent.pid, host_ns, peer, network)
     finally:
         await lease.revoke()
         await etcd.delete_prefix(keys.state_node_prefix(peer))
@@ -69,6 +80,7 @@ async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     return [
         row("remote port wired (its state in etcd) -> forwarded to here (p99 <= 200 ms)", added),
         row("remote port unwired -> its entries gone here", removed),
+        *flood,
     ]
 
 
@@ -85,6 +97,7 @@ async def _samples(
             )
         )
         key = keys.state_port(peer, port.port_id)
+        await _bind(etcd, peer, port)
         started = time.perf_counter()
         await etcd.put(key, values.port_state_value(time.time(), port))
         await _until(lambda mac=mac: _forwarded(host_ns, network, mac), 10)
@@ -94,6 +107,72 @@ async def _samples(
         await _until(lambda mac=mac: not _has(host_ns, network, mac), 10)
         removed.append((time.perf_counter() - started) * 1000)
     return added, removed
+
+
+async def _bind(etcd: EtcdClient, host: str, port: DesiredPort) -> None:
+    """What the ml2 forwarder writes when Neutron binds ``port`` to ``host``."""
+    ips = [_ip(ip.ip_address) for ip in port.fixed_ips]
+    value = desired_value(port.port_id, port.network_id, port.mac_address, ips)
+    await etcd.put(keys.node_port(host, port.port_id), value)
+
+
+async def _flood(
+    etcd: EtcdClient, pid: int, host_ns: str, peer: str, network: str
+) -> list[dict[str, Any]]:
+    idle_before = _cpu_rate(pid, 1.0)
+    started, cpu_started = time.perf_counter(), _cpu_seconds(pid)
+    for i in range(FLOOD):
+        mac = f"fa:16:3e:66:{i // 256:02x}:{i % 256:02x}"
+        claim = desired_value(str(uuid.uuid4()), network, mac, [_ip(f"10.61.{i // 250}.2")])
+        port = parse_desired_port(claim)
+        await etcd.put(keys.state_port(peer, port.port_id), values.port_state_value(0, port))
+    flood_seconds = time.perf_counter() - started
+    cpu_during = (_cpu_seconds(pid) - cpu_started) / flood_seconds
+    idle_after = await _until_idle(pid)
+    legit = parse_desired_port(desired_value(str(uuid.uuid4()), network, "fa:16:3e:77:00:01",
+                                             [_ip("10.62.0.2")]))  # fmt: skip
+    await _bind(etcd, peer, legit)
+    began = time.perf_counter()
+    await etcd.put(
+        keys.state_port(peer, legit.port_id), values.port_state_value(time.time(), legit)
+    )
+    await _until(lambda: _forwarded(host_ns, network, legit.mac_address), 10)
+    reachable = (time.perf_counter() - began) * 1000
+    await etcd.delete_prefix(keys.state_ports_prefix(peer))
+    note = (
+        f"{FLOOD} claims in {flood_seconds:.1f} s; agent CPU {idle_before:.2f} cores before,"
+        f" {cpu_during:.2f} during"
+    )
+    return [
+        row(
+            f"flood of {FLOOD} unbound claims ended -> agent idle again ({note})",
+            [idle_after * 1000],
+        ),
+        row(
+            "after the flood: a legitimate port claimed -> forwarded here (target <= 1 s)",
+            [reachable],
+        ),
+    ]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_rate(pid: int, seconds: float) -> float:
+    before = _cpu_seconds(pid)
+    time.sleep(seconds)
+    return (_cpu_seconds(pid) - before) / seconds
+
+
+async def _until_idle(pid: int) -> float:
+    """Seconds from now until a half-second window in which the agent used under IDLE."""
+    started = time.perf_counter()
+    while await asyncio.to_thread(_cpu_rate, pid, 0.5) >= IDLE:
+        if time.perf_counter() - started > 600:
+            raise RuntimeError("the agent stayed busy for 10 minutes")
+    return max(0.0, time.perf_counter() - started - 0.5)
 
 
 def _forwarded(host_ns: str, network: str, mac: str) -> bool:

@@ -300,6 +300,7 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
             )
 
         await eventually(entries, "the honest node's port as static entries")
+        await _drift_is_repaired(ns, device, naming.bridge(net), metrics)
         fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
         assert "dst 192.0.2.62" not in fdb.replace("00:00:00:00:00:00 dst 192.0.2.62", "")
         neigh = in_ns(ns, "ip", "neigh", "show", "dev", naming.bridge(net)).stdout
@@ -333,6 +334,28 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
             await etcd.delete_prefix(keys.state_node_prefix(f"{host}-{peer}"))
             await etcd.delete_prefix(keys.node_prefix(f"{host}-{peer}"))
         await etcd.delete(keys.node_port(host, port))
+
+
+async def _drift_is_repaired(ns: str, device: str, bridge: str, metrics: AgentMetrics) -> None:
+    """Entries deleted or added behind the agent's back come back as they were, counted."""
+    in_ns(ns, "bridge", "fdb", "del", "fa:16:3e:aa:00:01", "dev", device, "dst", "192.0.2.61",
+          "self")  # fmt: skip
+    in_ns(ns, "ip", "neigh", "del", "10.1.0.61", "dev", bridge)
+    in_ns(ns, "bridge", "fdb", "del", "00:00:00:00:00:00", "dev", device, "dst", "192.0.2.61")
+    in_ns(ns, "bridge", "fdb", "append", "00:00:00:00:00:00", "dev", device, "dst", "192.0.2.99")
+
+    async def repaired() -> bool:
+        fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
+        neigh = in_ns(ns, "ip", "neigh", "show", "dev", bridge).stdout
+        return (
+            "fa:16:3e:aa:00:01 dst 192.0.2.61 self permanent" in fdb
+            and "00:00:00:00:00:00 dst 192.0.2.61 self permanent" in fdb
+            and "192.0.2.99" not in fdb
+            and "10.1.0.61 lladdr fa:16:3e:aa:00:01 PERMANENT" in neigh
+        )
+
+    await eventually(repaired, "the entries changed behind the agent repaired", timeout=10)
+    assert (metrics.registry.get_sample_value("podwire_agent_peer_repairs_total") or 0) >= 3
 
 
 async def _bind_remote(etcd: EtcdClient, host: str, port: DesiredPort) -> None:

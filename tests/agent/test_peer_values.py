@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -251,3 +252,36 @@ def _view_in(agent: HostAgent) -> Any:
         return agent.agent.parts.peers.view is not None
 
     return known
+
+
+async def test_a_lease_kept_alive_by_another_node_does_not_keep_a_dead_node_flooded(
+    world: World,
+) -> None:
+    """#39: etcd lets any user refresh any lease, so a node could keep a dead node's heartbeat
+    key alive; the beat in its value, which only that node's user writes, goes stale and the
+    node leaves every flood list while its key is still there."""
+    host, ttl = world.hostile[1], 2
+    lease = await world.etcd.grant_lease(60)  # the "other node" keeps this one alive
+    device = naming.vxlan(world.network)
+    beat = values.alive_value(0, "t", time.time(), ttl)
+    await world.etcd.put(keys.state_alive(host), beat, lease=lease.id)
+
+    def flooded(agent: HostAgent) -> bool:
+        fdb = in_ns(agent.netns, "bridge", "fdb", "show", "dev", device).stdout
+        return "00:00:00:00:00:00 dst 192.0.2.71 self permanent" in fdb
+
+    async def everywhere() -> bool:
+        return all(flooded(agent) for agent in world.agents)
+
+    async def nowhere() -> bool:
+        return not any(flooded(agent) for agent in world.agents)
+
+    try:
+        await eventually(everywhere, "the beating node in both flood lists", timeout=10)
+        await eventually(nowhere, "the node whose beat went stale out of them", timeout=15)
+        assert await world.etcd.get(keys.state_alive(host)) is not None
+        fresh = values.alive_value(0, "t", time.time(), ttl)
+        await world.etcd.put(keys.state_alive(host), fresh, lease=lease.id)
+        await eventually(everywhere, "back once it beats again", timeout=10)
+    finally:
+        await lease.revoke()

@@ -323,3 +323,42 @@ async def test_neutron_rules_and_members_are_enforced_end_to_end(
             net.delete_port(port)
         for group in (web, other):
             net.delete_security_group(group)
+
+
+async def test_tables_changed_behind_the_agent_are_repaired_and_counted(
+    forwarded_agents: list[HostAgent],
+    netenv: NetEnv,
+    vxnet: Any,
+    plugin: Path,
+    neutron: Any,
+    project_id: str,
+) -> None:
+    """#39 drift: podwire's tables flushed or a rule deleted by hand let through what the
+    groups deny, until the agent's read-back finds the change and puts the ruleset back."""
+    h1, h2 = forwarded_agents
+    net = neutron.network
+    web = net.create_security_group(name="pw-drift", project_id=project_id)
+    try:
+        a = await _add(plugin, h1, netenv, vxnet.id, web.id, "da")
+        b = await _add(plugin, h2, netenv, vxnet.id, web.id, "db")
+        server = _serve(b, 5003)  # no rule admits 5003
+        try:
+            assert not await _eventually(lambda: _connects(a, b.ip, 5003), False)
+            assert h2.agent is not None
+            repairs = h2.agent.metrics.registry.get_sample_value
+            for tamper in (("flush", "table", "inet", "podwire"),
+                           ("delete", "table", "inet", "podwire")):  # fmt: skip
+                before = repairs("podwire_agent_policy_repairs_total") or 0
+                in_ns(h2.netns, "nft", *tamper)
+                # Open for a moment (without the read-back, for good), then closed again.
+                assert not await _eventually(lambda: _connects(a, b.ip, 5003), False, within=10)
+                assert (repairs("podwire_agent_policy_repairs_total") or 0) == before + 1
+                tables = in_ns(h2.netns, "nft", "list", "table", "inet", "podwire").stdout
+                assert "chain" in tables, tables
+        finally:
+            server.kill()
+            server.wait()
+    finally:
+        for port in list(net.ports(project_id=project_id)):
+            net.delete_port(port)
+        net.delete_security_group(web)

@@ -104,12 +104,11 @@ NAMESPACE = Deployment("blue").etcd_namespace
 async def test_denied_watch_is_permanent_and_names_the_prefix(authed: AuthEtcd) -> None:
     node_a = await authed.user("podwire-node-a", node_role("a"))
     async with await EtcdClient.connect(node_a) as a:
-        watcher = PrefixWatcher(a, keys.node_ports_prefix("b"), retry_initial=0.01)
-        batches = watcher.batches()
-        with pytest.raises(EtcdPermissionDenied, match=r"list /podwire/nodes/b/ports/"):
-            await anext(batches)
+        watcher = PrefixWatcher(a, keys.vifs_prefix(), retry_initial=0.01)  # the controller's
+        with pytest.raises(EtcdPermissionDenied, match=r"list /podwire/vifs/"):
+            await anext(watcher.batches())
         watcher.revision = 1  # resume: straight to the watch, which etcd cancels
-        with pytest.raises(EtcdPermissionDenied, match=r"watch /podwire/nodes/b/ports/"):
+        with pytest.raises(EtcdPermissionDenied, match=r"watch /podwire/vifs/"):
             await anext(watcher.batches())
         assert a.authentications == 2  # once at start, once to rule out a stale token
 

@@ -283,3 +283,14 @@ def test_cni_requests_get_cni_errors(env: dict[str, str], stdin: str) -> None:
         cni_request.parse_request(env, stdin)
     except CniError as exc:
         assert exc.code in (1, 4, 6, 7) and exc.msg
+
+
+def test_a_heartbeat_is_fresh_for_two_ttls_and_a_beat_needs_its_ttl() -> None:
+    beat = nodes.parse_alive(nodes.alive_value(1.0, "t", 1000.0, 10))
+    assert (beat.beat_at, beat.ttl) == (1000.0, 10)
+    assert beat.fresh(1020.0) and not beat.fresh(1020.5)
+    assert nodes.parse_alive(nodes.alive_value(1.0, "t")).fresh(1e12)  # before the beat
+    for bad in (b'{"v":1,"started_at":1,"ttl":10}', b'{"v":1,"started_at":1,"beat_at":1,"ttl":0}',
+                b'{"v":1,"started_at":1,"beat_at":1,"ttl":3601}'):  # fmt: skip
+        with pytest.raises(ValidationError):
+            nodes.parse_alive(bad)

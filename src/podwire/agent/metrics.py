@@ -79,6 +79,12 @@ class AgentMetrics:
             " does not encode (none of podwire's own); each costs a parse and a cache dump",
             registry=r,
         )
+        self.policy_repairs = prom.Counter(
+            "podwire_agent_policy_repairs",
+            "Times podwire's nftables tables were found changed behind the agent (flushed,"
+            " edited) and replaced whole",
+            registry=r,
+        )
         self.policy_seconds = prom.Histogram(
             "podwire_agent_policy_apply_seconds",
             "Time to compile and apply one security-group change",

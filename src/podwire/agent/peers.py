@@ -1,7 +1,8 @@
 """The other nodes, from ``/podwire/state/nodes/``: which are alive, their VTEPs, their ports.
 
 VXLAN flood entries follow hosts as they come and go; a host floods only while its heartbeat
-key (bound to its lease) exists, so a dead host drops out when its lease expires. The ports a
+key (bound to its lease) exists and its beat is fresh, so a dead host drops out when its lease
+expires, or when it stops beating while someone else keeps its lease alive. The ports a
 host reports wired become this node's forwarding and ARP/ND answers for them (Neutron's
 l2population model, ``binder.remote_macs``), whether or not its agent runs now: the ports stay
 wired in that host's kernel while its agent restarts.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +37,7 @@ from podwire.schema.ports import parse_desired_port
 
 log = get_logger(__name__)
 
+BEAT_CHECK = 1.0  # seconds between looks at the heartbeats' age
 MAX_CLAIMS_PER_HOST = 4096  # far above what one node runs; past it a node's claims are refused
 
 
@@ -98,6 +101,7 @@ class PeerTracker:
         self._on_change = on_change
         self._metrics = metrics or AgentMetrics()
         self._alive: set[str] = set()
+        self._beats: dict[str, values.Alive] = {}
         self._vteps: dict[str, str] = {}
         self._bindings: dict[str, dict[str, Binding]] = {}  # host -> port id -> Neutron's
         self._claims: dict[str, dict[str, Claim]] = {}  # host -> port id -> its word
@@ -125,6 +129,7 @@ class PeerTracker:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._follow("state", self.watcher, self._apply))
             tg.create_task(self._follow("bindings", self.bindings, self._apply_binding))
+            tg.create_task(self._watch_beats())
 
     async def _follow(
         self, name: str, watcher: PrefixWatcher, apply: Callable[[WatchEvent], None]
@@ -145,16 +150,37 @@ class PeerTracker:
             return
         host, kind, name = parsed
         if kind == "alive":
-            before = host in self._alive
+            self._beats.pop(host, None)
             if event.kind == "put":
-                self._alive.add(host)
-            else:
-                self._alive.discard(host)
-            self._dirty |= before != (host in self._alive)
+                try:
+                    self._beats[host] = values.parse_alive(event.value, f"alive of {host}")
+                    self._accept(host, "alive")
+                except ValidationError as exc:
+                    self._refuse(host, "alive", "alive", str(exc))
+            self._check_beats()
         elif kind == "vtep":
             self._apply_vtep(host, event)
         elif kind == "ports" and name:
             self._apply_claim(host, name, event)
+
+    def _check_beats(self) -> None:
+        """Alive: a heartbeat key whose beat is fresh (a lease anyone can keep alive does not
+        keep a dead node in the flood lists)."""
+        now = time.time()
+        alive = {host for host, beat in self._beats.items() if beat.fresh(now)}
+        if alive != self._alive:
+            for host in sorted((self._alive - alive) & self._beats.keys()):
+                log.warning(
+                    "agent.peer.heartbeat_stale", host=host, beat_at=self._beats[host].beat_at
+                )
+            self._alive, self._dirty = alive, True
+
+    async def _watch_beats(self) -> None:
+        while True:
+            await asyncio.sleep(BEAT_CHECK)
+            if len(self._listed) == 2:
+                self._check_beats()
+                await self._publish()
 
     def _apply_vtep(self, host: str, event: WatchEvent) -> None:
         before = self._vteps.get(host)

@@ -66,13 +66,16 @@ class Heartbeat:
 
     async def _put_alive(self) -> None:
         self._lease = await self._etcd.grant_lease(self._reg.ttl)
-        await self._etcd.put(
-            keys.state_alive(self._reg.host),
-            values.alive_value(self.started_at, __version__),
-            lease=self._lease.id,
-        )
+        await self._beat()
         self.healthy = True
         log.info("agent.registered", host=self._reg.host, lease=hex(self._lease.id))
+
+    async def _beat(self) -> None:
+        """The alive value with a fresh ``beat_at``: what says this node lives (any etcd user
+        can refresh its lease, only this node's can write this)."""
+        assert self._lease is not None
+        value = values.alive_value(self.started_at, __version__, time.time(), self._reg.ttl)
+        await self._etcd.put(keys.state_alive(self._reg.host), value, lease=self._lease.id)
 
     async def register(self) -> None:
         """``publish`` until it succeeds: an unreachable etcd is waited out, never fatal."""
@@ -84,7 +87,7 @@ class Heartbeat:
         while True:
             assert self._lease is not None
             try:
-                await self._lease.keepalive()
+                await self._lease.keepalive(self._beat)
             except LeaseLost as exc:
                 self._metrics.heartbeat_lost.inc()
                 self.healthy = False

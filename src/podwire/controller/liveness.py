@@ -1,4 +1,5 @@
-"""Which nodes have a live agent: the ``alive`` heartbeat key, bound to the agent's lease.
+"""Which nodes have a live agent: the ``alive`` heartbeat key, bound to the agent's lease, with
+a beat its agent rewrites at each refresh of that lease.
 
 Ports created for a node without a live agent cannot bind (ml2 declines such a host), so they
 would only churn through Neutron: populate refuses such a node and background refills skip it.
@@ -7,6 +8,8 @@ refill that skips it.
 """
 
 from __future__ import annotations
+
+import time
 
 from podwire import keys
 from podwire.controller.errors import NodeNotAlive, PhysnetNotServed
@@ -27,20 +30,17 @@ class Liveness:
         kv = await self._etcd.get(keys.state_alive(node))
         if kv is None:
             return False
-        try:
-            parse_alive(kv.value, kv.key)
-        except ValidationError as exc:
-            log.warning("controller.node.bad_alive", node=node, error=str(exc))
-            return False
-        return True
+        return _beating(node, kv.value, kv.key, time.time())
 
     async def alive_nodes(self) -> set[str]:
-        """Every node with an alive key (one range read; the sweeper's view)."""
+        """Every node with a fresh heartbeat (one range read; the sweeper's view)."""
         items, _ = await self._etcd.get_prefix(keys.state_prefix())
-        alive = set()
+        now, alive = time.time(), set()
         for kv in items:
             parsed = keys.parse_state_key(kv.key)
-            if parsed is not None and parsed[1] == "alive":
+            if parsed is None or parsed[1] != "alive":
+                continue
+            if _beating(parsed[0], kv.value, kv.key, now):
                 alive.add(parsed[0])
         return alive
 
@@ -77,6 +77,19 @@ class Liveness:
                 f" not serve (its agent maps {sorted(served) or 'none'}): add it to"
                 " agent.physnet_mappings on that node or use another network"
             )
+
+
+def _beating(node: str, raw: bytes, key: str, now: float) -> bool:
+    """A heartbeat that parses and is fresh: a lease alone proves nothing (etcd lets any user
+    refresh any lease), the beat only the node's own user can write does."""
+    try:
+        fresh = parse_alive(raw, key).fresh(now)
+    except ValidationError as exc:
+        log.warning("controller.node.bad_alive", node=node, error=str(exc))
+        return False
+    if not fresh:
+        log.warning("controller.node.heartbeat_stale", node=node)
+    return fresh
 
 
 def no_agent(node: str) -> str:

@@ -561,11 +561,13 @@ class Lease:
         self.id = lease_id
         self.ttl = ttl
 
-    async def keepalive(self) -> None:
+    async def keepalive(self, after_refresh: Callable[[], Awaitable[None]] | None = None) -> None:
         """Refresh every third of the TTL; LeaseLost once etcd or our own clock says it is over.
 
         The local deadline matters while etcd is unreachable or stalled: after one TTL without
         a refresh, etcd may already have expired the lease, so its keys cannot be trusted.
+        ``after_refresh`` runs after each refresh (a heartbeat value only its owner can write:
+        etcd lets anyone refresh any lease).
         """
         loop = asyncio.get_running_loop()
         interval = max(self.ttl / 3, 0.5)
@@ -585,6 +587,11 @@ class Lease:
             if remaining <= 0:
                 raise LeaseLost(f"etcd lease {self.id:#x} expired")
             expires = sent + remaining
+            if after_refresh is not None:
+                try:
+                    await after_refresh()
+                except EtcdUnavailable as exc:  # the next refresh tries again
+                    log.warning("etcd.lease.beat_failed", lease=hex(self.id), error=str(exc))
 
     async def revoke(self) -> None:
         await self.client.revoke_lease(self.id)

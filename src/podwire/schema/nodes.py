@@ -21,10 +21,26 @@ RENAMED_POD_DRIVERS = {"noop": "unpooled"}
 MAX_LIST = 32
 
 
+MAX_TTL = 3600
+
+
 @dataclass(frozen=True)
 class Alive:
+    """A node's heartbeat. The key is bound to the node's lease, but etcd lets any user
+    refresh any lease, so the lease alone cannot say the node lives: its agent also rewrites
+    ``beat_at`` at each refresh, a value only that node's user can write. Agents before the
+    beat write neither field and are taken on the lease alone."""
+
     started_at: float
     version: str
+    beat_at: float | None = None
+    ttl: int | None = None
+
+    def fresh(self, now: float) -> bool:
+        """Beaten within two TTLs (three refreshes missed, and a TTL of clock skew)."""
+        if self.beat_at is None or self.ttl is None:
+            return True
+        return now - self.beat_at <= 2 * self.ttl
 
 
 @dataclass(frozen=True)
@@ -35,8 +51,13 @@ class Capabilities:
     pod_driver: str | None = None
 
 
-def alive_value(started_at: float, version: str) -> bytes:
-    return doc.encode_versioned({"started_at": started_at, "version": version})
+def alive_value(
+    started_at: float, version: str, beat_at: float | None = None, ttl: int | None = None
+) -> bytes:
+    body: dict[str, Any] = {"started_at": started_at, "version": version}
+    if beat_at is not None and ttl is not None:
+        body.update(beat_at=beat_at, ttl=ttl)
+    return doc.encode_versioned(body)
 
 
 def capabilities_value(
@@ -50,7 +71,13 @@ def capabilities_value(
 
 def parse_alive(raw: bytes, what: str = "alive") -> Alive:
     obj = doc.Obj(doc.decode_versioned(raw, what), what)
-    return Alive(obj.req("started_at", fields.timestamp), obj.opt("version", fields.text, ""))
+    ttl = obj.maybe("ttl", lambda value, where: fields.integer(value, where, 1, MAX_TTL))
+    return Alive(
+        obj.req("started_at", fields.timestamp),
+        obj.opt("version", fields.text, ""),
+        obj.req("beat_at", fields.timestamp) if ttl is not None else None,
+        ttl,
+    )
 
 
 def parse_physnet(raw: bytes, what: str = "physnet") -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from podwire import keys
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.policy import ruleset
+from podwire.agent.policy import readback, ruleset
 from podwire.agent.policy.compile import (
     MAX_POLICY_ID,
     Compiled,
@@ -61,6 +61,9 @@ class EnforcerSettings:
     # Seconds a set of groups keeps its chains after its last port on the node left: a deleted
     # pod's replacement (the same deployment) then costs a few set elements, not new chains.
     keep_seconds: float = 60.0
+    # Seconds between read-backs of podwire's tables (a change made behind the agent is
+    # repaired within about this).
+    repair_interval: float = 1.0
 
 
 async def apply_change(nft: Nftables, change: ruleset.Change) -> None:
@@ -97,6 +100,7 @@ class PolicyEnforcer:
         self._policy_ids: dict[GroupSet, int] = {}  # as the last compilation gave them
         self._remote: dict[str, frozenset[str]] | None = None  # MACs other nodes may send
         self._applied: ruleset.Ruleset | None = None
+        self._baseline: str | None = None  # readback fingerprint of the tables as applied
         self._applied_ports: dict[str, PortPolicy] = {}  # the ports ``_applied`` was made for
         self._applied_problems: list[str] = []
         self._policy_epoch = 0  # counts changes of groups, members, address groups
@@ -244,7 +248,9 @@ class PolicyEnforcer:
         await self._listed.wait()
         await self._adopted.wait()
         while True:
-            await self._dirty_or_expiry()
+            if not await self._dirty_or_expiry():
+                await self._read_back()
+                continue
             self._dirty.clear()
             generation, revision = self._wanted, self._seen_revision
             try:
@@ -264,18 +270,47 @@ class PolicyEnforcer:
                 self._done = generation
                 self._changed.notify_all()
             self.synced.set()
+            if not self._dirty.is_set():  # off the ADD's path: it was answered above
+                await self._take_baseline()
 
-    async def _dirty_or_expiry(self) -> None:
-        """Until a change is asked for, or a kept group set expires."""
+    async def _dirty_or_expiry(self) -> bool:
+        """Until a change is asked for or a kept group set expires (True), or it is time to
+        read the tables back (False)."""
         expiry = self._next_expiry()
-        if expiry is None:
-            await self._dirty.wait()
-            return
+        check = time.monotonic() + self._settings.repair_interval
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
         # arrives as the event is set, and this loop would then never end.
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(0.0, expiry - time.monotonic())):
+            async with asyncio.timeout(max(0.0, min(check, expiry or check) - time.monotonic())):
                 await self._dirty.wait()
+        return self._dirty.is_set() or (expiry is not None and time.monotonic() >= expiry)
+
+    async def _take_baseline(self) -> None:
+        """The tables as this agent left them, to compare later listings with. Taken when
+        nothing else waits to be applied; a change someone made in between becomes part of
+        it until podwire's next change of its own."""
+        try:
+            self._baseline = await readback.fingerprint(self._nft)
+        except PodwireError as exc:
+            self._baseline = None
+            log.warning("agent.policy.readback_failed", error=str(exc)[:500])
+
+    async def _read_back(self) -> None:
+        """Someone changed podwire's tables (flushed, deleted, added to): all of it again."""
+        if self._baseline is None or self._applied is None:
+            if self._applied is not None:
+                await self._take_baseline()
+            return
+        try:
+            found = await readback.fingerprint(self._nft)
+        except PodwireError as exc:
+            log.warning("agent.policy.readback_failed", error=str(exc)[:500])
+            return
+        if found != self._baseline:
+            log.warning("agent.policy.repaired", effect="podwire's tables replaced whole")
+            self._metrics.policy_repairs.inc()
+            self._applied, self._baseline = None, None
+            self._request()
 
     def _port_policies(self) -> list[PortPolicy]:
         return [PortPolicy(e.port, e.ifname) for _, e in sorted(self._ports.items())]
