@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from podwire.agent import naming
 from podwire.agent.attach import Attacher, addresses_of
@@ -22,7 +22,7 @@ from podwire.agent.checkpoint import EntryStore
 from podwire.agent.memif import MEMIF_IFNAME, MemifPlan, MemifService
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.podrelease import PodReleaser
-from podwire.agent.veth import Plugger, PlugSpec, PodInterfaceTaken, planned
+from podwire.agent.veth import Plugger, PlugSpec, PodInterfaceTaken, is_nested, planned
 from podwire.agent.vifsource import VifSource, vif_request
 from podwire.cni import spec
 from podwire.cni.request import (
@@ -47,6 +47,7 @@ ReadyCheck = Callable[[], Awaitable[tuple[bool, str]]]
 # Ports an ADD replaces after they vanished before being wired (deleted or unbound in
 # Neutron): more in one ADD means someone is deleting the pool's ports as it hands them out.
 MAX_VANISHED = 3
+REPAIR_INTERVAL = 1.0  # seconds between looks at the pods' host interfaces
 
 
 @dataclass(frozen=True)
@@ -221,24 +222,80 @@ class CniHandler:
         uplink = self._settings.nested_uplink
         if uplink and vif.vlan_id is not None:
             return await self._wire_nested(req, vif, uplink, vif.vlan_id)
+        where = (req.attachment, req.netns, req.ifname)
+        return await self._wire_veth(where, vif, lambda a: self._entry(req, vif, a), deadline)
+
+    async def _wire_veth(
+        self,
+        where: tuple[str, str, str],
+        vif: Vif,
+        entry_for: Callable[[Attached], Attachment],
+        deadline: float,
+    ) -> Attachment:
+        """A veth for ``vif`` into the pod (attachment, namespace, interface name), its
+        rules in force before its host end comes up, recorded in the checkpoint."""
+        attachment, netns, ifname = where
         wiring = await self._attacher.wiring(vif, deadline)
         plug = PlugSpec(
-            req.attachment,
-            req.netns,
-            req.ifname,
-            vif.mac_address,
-            wiring.mtu,
-            wiring.bridge,
+            attachment, netns, ifname, vif.mac_address, wiring.mtu, wiring.bridge,
             wiring.addresses,
-        )
-        entry = self._entry(req, vif, planned(plug))
+        )  # fmt: skip
+        entry = entry_for(planned(plug))
         await self._attacher.attach(
             wiring.port,
-            naming.host_veth(req.attachment),
+            naming.host_veth(attachment),
             lambda gate: self._plugged_and_recorded(entry, self._plugger.plug(plug, gate)),
             deadline,
         )
         return entry
+
+    # -- repair --------------------------------------------------------------------------
+
+    async def repair_forever(self, interval: float = REPAIR_INTERVAL) -> None:
+        """What a pod was given and someone took (its veth deleted, or taken off the
+        bridge) is given again, as Felix repairs what it programmed; counted and logged."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.repair()
+
+    async def repair(self) -> int:
+        ports = await self._plugger.host_ports()
+        bridges: dict[str, int | None] = {}
+        repaired = 0
+        for entry in list(self._checkpoint.entries.values()):
+            if is_nested(entry.attached):
+                continue
+            bridge = _bridge(entry.vif)
+            if bridge not in bridges:
+                bridges[bridge] = await self._plugger.bridge_index(bridge)
+            master = ports.get(entry.attached.host_ifname)
+            if master is not None and master == bridges[bridge]:
+                continue
+            repaired += await self._repair_one(entry.attachment)
+        return repaired
+
+    async def _repair_one(self, attachment: str) -> int:
+        async with self._lock(attachment):  # never under an ADD or DEL of the same pod
+            entry = self._checkpoint.get(attachment)
+            if entry is None or not is_netns(entry.netns):
+                return 0  # deleted meanwhile, or the pod is gone: its DEL or GC comes
+            problem = await self._plugger.check(entry.attached, _bridge(entry.vif))
+            if problem is None:
+                return 0
+            deadline = asyncio.get_running_loop().time() + self._settings.add_timeout
+            where = (entry.attachment, entry.netns, entry.ifname)
+            try:
+                await self._plugger.unplug(attachment, entry.attached)
+                await self._wire_veth(
+                    where, entry.vif, lambda a: replace(entry, attached=a), deadline
+                )
+            except PodwireError as exc:
+                log.warning("agent.cni.repair_failed", attachment=attachment, error=str(exc))
+                return 0
+        self._metrics.attachment_repairs.inc()
+        log.warning("agent.cni.repaired", attachment=attachment, port=entry.vif.port_id,
+                    problem=problem)  # fmt: skip
+        return 1
 
     async def _wire_nested(
         self, req: CniRequest, vif: Vif, uplink: str, vlan_id: int

@@ -37,6 +37,11 @@ class AgentMetrics:
             buckets=CNI_BUCKETS,
             registry=r,
         )
+        self.attachment_repairs = prom.Counter(
+            "podwire_agent_attachment_repairs",
+            "Pods whose veth was found deleted or off its bridge and plugged again",
+            registry=r,
+        )
         self.attachments = prom.Gauge(
             "podwire_agent_attachments", "Pod attachments in the checkpoint", registry=r
         )

@@ -202,9 +202,7 @@ class Agent:
                 tg.create_task(task.run())
             await self._restore(tg, checkpoint)
             if handler is not None:
-                server = CniServer(agent.cni_socket, handler)
-                await server.start()
-                stack.push_async_callback(server.stop)
+                await self._serve_cni(stack, tg, handler)
             if agent.ops_listen:
                 await self._start_ops(stack, ready)
             log.info(
@@ -250,6 +248,17 @@ class Agent:
                 replay()
 
         return Supervised(name, job, before_restart, fatal=(ConfigError, EtcdPermissionDenied))
+
+    async def _serve_cni(
+        self, stack: contextlib.AsyncExitStack, tg: asyncio.TaskGroup, handler: CniHandler
+    ) -> None:
+        """The CNI socket opens, and what it plugged is kept as it plugged it."""
+        server = CniServer(self.settings.agent.cni_socket, handler)
+        await server.start()
+        stack.push_async_callback(server.stop)
+        repairs = self._supervise("attachment-repair", handler.repair_forever)
+        self.parts.tasks.append(repairs)
+        tg.create_task(repairs.run())
 
     async def _restore(self, tg: asyncio.TaskGroup, checkpoint: EntryStore[Attachment]) -> None:
         """What was plugged before this start is known again, and keeps its rules: the

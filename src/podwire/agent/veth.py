@@ -275,6 +275,15 @@ class Plugger:
             return f"interface {attached.ifname} lacks addresses {sorted(missing)}"
         return None
 
+    async def host_ports(self) -> dict[str, int]:
+        """Every host-side interface by name, with the index of its bridge (0: none), in one
+        dump: the repair pass looks at all attachments at once."""
+        return {link.name: link.master for link in await self._host.run(Netlink.links)}
+
+    async def bridge_index(self, bridge: str) -> int | None:
+        link = await self._host.run(Netlink.link, bridge)
+        return None if link is None else link.index
+
     async def _check_host(self, attached: Attached, bridge: str) -> str | None:
         host = await self._host.run(Netlink.link, attached.host_ifname)
         if host is None:
