@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import sys
 from pathlib import Path
@@ -52,6 +53,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NAMES",
         help="comma-separated podwire deployments Neutron's ml2 driver serves (default podwire)",
     )
+    up.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="also kube-apiserver (on the stack's etcd), kube-controller-manager and"
+        " kube-scheduler; stack.json: kube_apiserver, kubeconfig (admin), kube_bin_dir",
+    )
+    up.add_argument(
+        "--kube-bin-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the Kubernetes binaries are (default: the venv's share/podwire-kube,"
+        " built by scripts/setup)",
+    )
+    up.add_argument(
+        "--kube-address",
+        default="",
+        metavar="ADDR",
+        help="the address the apiserver advertises (default: this machine's default-route"
+        " address; it listens on all)",
+    )
     up.set_defaults(handler=_up)
     down = actions.add_parser("down", help="stop the stack running on a data dir")
     down.add_argument("--data-dir", required=True, type=Path)
@@ -75,6 +97,9 @@ def _up(args: argparse.Namespace) -> int:
         neutron_servers=args.neutron_servers,
         rpc=args.rpc,
         deployments=_deployments(args.deployments),
+        kubernetes=args.kubernetes,
+        kube_bin_dir=args.kube_bin_dir,
+        kube_address=_kube_address(args.kube_address),
     )
     stack = Stack(options)
 
@@ -85,6 +110,8 @@ def _up(args: argparse.Namespace) -> int:
             "etcd_auth",
             "neutron",
             "neutron_servers",
+            "kube_apiserver",
+            "kubeconfig",
             "data_dir",
             "ready_seconds",
         )
@@ -92,6 +119,22 @@ def _up(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     return stack.run(announce)
+
+
+def _kube_address(address: str) -> str:
+    if address and not _is_unicast_ipv4(address):
+        raise ConfigError(f"--kube-address: {address!r} is not a non-loopback IPv4 address")
+    return address
+
+
+def _is_unicast_ipv4(address: str) -> bool:
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return parsed.version == 4 and not (
+        parsed.is_loopback or parsed.is_multicast or parsed.is_unspecified
+    )
 
 
 def _deployments(names: str) -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -40,9 +41,9 @@ def pick_port(preferred: int) -> int:
     return preferred if preferred and port_is_free(preferred) else free_port()
 
 
-def http_ok(url: str, timeout: float = 1.0) -> bool:
+def http_ok(url: str, timeout: float = 1.0, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
             return 200 <= int(response.status) < 300
     except (urllib.error.URLError, OSError, ValueError):
         return False

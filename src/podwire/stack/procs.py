@@ -21,7 +21,9 @@ from pathlib import Path
 from podwire.errors import StackError
 
 
-def _with_parent_death_signal(argv: Sequence[str], user: str | None) -> list[str]:
+def _with_parent_death_signal(
+    argv: Sequence[str], user: str | None, death_signal: str = "TERM"
+) -> list[str]:
     """``argv`` under setpriv: the parent-death signal, and the user to run as if any.
 
     One setpriv does both, the signal set after the user change: the kernel clears a
@@ -33,7 +35,7 @@ def _with_parent_death_signal(argv: Sequence[str], user: str | None) -> list[str
             raise StackError("setpriv (util-linux) is needed to run a child as another user")
         return list(argv)
     as_user = ["--reuid", user, "--regid", user, "--init-groups"] if user else []
-    return [setpriv, *as_user, "--pdeathsig", "TERM", "--", *argv]
+    return [setpriv, *as_user, "--pdeathsig", death_signal, "--", *argv]
 
 
 def spawn(
@@ -41,12 +43,13 @@ def spawn(
     log_path: Path,
     env: Mapping[str, str] | None = None,
     user: str | None = None,
+    death_signal: str = "TERM",
 ) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
         try:
             return subprocess.Popen(
-                _with_parent_death_signal(argv, user),
+                _with_parent_death_signal(argv, user, death_signal),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

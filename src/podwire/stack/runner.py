@@ -1,7 +1,9 @@
 """``podwire stack up/down``: run etcd, MariaDB and Neutron as one supervised unit.
 
 With ``--rpc`` the unit also holds a private RabbitMQ (with its own epmd) and
-``neutron-rpc-server``, which Neutron's agents (``podwire neutron-agent``) talk to.
+``neutron-rpc-server``, which Neutron's agents (``podwire neutron-agent``) talk to. With
+``--kubernetes`` it holds a Kubernetes control plane too (kube-apiserver on the stack's etcd,
+kube-controller-manager, kube-scheduler: ``kube_control``).
 
 The supervisor holds an exclusive ``flock`` on ``DIR/stack.lock`` for its whole life: that lock,
 not the presence of ``stack.json``, says whether a stack runs on a data dir. A ``stack.json``
@@ -12,6 +14,7 @@ recorded command line) are stopped before the new run starts.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import signal
@@ -28,7 +31,7 @@ from podwire.errors import StackError
 from podwire.etcd.admin import ROOT_USER
 from podwire.files import atomic_write
 from podwire.log import get_logger
-from podwire.stack import etcd_auth, etcd_server, procs
+from podwire.stack import etcd_auth, etcd_server, kube_api, kube_control, procs
 from podwire.stack.mariadb import MariaDB
 from podwire.stack.netutil import http_ok, pick_port, wait_until
 from podwire.stack.neutron_conf import NeutronConfig
@@ -41,8 +44,20 @@ SCHEMA_MARKER = "neutron-schema.done"
 RPC_SERVER = "rpc-server"
 # The queues neutron-rpc-server consumes: the agents' calls and their state reports.
 RPC_QUEUES = ("q-plugin", "q-reports-plugin")
-# Stopped in this order: the servers before the bus, the bus before the stores.
-STOP_ORDER = ("neutron", "rpc", "rabbitmq", "epmd", "etcd", "mariadb")
+# Stopped in this order: Kubernetes' clients before its apiserver, the servers before the
+# bus, the bus before the stores. Each Kubernetes component is a kind of its own: the stack
+# cannot serve without any one of them.
+STOP_ORDER = (
+    kube_control.SCHEDULER,
+    kube_control.CONTROLLER_MANAGER,
+    kube_control.APISERVER,
+    "neutron",
+    "rpc",
+    "rabbitmq",
+    "epmd",
+    "etcd",
+    "mariadb",
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,9 @@ class StackOptions:
     neutron_servers: int = 1  # neutron-server processes on the same database
     rpc: bool = False  # RabbitMQ + neutron-rpc-server, for Neutron's agents
     deployments: tuple[str, ...] = ("podwire",)  # [ml2_podwire] deployments
+    kubernetes: bool = False  # kube-apiserver, kube-controller-manager, kube-scheduler
+    kube_bin_dir: Path | None = None  # default: kube_control.default_bin_dir()
+    kube_address: str = ""  # the apiserver's advertised address; default: the default route's
 
 
 class StopRequested(Exception):
@@ -88,6 +106,7 @@ class Stack:
     def _start(self) -> dict[str, Any]:
         started = time.monotonic()
         ports = _previous_ports(self.data_dir)
+        kube_bin_dir = self._kube_bin_dir()
         members = self.options.etcd_members
         etcds = etcd_server.cluster(self.data_dir, ports, members)
         endpoints = [member.client_url for member in etcds]
@@ -104,6 +123,7 @@ class Stack:
         for member in etcds:
             self._wait_ready(etcd_server.child_name(member, members), member.ready)
         server = self._etcd_server_user(endpoints[0])
+        plane = self._start_kubernetes(kube_bin_dir, ports, endpoints) if kube_bin_dir else None
         neutron_ports = {
             name: pick_port(ports.get(name, 0)) for name in _neutron_names(self.options)
         }
@@ -120,6 +140,8 @@ class Stack:
         if rabbit:
             self._wait_ready("rabbitmq", rabbit.ready)
             self._wait_ready(RPC_SERVER, lambda: rabbit.consumed(RPC_QUEUES))
+        if plane:
+            self._wait_kubernetes(plane)
         neutron_urls = [f"http://127.0.0.1:{port}/" for port in neutron_ports.values()]
         info = {
             "etcd": endpoints[0],
@@ -128,11 +150,13 @@ class Stack:
             "neutron": neutron_urls[0],
             "neutron_servers": neutron_urls,
             **({"transport_url": rabbit.transport_url} if rabbit else {}),
+            **(_kube_entries(plane) if plane else {}),
             "data_dir": str(self.data_dir),
             "ports": {
                 **etcd_server.port_entries(etcds),
                 **neutron_ports,
                 **(_rabbitmq_ports(rabbit) if rabbit else {}),
+                **(_kube_ports(plane) if plane else {}),
             },
             "pids": {"supervisor": os.getpid(), **{n: p.pid for n, p in self.children.items()}},
             "cmdlines": {
@@ -144,6 +168,53 @@ class Stack:
         _write_json_atomic(self.data_dir / STACK_JSON, info)
         log.info("stack.ready", data_dir=self.data_dir, seconds=info["ready_seconds"])
         return info
+
+    def _kube_bin_dir(self) -> Path | None:
+        """With --kubernetes: where its binaries are, checked before anything starts."""
+        if not self.options.kubernetes:
+            return None
+        if self.options.etcd_auth:
+            raise StackError(
+                "--kubernetes with --etcd-auth: kube-apiserver authenticates to etcd only with"
+                " TLS client certificates, and the stack's etcd takes passwords over loopback"
+                " HTTP; use one of the two"
+            )
+        bin_dir = self.options.kube_bin_dir or kube_control.default_bin_dir()
+        kube_control.check_binaries(bin_dir)
+        return bin_dir
+
+    def _start_kubernetes(
+        self, bin_dir: Path, ports: dict[str, int], etcd_urls: list[str]
+    ) -> kube_control.ControlPlane:
+        """PKI and kubeconfigs, then the apiserver, which warms up (~5 s) while Neutron
+        starts."""
+        plane = kube_control.ControlPlane(
+            data_dir=self.data_dir,
+            bin_dir=bin_dir,
+            address=self.options.kube_address or kube_control.advertise_address(),
+            apiserver_port=pick_port(ports.get(kube_control.APISERVER, 0)),
+            controller_manager_port=pick_port(ports.get(kube_control.CONTROLLER_MANAGER, 0)),
+            scheduler_port=pick_port(ports.get(kube_control.SCHEDULER, 0)),
+            etcd_urls=tuple(etcd_urls),
+        )
+        plane.prepare()
+        # KILL when the supervisor dies: etcd gets its TERM at the same moment and is gone
+        # first, and the apiserver's graceful shutdown then waits for etcd for ever.
+        self._spawn(kube_control.APISERVER, plane.apiserver_argv(), death_signal="KILL")
+        return plane
+
+    def _wait_kubernetes(self, plane: kube_control.ControlPlane) -> None:
+        """The controller manager and the scheduler start once the apiserver is ready: before
+        its RBAC bootstrap policy is in, their delegated authentication is refused and they
+        exit."""
+        context = kube_api.admin_context(plane.pki)
+        self._wait_ready(kube_control.APISERVER, lambda: kube_api.ready(plane.url, context))
+        kube_api.grant_kubelet_client(plane.url, context)
+        self._spawn(kube_control.CONTROLLER_MANAGER, plane.controller_manager_argv())
+        self._spawn(kube_control.SCHEDULER, plane.scheduler_argv())
+        for name, port in _kube_ports(plane).items():
+            if name != kube_control.APISERVER:
+                self._wait_ready(name, functools.partial(kube_api.healthy, port))
 
     def _start_rabbitmq(self, ports: dict[str, int]) -> RabbitMQ:
         """epmd, then the broker, which boots (~10 s) while the rest of the stack starts."""
@@ -240,9 +311,12 @@ class Stack:
         argv: list[str],
         env: dict[str, str] | None = None,
         user: str | None = None,
+        death_signal: str = "TERM",
     ) -> None:
         log.info("stack.start", service=name)
-        self.children[name] = procs.spawn(argv, self.logs / f"{name}.out", env, user)
+        self.children[name] = procs.spawn(
+            argv, self.logs / f"{name}.out", env, user, death_signal=death_signal
+        )
 
     def _wait_ready(self, name: str, check: Callable[[], bool]) -> None:
         proc = self.children[name]
@@ -276,8 +350,9 @@ class Stack:
 
 
 def _kind(child: str) -> str:
-    """``etcd-2`` -> ``etcd``, ``neutron-2`` -> ``neutron``, ``rpc-server`` -> ``rpc``."""
-    return child.split("-", 1)[0]
+    """``etcd-2`` -> ``etcd``, ``neutron-2`` -> ``neutron``, ``rpc-server`` -> ``rpc``; a
+    Kubernetes component is its own kind."""
+    return child if child in kube_control.COMPONENTS else child.split("-", 1)[0]
 
 
 def _stop_rank(child: str) -> int:
@@ -290,6 +365,22 @@ def _rabbitmq_ports(rabbit: RabbitMQ) -> dict[str, int]:
         "rabbitmq": rabbit.amqp_port,
         "rabbitmq_dist": rabbit.dist_port,
         "epmd": rabbit.epmd_port,
+    }
+
+
+def _kube_ports(plane: kube_control.ControlPlane) -> dict[str, int]:
+    return {
+        kube_control.APISERVER: plane.apiserver_port,
+        kube_control.CONTROLLER_MANAGER: plane.controller_manager_port,
+        kube_control.SCHEDULER: plane.scheduler_port,
+    }
+
+
+def _kube_entries(plane: kube_control.ControlPlane) -> dict[str, str]:
+    return {
+        "kube_apiserver": plane.url,
+        "kubeconfig": str(plane.admin_kubeconfig),
+        "kube_bin_dir": str(plane.bin_dir),
     }
 
 
