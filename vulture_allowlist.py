@@ -46,7 +46,7 @@ pytest_configure
 pytest_collection_modifyitems
 restore_root_logger
 
-# tarfile writes these TarInfo fields (the pause image's layer, tests/cri/image.py).
+# tarfile writes these TarInfo fields (the pause image's layer, src/podwire/kube/images.py).
 _.uname
 _.gname
 _.gid

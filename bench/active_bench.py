@@ -31,9 +31,9 @@ from bench.stats import row
 from podwire.cni.install import InstallSpec, install
 from podwire.demo.services import Services
 from podwire.errors import StackError
+from podwire.kube.containerd import Containerd
 from podwire.neutron.client import neutron_connection
 from tests.conftest import delete_project_resources
-from tests.cri.containerd import Containerd
 from tests.cri.cri import Cri, Pod
 
 VTEP = "192.0.2.1"

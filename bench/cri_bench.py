@@ -1,6 +1,6 @@
 """Pod sandboxes through containerd's CRI, as a new node runs them: podwire vs bridge+host-local.
 
-One private containerd 1.6 (``tests/cri/containerd.py``) runs in a simulated host namespace
+One private containerd 1.6 (``podwire/kube/containerd.py``) runs in a simulated host namespace
 and serves both conflists in turn, alternating (and swapping which goes first) by round so
 drift of this noisy VM hits both alike. podwire is the whole system a node pays for: the
 controller process (VIF API, its pool for this node pre-populated with 32 ports in one
@@ -36,9 +36,9 @@ from bench.stats import row
 from podwire.cni.install import InstallSpec, conflist, install
 from podwire.demo.services import Services
 from podwire.errors import StackError
+from podwire.kube.containerd import Containerd
 from podwire.neutron.client import neutron_connection
 from tests.conftest import delete_project_resources
-from tests.cri.containerd import Containerd
 from tests.cri.cri import Cri, Pod
 
 BURST = 30

@@ -76,3 +76,8 @@ class VmError(PermanentError):
 
 class VmCommandTimeout(VmError):
     """A command run in a VM's guest did not finish within its time limit."""
+
+
+class KubeError(PermanentError):
+    """A Kubernetes node of the local stack (``podwire kube-node``) could not start or stop
+    cleanly; the message says which part and why."""

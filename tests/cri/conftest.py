@@ -21,12 +21,12 @@ import pytest
 from podwire.agent import naming
 from podwire.cni.install import InstallSpec, conflist, install
 from podwire.config import EtcdSettings
+from podwire.kube.containerd import Containerd
+from podwire.kube.images import build_pause_archive
 from tests.agent.conftest import hostnames  # noqa: F401  (a fixture used here)
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, links_in, sh
-from tests.cri.containerd import Containerd
 from tests.cri.cri import Cri
-from tests.cri.image import build_archive
 from tests.scripted_agent import eventually
 
 
@@ -112,7 +112,7 @@ def network(neutron: Any, project_id: str) -> Any:
 @pytest.fixture(scope="session")
 def pause_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The offline sandbox image, built once per session (gcc -static, then packed)."""
-    return build_archive(tmp_path_factory.mktemp("pause-image"))
+    return build_pause_archive(tmp_path_factory.mktemp("pause-image"))
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from tests.cri.generated import cri_runtime_v1_pb2 as pb
-from tests.cri.generated import cri_runtime_v1_pb2_grpc as pb_grpc
+from podwire.kube.cri.generated import cri_runtime_v1_pb2 as pb
+from podwire.kube.cri.generated import cri_runtime_v1_pb2_grpc as pb_grpc
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cri.generated import cri_runtime_v1_pb2 as pb
+from podwire.kube.cri.generated import cri_runtime_v1_pb2 as pb
 
 # (message, field, number) as in the published api.proto, not read from our .proto file.
 FIELDS = [

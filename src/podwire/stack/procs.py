@@ -43,8 +43,11 @@ def spawn(
     log_path: Path,
     env: Mapping[str, str] | None = None,
     user: str | None = None,
+    new_session: bool = False,
     death_signal: str = "TERM",
 ) -> subprocess.Popen[bytes]:
+    """``new_session``: out of the terminal's process group, so a Ctrl-C reaches only the
+    parent, which then stops the child in its own order."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
         try:
@@ -54,6 +57,7 @@ def spawn(
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None,
+                start_new_session=new_session,
             )
         except OSError as exc:
             raise StackError(f"cannot start {argv[0]}: {exc.strerror}") from exc

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from tests.cri.generated import cri_runtime_v1_pb2 as tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2
+from podwire.kube.cri.generated import cri_runtime_v1_pb2 as podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tests/cri/generated/cri_runtime_v1_pb2_grpc.py depends on'
+        + ' but the generated code in podwire/kube/cri/generated/cri_runtime_v1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,38 +36,38 @@ class RuntimeServiceStub:
         """
         self.Version = channel.unary_unary(
                 '/runtime.v1.RuntimeService/Version',
-                request_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionRequest.SerializeToString,
-                response_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionResponse.FromString,
+                request_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionRequest.SerializeToString,
+                response_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionResponse.FromString,
                 _registered_method=True)
         self.RunPodSandbox = channel.unary_unary(
                 '/runtime.v1.RuntimeService/RunPodSandbox',
-                request_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxRequest.SerializeToString,
-                response_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxResponse.FromString,
+                request_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxRequest.SerializeToString,
+                response_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxResponse.FromString,
                 _registered_method=True)
         self.StopPodSandbox = channel.unary_unary(
                 '/runtime.v1.RuntimeService/StopPodSandbox',
-                request_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxRequest.SerializeToString,
-                response_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxResponse.FromString,
+                request_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxRequest.SerializeToString,
+                response_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxResponse.FromString,
                 _registered_method=True)
         self.RemovePodSandbox = channel.unary_unary(
                 '/runtime.v1.RuntimeService/RemovePodSandbox',
-                request_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxRequest.SerializeToString,
-                response_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxResponse.FromString,
+                request_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxRequest.SerializeToString,
+                response_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxResponse.FromString,
                 _registered_method=True)
         self.PodSandboxStatus = channel.unary_unary(
                 '/runtime.v1.RuntimeService/PodSandboxStatus',
-                request_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusRequest.SerializeToString,
-                response_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusResponse.FromString,
+                request_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusRequest.SerializeToString,
+                response_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusResponse.FromString,
                 _registered_method=True)
         self.ListPodSandbox = channel.unary_unary(
                 '/runtime.v1.RuntimeService/ListPodSandbox',
-                request_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxRequest.SerializeToString,
-                response_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxResponse.FromString,
+                request_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxRequest.SerializeToString,
+                response_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxResponse.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/runtime.v1.RuntimeService/Status',
-                request_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusRequest.SerializeToString,
-                response_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusResponse.FromString,
+                request_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusRequest.SerializeToString,
+                response_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -121,38 +121,38 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Version': grpc.unary_unary_rpc_method_handler(
                     servicer.Version,
-                    request_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionRequest.FromString,
-                    response_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionResponse.SerializeToString,
+                    request_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionRequest.FromString,
+                    response_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionResponse.SerializeToString,
             ),
             'RunPodSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.RunPodSandbox,
-                    request_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxRequest.FromString,
-                    response_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxResponse.SerializeToString,
+                    request_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxRequest.FromString,
+                    response_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxResponse.SerializeToString,
             ),
             'StopPodSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.StopPodSandbox,
-                    request_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxRequest.FromString,
-                    response_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxResponse.SerializeToString,
+                    request_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxRequest.FromString,
+                    response_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxResponse.SerializeToString,
             ),
             'RemovePodSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.RemovePodSandbox,
-                    request_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxRequest.FromString,
-                    response_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxResponse.SerializeToString,
+                    request_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxRequest.FromString,
+                    response_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxResponse.SerializeToString,
             ),
             'PodSandboxStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.PodSandboxStatus,
-                    request_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusRequest.FromString,
-                    response_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusResponse.SerializeToString,
+                    request_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusRequest.FromString,
+                    response_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusResponse.SerializeToString,
             ),
             'ListPodSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPodSandbox,
-                    request_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxRequest.FromString,
-                    response_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxResponse.SerializeToString,
+                    request_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxRequest.FromString,
+                    response_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusRequest.FromString,
-                    response_serializer=tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusResponse.SerializeToString,
+                    request_deserializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusRequest.FromString,
+                    response_serializer=podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,8 +180,8 @@ class RuntimeService:
             request,
             target,
             '/runtime.v1.RuntimeService/Version',
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionRequest.SerializeToString,
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionResponse.FromString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionRequest.SerializeToString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.VersionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -207,8 +207,8 @@ class RuntimeService:
             request,
             target,
             '/runtime.v1.RuntimeService/RunPodSandbox',
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxRequest.SerializeToString,
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxResponse.FromString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxRequest.SerializeToString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RunPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -234,8 +234,8 @@ class RuntimeService:
             request,
             target,
             '/runtime.v1.RuntimeService/StopPodSandbox',
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxRequest.SerializeToString,
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxResponse.FromString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxRequest.SerializeToString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StopPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -261,8 +261,8 @@ class RuntimeService:
             request,
             target,
             '/runtime.v1.RuntimeService/RemovePodSandbox',
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxRequest.SerializeToString,
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxResponse.FromString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxRequest.SerializeToString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.RemovePodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -288,8 +288,8 @@ class RuntimeService:
             request,
             target,
             '/runtime.v1.RuntimeService/PodSandboxStatus',
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusRequest.SerializeToString,
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusResponse.FromString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusRequest.SerializeToString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.PodSandboxStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -315,8 +315,8 @@ class RuntimeService:
             request,
             target,
             '/runtime.v1.RuntimeService/ListPodSandbox',
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxRequest.SerializeToString,
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxResponse.FromString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxRequest.SerializeToString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.ListPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -342,8 +342,8 @@ class RuntimeService:
             request,
             target,
             '/runtime.v1.RuntimeService/Status',
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusRequest.SerializeToString,
-            tests_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusResponse.FromString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusRequest.SerializeToString,
+            podwire_dot_kube_dot_cri_dot_generated_dot_cri__runtime__v1__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
