@@ -39,6 +39,7 @@ log = get_logger(__name__)
 
 BEAT_CHECK = 1.0  # seconds between looks at the heartbeats' age
 MAX_CLAIMS_PER_HOST = 4096  # far above what one node runs; past it a node's claims are refused
+LOG_BUDGET = 20  # refusals logged per node and minute; all of them are counted
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,30 @@ class Binding:
     network_id: str
     mac: str  # lower case
     ips: frozenset[str]
+
+
+class LogBudget:
+    """At most ``lines`` log lines per ``window`` seconds for each node; the lines it held
+    back are counted and told in the next one."""
+
+    def __init__(self, lines: int, window: float) -> None:
+        self._lines, self._window = lines, window
+        self._spent: dict[str, tuple[float, int]] = {}  # node -> (window start, lines)
+        self._held: dict[str, int] = {}
+
+    def allow(self, node: str) -> bool:
+        now = time.monotonic()
+        start, spent = self._spent.get(node, (now, 0))
+        if now - start >= self._window:
+            start, spent = now, 0
+        if spent >= self._lines:
+            self._held[node] = self._held.get(node, 0) + 1
+            return False
+        self._spent[node] = (start, spent + 1)
+        return True
+
+    def take_suppressed(self, node: str) -> int:
+        return self._held.pop(node, 0)
 
 
 @dataclass(frozen=True)
@@ -109,6 +134,7 @@ class PeerTracker:
         self._unbound_at: dict[tuple[str, str], int] = {}  # claims whose binding went
         self._accepted: dict[str, dict[str, PortState]] = {}  # the claims Neutron backs
         self._refused: dict[tuple[str, str], str] = {}  # (host, key) -> reason last logged
+        self._log_budget = LogBudget(LOG_BUDGET, 60.0)
         self._listed: set[str] = set()
         self._dirty = True
         self._publishing = asyncio.Lock()
@@ -284,12 +310,19 @@ class PeerTracker:
             self._recheck(host, port_id)
 
     def _refuse(self, host: str, key: str, kind: str, reason: str) -> None:
-        """Logged once per key and reason (a node repeating itself is not a log flood)."""
+        """Counted once per key and reason (a node repeating itself is not a log flood), and
+        logged at most ``LOG_BUDGET`` times a minute per node; the rest is summed up in its
+        next line."""
         if self._refused.get((host, key)) == reason:
             return
         self._refused[(host, key)] = reason
         self._metrics.peer_values_rejected.labels(kind).inc()
-        log.warning("agent.peer.value_refused", host=host, key=key, kind=kind, reason=reason)
+        if self._log_budget.allow(host):
+            held = self._log_budget.take_suppressed(host)
+            extra = {"not_logged": held} if held else {}
+            log.warning(
+                "agent.peer.value_refused", host=host, key=key, kind=kind, reason=reason, **extra
+            )
 
     def _accept(self, host: str, key: str) -> None:
         self._refused.pop((host, key), None)
