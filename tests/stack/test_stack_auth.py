@@ -93,8 +93,11 @@ async def bind_through_the_server_user(data_dir: Path, info: dict[str, Any]) -> 
         await eventually(lambda: status_is(neutron, port.id, "ACTIVE"), "ACTIVE")
         mirrored, _ = await controller_etcd.get_prefix(keys.nodes_prefix())
         assert keys.node_port(host, port.id) in {kv.key for kv in mirrored}
+        await node_etcd.get_prefix(keys.node_ports_prefix(other))  # what backs its claims
         with pytest.raises(EtcdPermissionDenied):
-            await node_etcd.get_prefix(keys.node_ports_prefix(other))
+            await node_etcd.put(keys.node_port(other, port.id), b"{}")
+        with pytest.raises(EtcdPermissionDenied):
+            await node_etcd.put(keys.state_alive(other), b"{}")
         with pytest.raises(EtcdPermissionDenied):
             await controller_etcd.put(keys.node_port(host, port.id), b"{}")
         await controller_recovers(controller_etcd, info["neutron"], host)
