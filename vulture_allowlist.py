@@ -46,8 +46,9 @@ pytest_configure
 pytest_collection_modifyitems
 restore_root_logger
 
-# tarfile writes these TarInfo fields (the pause image's layer, src/podwire/kube/images.py).
+# tarfile writes these TarInfo fields (the images' layers, src/podwire/kube/images.py).
 _.uname
 _.gname
 _.gid
 _.mtime
+_.linkname

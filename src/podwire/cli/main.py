@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         controller_cmd,
         deviceplugin_cmd,
         etcd_cmd,
+        kube_node_cmd,
         memif_cmd,
         neutron_agent_cmd,
         pools_cmd,
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         etcd_cmd,
         memif_cmd,
         neutron_agent_cmd,
+        kube_node_cmd,
         vm_cmd,
         config_cmd,
     )

@@ -1,0 +1,256 @@
+"""A Kubernetes cluster on two simulated hosts: a stack with ``--kubernetes`` (in a data dir of
+its own), a real podwire agent per host on that stack's etcd and Neutron, and ``podwire
+kube-node`` (containerd + kubelet) per host, started once per session.
+
+The agents run in this process's event loop: everything here that waits on kubelet, kubectl
+or kube-node waits asynchronously, so the agents go on serving the CNI calls meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podwire.agent import naming
+from podwire.config import EtcdSettings
+from podwire.errors import StackError
+from podwire.kube.images import TOOLBOX_IMAGE
+from podwire.neutron.client import neutron_connection
+from podwire.stack import kube_control
+from tests.agent.harness import HostAgent
+from tests.agent.netenv import NetEnv, links_in
+from tests.conftest import delete_project_resources, start_stack, stop_stack
+from tests.scripted_agent import eventually
+
+PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
+SUBNET = "10.79.0.0/24"
+
+
+def require_kube_binaries() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: runs containerd and kubelet in network namespaces")
+    try:
+        kube_control.check_binaries(kube_control.default_bin_dir())
+    except StackError as exc:
+        pytest.skip(f"the Kubernetes binaries are not built: {exc}")
+
+
+@pytest.fixture(scope="session")
+def kube_stack(work_dir: Path) -> Iterator[dict[str, Any]]:
+    """etcd, MariaDB, Neutron and the Kubernetes control plane, in a data dir of its own."""
+    require_kube_binaries()
+    proc, info = start_stack(work_dir / "kn", extra=("--kubernetes",))
+    yield info
+    stop_stack(proc)
+
+
+@dataclass
+class Kubectl:
+    """kubectl as the stack's admin, without blocking the event loop."""
+
+    info: dict[str, Any]
+
+    async def run(self, *args: str, stdin: str = "", check: bool = True) -> str:
+        binary = Path(self.info["kube_bin_dir"]) / "kubectl"
+        proc = await asyncio.create_subprocess_exec(
+            *(str(binary), "--kubeconfig", self.info["kubeconfig"], "--request-timeout=30s"),
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), 90)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {err.decode().strip()}")
+        return out.decode()
+
+    async def get(self, *args: str) -> dict[str, Any] | None:
+        """An object as JSON, or None if it does not exist."""
+        out = await self.run("get", *args, "-o", "json", "--ignore-not-found")
+        return json.loads(out) if out.strip() else None
+
+
+@dataclass
+class KubeNodeProcess:
+    """One ``podwire kube-node``, started and stopped asynchronously."""
+
+    host: str
+    proc: asyncio.subprocess.Process
+    announced: dict[str, Any]
+    stderr: Path
+
+    @classmethod
+    async def start(cls, data_dir: str, agent: HostAgent, network: Any, log: Path) -> Any:
+        argv = [
+            *PODWIRE, "kube-node", "--data-dir", data_dir, "--host", agent.host,
+            "--netns", agent.netns, "--agent-socket", agent.socket,
+            "--network", network.id, "--project", network.project_id, "--log-level", "INFO",
+        ]  # fmt: skip
+        with log.open("ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=err
+            )
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 180)
+        if not line:
+            await proc.wait()
+            raise AssertionError(f"kube-node exited {proc.returncode}: {log.read_text()[-2000:]}")
+        return cls(agent.host, proc, json.loads(line), log)
+
+    async def stop(self) -> int:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.proc.wait(), 120)
+
+
+@dataclass
+class Cluster:
+    kubectl: Kubectl
+    info: dict[str, Any]
+    neutron: Any
+    network: Any
+    netenv: NetEnv
+    work: Path
+    agents: list[HostAgent] = field(default_factory=list)
+    nodes: list[KubeNodeProcess] = field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return self.netenv.tag
+
+    async def add_agent(self, index: int) -> HostAgent:
+        """Simulated host ``index`` (192.0.2.<10+index>) with its podwire agent running."""
+        ns, vtep = self.netenv.host(index)
+        etcd = EtcdSettings(endpoints=[self.info["etcd"]])
+        host = f"{self.netenv.tag}-h{index}"
+        agent = HostAgent(host, ns, vtep, self.work, etcd, self.info["neutron"])
+        self.agents.append(agent)
+        await agent.start()
+        return agent
+
+    async def start_node(self, agent: HostAgent) -> KubeNodeProcess:
+        log = self.work / f"{agent.host}-kube-node.log"
+        node = await KubeNodeProcess.start(self.info["data_dir"], agent, self.network, log)
+        self.nodes.append(node)
+        return node
+
+    @property
+    def hosts(self) -> list[str]:
+        """The two hosts every test may use (a test may add hosts of its own)."""
+        return [agent.host for agent in self.agents[:2]]
+
+    def agent(self, host: str) -> HostAgent:
+        return next(agent for agent in self.agents if agent.host == host)
+
+    def pod_veths(self, host: str) -> set[str]:
+        return {name for name in links_in(self.agent(host).netns) if naming.is_pod_veth(name)}
+
+    def ports(self) -> list[Any]:
+        return list(self.neutron.network.ports(project_id=self.network.project_id))
+
+    async def port_of(self, uid: str) -> Any | None:
+        """The Neutron port the agent made for the pod with this UID (its device_id)."""
+        ports = await asyncio.to_thread(self.ports)
+        return next((port for port in ports if port.device_id == uid), None)
+
+    async def create_pod(self, name: str, node: str = "") -> None:
+        await self.kubectl.run("apply", "-f", "-", stdin=json.dumps(pod_manifest(self, name, node)))
+
+    async def running(self, name: str, timeout: float = 60.0) -> dict[str, Any]:
+        async def phase() -> dict[str, Any] | None:
+            pod = await self.kubectl.get("pod", "-n", self.namespace, name)
+            return pod if pod and pod["status"].get("phase") == "Running" else None
+
+        return await eventually(phase, f"pod {name} Running", timeout)
+
+    async def exec(self, name: str, *command: str, check: bool = True) -> str:
+        return await self.kubectl.run(
+            "exec", "-n", self.namespace, name, "--", *command, check=check
+        )
+
+    async def delete_pod(self, name: str, *flags: str) -> None:
+        await self.kubectl.run("delete", "pod", "-n", self.namespace, name, *flags)
+
+    async def gone(self, name: str, timeout: float = 60.0) -> None:
+        async def absent() -> bool:
+            return await self.kubectl.get("pod", "-n", self.namespace, name) is None
+
+        await eventually(absent, f"pod {name} gone", timeout)
+
+
+def pod_manifest(cluster: Cluster, name: str, node: str = "") -> dict[str, Any]:
+    """A toolbox pod that sleeps; on ``node`` if given, else wherever the scheduler puts it."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "toolbox",
+                "image": TOOLBOX_IMAGE,
+                "imagePullPolicy": "Never",  # imported offline: there is no registry
+                "command": ["sleep", "3600"],
+            }
+        ],
+        "terminationGracePeriodSeconds": 1,
+    }
+    if node:
+        spec["nodeName"] = node
+    metadata = {"name": name, "namespace": cluster.namespace}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _network(neutron: Any, project: str) -> Any:
+    network = neutron.network.create_network(name="pw-kube", project_id=project)
+    neutron.network.create_subnet(
+        network_id=network.id,
+        cidr=SUBNET,
+        ip_version=4,
+        project_id=project,
+        gateway_ip="10.79.0.1",
+    )
+    return network
+
+
+async def _namespace(kubectl: Kubectl, name: str) -> None:
+    """A namespace of the session's, once its default ServiceAccount exists (pods need it)."""
+    await kubectl.run("create", "namespace", name)
+
+    async def account() -> bool:
+        return await kubectl.get("serviceaccount", "-n", name, "default") is not None
+
+    await eventually(account, f"the default ServiceAccount of {name}", 60)
+
+
+@pytest.fixture(scope="session")
+async def cluster(
+    kube_stack: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Cluster]:
+    """Two simulated hosts, each with a podwire agent and a kube-node, Ready."""
+    neutron = neutron_connection(kube_stack["neutron"])
+    project = uuid.uuid4().hex
+    kubectl = Kubectl(kube_stack)
+    made = Cluster(
+        kubectl, kube_stack, neutron, _network(neutron, project), NetEnv(),
+        tmp_path_factory.mktemp("kube"),
+    )  # fmt: skip
+    try:
+        agents = [await made.add_agent(index) for index in (1, 2)]
+        await _namespace(kubectl, made.namespace)
+        for agent in agents:
+            await made.start_node(agent)
+        yield made
+    finally:
+        for node in made.nodes:
+            await node.stop()
+        for agent in made.agents:
+            await agent.stop()
+        delete_project_resources(neutron, project)
+        made.netenv.cleanup()
