@@ -159,6 +159,10 @@ class PoolSettings:
     # ports come back instead. Below the floor it refills at once. 0: top up after every
     # request.
     refill_pause: float = 2.0
+    # Nested nodes bound to their trunk by id, ``{ node-1 = "<trunk uuid>" }``: such a node's
+    # pod ports go on that trunk only. A node not listed uses the trunk named after it in the
+    # pool's project. Either way a trunk of another project than the pool's is refused.
+    nested_trunks: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         for name in ("min", "max", "binding_retries", "node_release_after"):
@@ -185,6 +189,24 @@ class PoolSettings:
             raise ConfigError("pool.refill_pause: must be 0 or more")
         if self.default_driver not in (*POD_DRIVERS, *RENAMED_POD_DRIVERS):
             raise ConfigError("pool.default_driver: must be baremetal, nested or unpooled")
+        self._validate_nested_trunks()
+
+    def _validate_nested_trunks(self) -> None:
+        """A trunk carries one node's pods: a name that is no node, an id that is no trunk
+        id, or one trunk given to two nodes is refused before any port is made."""
+        owners: dict[str, str] = {}
+        for node, trunk_id in self.nested_trunks.items():
+            _check_name(node, "pool.nested_trunks")
+            try:
+                fields.uuid(trunk_id, f"pool.nested_trunks.{node}")
+            except ValidationError as exc:
+                raise ConfigError(str(exc)) from exc
+            if trunk_id in owners:
+                raise ConfigError(
+                    f"pool.nested_trunks: trunk {trunk_id} is given to both {owners[trunk_id]!r}"
+                    f" and {node!r}; a trunk carries the pods of one node"
+                )
+            owners[trunk_id] = node
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,21 @@ def make_network(neutron: Any, project_id: str, name: str, cidr: str) -> Any:
 
 
 @pytest.fixture
+def other_project(neutron: Any) -> Iterator[str]:
+    """A second project of this test's own (its trunks, networks and groups go afterwards)."""
+    project = uuid.uuid4().hex
+    yield project
+    for trunk in list(neutron.network.trunks(project_id=project)):
+        neutron.network.delete_trunk(trunk)
+    for network in list(neutron.network.networks(project_id=project)):
+        for port in list(neutron.network.ports(network_id=network.id)):  # also other projects'
+            neutron.network.delete_port(port)
+        neutron.network.delete_network(network)
+    for sg in list(neutron.network.security_groups(project_id=project)):
+        neutron.network.delete_security_group(sg)
+
+
+@pytest.fixture
 def network(neutron: Any, project_id: str) -> Any:
     return make_network(neutron, project_id, "pw-ctl", "10.77.0.0/22")
 

@@ -102,6 +102,9 @@ class FakeNeutron:
     async def list_trunks(self, **filters: Any) -> list[Any]:
         return list(self.trunks)
 
+    async def remove_subports(self, trunk_id: str, port_ids: list[str]) -> None:
+        self.updates.append((trunk_id, {"removed_subports": list(port_ids)}))
+
     # PoolService's own request path (not PortOps): lookups from the cache
     async def network(self, name_or_id: str, project_id: str | None) -> NetworkInfo:
         return self.networks_known[name_or_id]

@@ -97,14 +97,37 @@ async def test_failed_bindings_are_retried_then_deleted_never_pooled(
     running = await controllers(settings_for(stack, [node], min=0, binding_retries=1))
     body = {"nodes": [node.name], "network": network.id, "count": 3}
     status, answer = await admin(http, "POST", f"{running.url}/v1/pools/populate", body)
-    assert (status, answer) == (200, {"created": {node.name: 0}})
+    # Not "created: 0" with no reason: what did not bind, where, and what to check.
+    assert status == 409, answer
+    assert answer["cause"] == "binding_failed" and answer["retryable"] is False, answer
+    for named in (node.name, network.id, "binding_failed", "vxlan", "capabilities"):
+        assert named in answer["error"], answer
     assert calls(running, "update_port") == 3
     assert host_ports(neutron, network, node.name) == []  # deleted, not leaked
     key = PoolKey(node.name, network.project_id, network.id)
     assert pooled_ports(running, key) == set()
     status, answer = await request_vif(http, running.url, node, vif_body("b1.eth0", network))
-    assert status == 503 and answer["retryable"] is True
+    # A pod's request is retried: the node's agent may come to serve the network any time.
+    assert status == 503 and answer["retryable"] is True, answer
+    assert "bound none of the 3 ports" in answer["error"], answer  # a batch
     assert host_ports(neutron, network, node.name) == []
+
+
+async def test_populate_refuses_a_node_that_keeps_no_pool(
+    stack: dict[str, Any],
+    neutron: Any,
+    network: Any,
+    nodes: ScriptedNodes,
+    controllers: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    pooled, unpooled = await nodes.add(), await nodes.add(pod_driver="unpooled")
+    running = await controllers(settings_for(stack, [pooled, unpooled], min=0))
+    body = {"nodes": [pooled.name, unpooled.name], "network": network.id, "count": 1}
+    status, answer = await admin(http, "POST", f"{running.url}/v1/pools/populate", body)
+    assert status == 409 and answer["cause"] == "not_pooled", answer
+    assert unpooled.name in answer["error"] and "unpooled" in answer["error"], answer
+    assert host_ports(neutron, network, pooled.name) == []  # refused as a whole
 
 
 async def test_rebind_succeeds_once_the_agent_registers(

@@ -74,6 +74,21 @@ def test_cancelled_waiter_is_skipped() -> None:
     assert got == [] and pools.take(KEY, ()) is not None
 
 
+def test_failing_waiters_tells_each_its_own_error_and_frees_the_line() -> None:
+    pools = Pools()
+    told: list[tuple[int, Exception]] = []
+    waiters = [Waiter((), lambda t: None, lambda e, i=i: told.append((i, e))) for i in range(3)]
+    for waiter in waiters:
+        pools.wait(KEY, waiter)
+    waiters[1].cancelled = True
+    assert pools.fail_waiters(KEY, lambda: RuntimeError("full")) == 2
+    assert [i for i, _ in told] == [0, 2] and told[0][1] is not told[1][1]
+    assert pools.waiting(KEY) == 0
+    pools.add(KEY, [vif()])
+    assert pools.take(KEY, ()) is not None  # nobody is in line any more
+    assert pools.fail_waiters(PoolKey("other", "p", "n"), lambda: RuntimeError("x")) == 0
+
+
 def test_release_is_recyclable_then_forget() -> None:
     pools = Pools()
     port = vif()

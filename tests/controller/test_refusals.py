@@ -4,27 +4,15 @@ permanent, names its cause and the network or group (the real controller and Neu
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.controller.conftest import ScriptedNodes, request_vif, settings_for, vif_body
-
-
-@pytest.fixture
-def other_project(neutron: Any) -> Iterator[str]:
-    """A second project of this test's own (its networks and groups go afterwards)."""
-    project = uuid.uuid4().hex
-    yield project
-    for network in list(neutron.network.networks(project_id=project)):
-        for port in list(neutron.network.ports(network_id=network.id)):  # also other projects'
-            neutron.network.delete_port(port)
-        neutron.network.delete_network(network)
-    for sg in list(neutron.network.security_groups(project_id=project)):
-        neutron.network.delete_security_group(sg)
 
 
 def _network(neutron: Any, project: str, name: str, cidr: str | None, **extra: Any) -> Any:
@@ -149,3 +137,88 @@ async def test_a_body_over_the_limit_gets_the_json_error(
     async with http.get(running.url + "/v1/nope") as response:
         assert response.status == 404
         assert (await response.json())["cause"] == "no_such_path"
+
+
+def _fill(neutron: Any, project: str, network: Any) -> list[Any]:
+    """Ports of another owner on every free address of the network (Neutron refuses the
+    next one: "No more IP addresses available")."""
+    taken = []
+    for _ in range(300):
+        try:
+            taken.append(neutron.network.create_port(project_id=project, network_id=network.id))
+        except Exception:  # openstacksdk's ConflictException: the subnet is full
+            return taken
+    raise AssertionError("the network never filled up")
+
+
+async def test_requests_queued_behind_a_full_subnet_are_refused_together(
+    stack: dict[str, Any],
+    neutron: Any,
+    project_id: str,
+    nodes: ScriptedNodes,
+    controllers: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    """The first refill that finds the subnet full refuses every request waiting for the
+    pool at once; the waiting requests' own refills ask Neutron nothing more, nor does the
+    pool afterwards."""
+    node = await nodes.add()
+    running = await controllers(settings_for(stack, [node], min=2, batch=3))
+    small = _network(neutron, project_id, "pw-full", "10.84.0.0/29")
+    _fill(neutron, project_id, small)
+    before = _creates(running)
+    started = time.monotonic()
+
+    async def ask(index: int) -> tuple[int, dict[str, Any], float]:
+        body = vif_body(f"q{index}:eth0", small)
+        status, answer = await request_vif(http, running.url, node, body)
+        return status, answer, time.monotonic() - started
+
+    answers = await asyncio.gather(*(ask(i) for i in range(20)))
+    for status, answer, _ in answers:
+        _refused(status, answer, 409, "subnet_full", small.id, "10.84.0.0/29")
+    times = sorted(at for _, _, at in answers)
+    assert times[-1] - times[0] < 2.0, times  # together, not one refill after another
+    asked = _creates(running) - before
+    assert asked < 20, asked  # not a refill (or two calls) per queued request
+    await asyncio.sleep(2.0)
+    await running.service.drain()
+    assert _creates(running) - before == asked  # the pool does not spin on a full subnet
+
+
+def _creates(running: Any) -> float:
+    registry = running.service.metrics.registry
+    sample = registry.get_sample_value("podwire_neutron_calls_total", {"op": "create_ports"})
+    return float(sample or 0)
+
+
+async def test_a_token_with_non_ascii_characters_is_refused_with_401(
+    stack: dict[str, Any], network: Any, nodes: ScriptedNodes, controllers: Any
+) -> None:
+    node = await nodes.add()
+    running = await controllers(settings_for(stack, [node], min=0))
+    token = "Bearer t\u00f6ken-\u20ac".encode()
+    for path in (f"/v1/nodes/{node.name}/vifs", "/v1/pools/populate"):
+        status, answer = await _raw_post(running.url, path, token)
+        assert status == 401, answer
+        assert answer["cause"] == "unauthorized" and answer["retryable"] is False, answer
+        assert "non-ASCII" in answer["error"], answer
+    assert running.service.attachments == {}
+
+
+async def _raw_post(base: str, path: str, authorization: bytes) -> tuple[int, dict[str, Any]]:
+    """A POST whose Authorization header is UTF-8 bytes, as a client may send it (aiohttp's
+    client would refuse to)."""
+    host, _, port = base.removeprefix("http://").partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = b"{}"
+    writer.write(
+        b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+        b"Authorization: " + authorization + b"\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body
+    )
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)

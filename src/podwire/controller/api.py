@@ -96,18 +96,24 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 class Tokens:
-    """Who a bearer token belongs to; comparisons are constant-time."""
+    """Who a bearer token belongs to; comparisons are constant-time, on bytes:
+    ``hmac.compare_digest`` raises on a str with non-ASCII characters, which a client chooses."""
 
     def __init__(self, settings: ControllerSettings) -> None:
-        self._admin = settings.admin_token
-        self._nodes = dict(settings.node_tokens)
+        self._admin = settings.admin_token.encode()
+        self._nodes = {node: token.encode() for node, token in settings.node_tokens.items()}
 
     @staticmethod
-    def _bearer(request: web.Request) -> str:
+    def _bearer(request: web.Request) -> bytes:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("missing bearer token")
-        return token
+        if not token.isascii():
+            raise Unauthorized(
+                "the bearer token has non-ASCII characters: a bearer token is ASCII"
+                " (RFC 6750); check the token the client sends (agent.token, the admin's)"
+            )
+        return token.encode()
 
     def check_admin(self, request: web.Request) -> None:
         token = self._bearer(request)

@@ -64,7 +64,9 @@ class Controller:
         self.term = TermGuard()
         self.neutron = NeutronOps(neutron, self.metrics, self.term, settings.deployment)
         port_debug = settings.pool.port_debug
-        self.nested = NestedDriver(self.neutron, port_debug, VlanAllocator())
+        self.nested = NestedDriver(
+            self.neutron, port_debug, VlanAllocator(), settings.pool.nested_trunks
+        )
         drivers: dict[str, PortDriver] = {
             "baremetal": BaremetalDriver(self.neutron, port_debug, settings.pool.binding_retries),
             "nested": self.nested,
@@ -178,6 +180,7 @@ class Controller:
         while True:
             self.service.reset(follower)
             self.nested.vlans.clear()
+            self.nested.forget_trunks()
             try:
                 return await recover(self.service, self.neutron, self.nested, self.etcd)
             except NeutronUnavailable as exc:

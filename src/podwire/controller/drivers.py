@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from podwire import keys
 from podwire.controller.bindings import settle_bindings
+from podwire.controller.errors import BindingFailed
 from podwire.controller.neutron_ops import NeutronOps, delete_ports
 from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import ValidationError
@@ -67,7 +68,8 @@ class BaremetalDriver:
         self._binding_retries = binding_retries
 
     async def create(self, key: PoolKey, sgs: SgKey, count: int, network: NetworkInfo) -> list[Vif]:
-        """Only ports whose binding succeeded (see ``bindings``): possibly fewer than asked."""
+        """Only ports whose binding succeeded (see ``bindings``): possibly fewer than asked,
+        never none (BindingFailed says why)."""
         bodies = port_bodies(key, sgs, count, self._port_debug)
         try:
             ports = await self._neutron.create_ports(bodies)
@@ -76,7 +78,23 @@ class BaremetalDriver:
                 raise
             ports = await self._one_by_one(bodies)  # a bulk create is all or nothing
         bound = await settle_bindings(self._neutron, key.node, ports, self._binding_retries)
+        if ports and not bound:
+            raise BindingFailed(self._unbound(key.node, network, ports))
         return [port_to_vif(port, network) for port in bound]
+
+    def _unbound(self, node: str, network: NetworkInfo, ports: list[Any]) -> str:
+        """Why a creation made nothing, in terms an operator can check."""
+        vif_types = ", ".join(sorted({str(p.binding_vif_type) for p in ports}))
+        name = f"{network.name} ({network.id})" if network.name else network.id
+        physnet = f" on physical network {network.physnet!r}" if network.physnet else ""
+        return (
+            f"podwire's ml2 driver bound none of the {len(ports)} ports made for node {node} on"
+            f" network {name} (binding:vif_type {vif_types}; deleted after"
+            f" {self._binding_retries} rebinds): the node's agent must be alive and serve"
+            f" {network.network_type} networks{physnet} (its capabilities and physnets under"
+            f" {keys.state_node_prefix(node)} say what it serves; the ml2 driver's log says"
+            " why it declined)"
+        )
 
     async def _one_by_one(self, bodies: list[dict[str, Any]]) -> list[Any]:
         """As many of the ports as the subnets still have addresses for (at least one)."""

@@ -41,6 +41,13 @@ class UnknownSecurityGroup(UnknownResource):
     cause = "unknown_security_group"
 
 
+class UnknownTrunk(UnknownResource):
+    """A nested node has no trunk podwire may use: none of its name in the pool's project, or
+    the id ``pool.nested_trunks`` gives is not Neutron's."""
+
+    cause = "unknown_trunk"
+
+
 class Forbidden(PermanentError):
     """The caller's token does not allow this (HTTP 403)."""
 
@@ -57,6 +64,13 @@ class SecurityGroupNotAllowed(Forbidden):
     """A security group of the request is not its project's."""
 
     cause = "security_group_not_allowed"
+
+
+class TrunkNotAllowed(Forbidden):
+    """The node's trunk is another project's: its VM would receive the pool project's
+    traffic, so no subport is ever added to it."""
+
+    cause = "trunk_not_allowed"
 
 
 class Unauthorized(PermanentError):
@@ -99,6 +113,25 @@ class SubnetFull(Unusable):
     """Neutron has no free address left in the network's subnets."""
 
     cause = "subnet_full"
+
+
+class TrunkAmbiguous(Unusable):
+    """Several trunks of the pool's project carry the nested node's name."""
+
+    cause = "trunk_ambiguous"
+
+
+class BindingFailed(Unusable):
+    """Neutron made the ports, but podwire's ml2 driver bound none of them to the node (they
+    were rebound, then deleted); a populate says so instead of answering that it made 0."""
+
+    cause = "binding_failed"
+
+
+class NodeNotPooled(Unusable):
+    """The node's driver keeps no pool (``unpooled``): there is nothing to populate."""
+
+    cause = "not_pooled"
 
 
 class PhysnetNotServed(Unusable):

@@ -52,6 +52,7 @@ class PortOps(Protocol):
     async def list_ports(self, **filters: Any) -> list[Any]: ...
     async def owned_ports(self, device_owner: str) -> list[PortSummary]: ...
     async def list_trunks(self, **filters: Any) -> list[Any]: ...
+    async def remove_subports(self, trunk_id: str, port_ids: list[str]) -> None: ...
 
 
 class NeutronOps:
@@ -254,8 +255,8 @@ class NeutronOps:
     async def list_trunks(self, **filters: Any) -> list[Any]:
         return await self._call("list_trunks", self._client.list_trunks, **filters)
 
-    async def find_trunk(self, name_or_id: str) -> Any | None:
-        return await self._call("find_trunk", self._client.find_trunk, name_or_id)
+    async def get_trunk(self, trunk_id: str) -> Any:
+        return await self._call("get_trunk", self._client.get_trunk, trunk_id)
 
     async def add_subports(self, trunk_id: str, subports: list[dict[str, Any]]) -> None:
         await self._write("add_subports", self._client.add_trunk_subports, trunk_id, subports)

@@ -16,12 +16,19 @@ def _resp(description: str, schema: dict[str, Any] | None = None) -> dict[str, A
 
 _ERRORS = {
     "400": _resp("malformed body or names", _ERR),
-    "401": _resp("missing or unknown token", _ERR),
-    "403": _resp("token of another node; network or security group of another project", _ERR),
-    "404": _resp("unknown network, project or security group", _ERR),
+    "401": _resp("missing or unknown token (or one with non-ASCII characters)", _ERR),
+    "403": _resp(
+        "token of another node; network, security group or (nested) the node's trunk of"
+        " another project",
+        _ERR,
+    ),
+    "404": _resp(
+        "unknown network, project or security group; (nested) no trunk of the node's", _ERR
+    ),
     "409": _resp(
         "no port can work: network name ambiguous, network down or without subnet, subnet"
-        " full, physnet not served, node without a live agent",
+        " full, physnet not served, node without a live agent, (nested) several trunks of"
+        " the node's name",
         _ERR,
     ),
     "413": _resp("body over 64 KiB", _ERR),
@@ -112,7 +119,10 @@ def document(version: str) -> dict[str, Any]:
                     "Create N ports in the pools of nodes (admin)",
                     {
                         "200": _resp("created per node (ports whose binding succeeded)"),
-                        "409": _resp("a node has no live agent"),
+                        "409": _resp(
+                            "a node has no live agent or keeps no pool, ml2 bound none of a"
+                            " node's ports, the subnet is full"
+                        ),
                     },
                     "Populate",
                 ),

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Iterable
 
+from podwire.controller.errors import NodeNotPooled
 from podwire.controller.pools import PoolKey, sg_key
 from podwire.controller.service import PoolDeps, PoolService
 from podwire.errors import ValidationError
@@ -45,16 +46,23 @@ class PoolAdmin:
         nodes = list(nodes)
         for node in nodes:  # all before any port is made: a refused populate changes nothing
             await self._deps.liveness.require(node)
+            await self._require_pooled(node)
         created: dict[str, int] = {}
         for node in nodes:
             driver = await self._deps.drivers.for_node(node)
-            if not driver.pooled:
-                created[node] = 0
-                continue
             key = PoolKey(node, project_id or network.project_id, network.id)
             self._check_max(key, count)
             created[node] = await self._term.refiller.refill(key, sgs, driver, network, count)
         return created
+
+    async def _require_pooled(self, node: str) -> None:
+        """A node of the unpooled driver has no pool: populating it would make nothing."""
+        driver = await self._deps.drivers.for_node(node)
+        if not driver.pooled:
+            raise NodeNotPooled(
+                f"node {node} uses the {driver.name} pod driver, which keeps no pool (a port is"
+                " made per request): there is nothing to populate"
+            )
 
     def _check_max(self, key: PoolKey, count: int) -> None:
         room = self._deps.settings.max - self._term.pools.size(key)

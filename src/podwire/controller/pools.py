@@ -49,12 +49,18 @@ class Taken:
     sg_update: bool
 
 
+def _unheard(error: Exception) -> None:
+    """A waiter nobody tells of failures (unit tests of the serving order)."""
+
+
 @dataclass
 class Waiter:
-    """A request that found its pool empty; served in arrival order when ports arrive."""
+    """A request that found its pool empty; served in arrival order when ports arrive, or
+    failed (``fail``) when no refill can give it one."""
 
     wanted: SgKey
     deliver: Callable[[Taken], None]
+    fail: Callable[[Exception], None] = _unheard
     cancelled: bool = False
 
 
@@ -246,6 +252,19 @@ class Pools:
         self._serve_waiters(key, pool)
         self._on_size(key, pool.size())
         return True
+
+    def fail_waiters(self, key: PoolKey, error: Callable[[], Exception]) -> int:
+        """Fail every request waiting for this pool, each with its own ``error()``: no refill
+        can serve them now (the subnets are full), so none waits for a refill of its own.
+        Returns how many were failed."""
+        pool = self._pools.get(key)
+        failed = 0
+        while pool is not None and pool.waiters:
+            waiter = pool.waiters.popleft()
+            if not waiter.cancelled:
+                waiter.fail(error())
+                failed += 1
+        return failed
 
     def _serve_waiters(self, key: PoolKey, pool: _Pool) -> None:
         while self._has_waiters(pool):

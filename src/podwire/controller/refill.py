@@ -12,6 +12,11 @@ meanwhile, their recycled ports offset the drain and no port is created at all. 
 under containerd on one 2-core machine, an eager top-up made a 30-pod burst take 1.7x as
 long (Neutron's bulk creates took the CPU the runtime's sandboxes needed). Below the floor,
 and for a request that finds the pool empty, it refills at once.
+
+A refill that finds the network's subnets full fails every request waiting for that pool at
+once (not each in turn after a refill of its own), and the network's automatic refills are
+not tried again for ``EXHAUSTED_HOLD`` seconds: addresses come back only when someone frees
+them, so asking Neutron again at once only costs calls.
 """
 
 from __future__ import annotations
@@ -22,16 +27,21 @@ from collections import defaultdict
 
 from podwire.config import PoolSettings
 from podwire.controller.drivers import PortDriver
-from podwire.controller.errors import PoolNotReady
+from podwire.controller.errors import BindingFailed, PoolNotReady
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.pools import PoolKey, Pools, SgKey
 from podwire.controller.sizing import PoolSizer, step_toward
 from podwire.log import get_logger
+from podwire.neutron.client import NeutronAddressesExhausted
 from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
+
+# Seconds a network whose subnets were found full gets no automatic refill (its requests are
+# refused at once meanwhile); populate, an operator's word, still asks Neutron.
+EXHAUSTED_HOLD = 5.0
 
 
 def refill_count(size: int, waiting: int, settings: PoolSettings, target: int | None = None) -> int:
@@ -62,6 +72,8 @@ class Refiller:
         self._gate = asyncio.Semaphore(settings.bulk_concurrency)
         self._pausing: set[PoolKey] = set()  # pools whose top-up waits for a pause
         self.last_refill: dict[PoolKey, float] = {}  # unix time of the last finished refill
+        # network -> (monotonic time, Neutron's refusal) of the last refill that found it full
+        self._exhausted: dict[str, tuple[float, NeutronAddressesExhausted]] = {}
         self.sizer: PoolSizer[PoolKey] = PoolSizer(settings)
 
     def target(self, key: PoolKey) -> int:
@@ -138,6 +150,7 @@ class Refiller:
             if count is None:
                 if not await self._liveness.may_refill(key.node):
                     return 0
+                self._check_exhausted(network)
                 count = refill_count(
                     self._pools.size(key),
                     self._pools.waiting(key),
@@ -165,10 +178,43 @@ class Refiller:
         self._metrics.refill_seconds.observe(time.monotonic() - started)
         self.last_refill[key] = time.time()
         log.info("pool.refilled", key=key, created=created, wanted=count)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        failures = [r for r in results if isinstance(r, BaseException)]
+        full = next((f for f in failures if isinstance(f, NeutronAddressesExhausted)), None)
+        if full is not None:
+            self._note_exhausted(key, network, full)
+        elif created:
+            self._exhausted.pop(network.id, None)  # addresses again (a populate found them)
+        # A batch none of whose ports bound is a failure only when no batch made any.
+        others = [f for f in failures if not isinstance(f, BindingFailed)]
+        if others or (failures and not created):
+            raise (others or failures)[0]
         return created
+
+    def _note_exhausted(
+        self, key: PoolKey, network: NetworkInfo, full: NeutronAddressesExhausted
+    ) -> None:
+        """The subnets are full: the pool's waiting requests are told now, each its own
+        error, and the network's refills rest (``EXHAUSTED_HOLD``)."""
+        self._exhausted[network.id] = (time.monotonic(), full)
+        failed = self._pools.fail_waiters(
+            key, lambda: NeutronAddressesExhausted(str(full), full.status)
+        )
+        log.warning("pool.subnets_full", key=key, network=network.id, waiting_failed=failed)
+
+    def _check_exhausted(self, network: NetworkInfo) -> None:
+        """Refuses an automatic refill of a network found full less than EXHAUSTED_HOLD ago."""
+        noted = self._exhausted.get(network.id)
+        if noted is None:
+            return
+        age = time.monotonic() - noted[0]
+        if age >= EXHAUSTED_HOLD:
+            del self._exhausted[network.id]
+            return
+        raise NeutronAddressesExhausted(
+            f"{noted[1]} (found {age:.1f} s ago; Neutron is asked again after"
+            f" {EXHAUSTED_HOLD:.0f} s)",
+            noted[1].status,
+        )
 
     async def _one_batch(
         self, key: PoolKey, sgs: SgKey, driver: PortDriver, network: NetworkInfo, count: int

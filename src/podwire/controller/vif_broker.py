@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn
 
 from podwire.controller.drivers import PortDriver
-from podwire.controller.errors import PoolNotReady, SubnetFull
+from podwire.controller.errors import BindingFailed, PoolNotReady, SubnetFull
 from podwire.controller.inuse import InUse
 from podwire.controller.liveness import no_agent
 from podwire.controller.pool_admin import PoolAdmin
@@ -116,7 +116,10 @@ class VifBroker:
     async def _create_one(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo
     ) -> Vif:
-        vifs = await driver.create(key, wanted, 1, network)
+        try:
+            vifs = await driver.create(key, wanted, 1, network)
+        except BindingFailed as exc:
+            _raise_refill_failure(key, network, exc)
         if not vifs:
             raise PoolNotReady(f"the port for pool {tuple(key)} could not be bound; retry")
         return vifs[0]
@@ -144,7 +147,7 @@ class VifBroker:
             name = f"{network.name} ({network.id})" if network.name else network.id
             await self._deps.liveness.require_physnet(key.node, name, network.physnet)
         got: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
-        waiter = Waiter(wanted, got.set_result)
+        waiter = Waiter(wanted, got.set_result, got.set_exception)
         self._term.pools.wait(key, waiter)
         refill = asyncio.ensure_future(self._term.refiller.refill(key, wanted, driver, network))
         either: set[asyncio.Future[Any]] = {refill, got}
@@ -155,30 +158,26 @@ class VifBroker:
             self._service.keep(refill)
             raise
         if got.done():
-            # Served (a recycled port, another refill's batch): this refill goes on for the
-            # requests behind, but this one does not wait for the rest of it.
+            # Served (a recycled port, another refill's batch) or failed by a refill that found
+            # the subnets full: this refill goes on for the requests behind, but this one does
+            # not wait for the rest of it.
             self._service.keep(refill)
-            return got.result()
+            return _outcome(got, key, network)
         try:
             refill.result()
         except PodwireError as exc:
             if not got.done():
                 waiter.cancelled = True
-                failure = _refill_failure(key, network, exc)
-                if failure is exc:
-                    raise
-                raise failure from exc
+                _raise_refill_failure(key, network, exc)
         except BaseException:
             waiter.cancelled = True
             raise
         if not got.done() and self._term.pools.unseen(key):
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(UNSEEN_WAIT):
-                    await asyncio.shield(got)
+            await asyncio.wait({got}, timeout=UNSEEN_WAIT)  # served or failed: _outcome says
         if not got.done():
             waiter.cancelled = True
             raise PoolNotReady(self._not_ready(key))
-        return got.result()
+        return _outcome(got, key, network)
 
     def _not_ready(self, key: PoolKey) -> str:
         if self._deps.liveness.noted_dead(key.node):
@@ -308,8 +307,29 @@ class VifBroker:
             log.warning("pool.refill_failed", key=key, error=str(exc))
 
 
+def _outcome(got: asyncio.Future[Taken], key: PoolKey, network: NetworkInfo) -> Taken:
+    """The port a waiting request was given, or why none can be (a full subnet)."""
+    failure = got.exception()
+    if isinstance(failure, PodwireError):
+        _raise_refill_failure(key, network, failure)
+    if failure is not None:
+        raise failure
+    return got.result()
+
+
+def _raise_refill_failure(key: PoolKey, network: NetworkInfo, exc: PodwireError) -> NoReturn:
+    failure = _refill_failure(key, network, exc)
+    if failure is exc:
+        raise exc
+    raise failure from exc
+
+
 def _refill_failure(key: PoolKey, network: NetworkInfo, exc: PodwireError) -> PodwireError:
-    """What a request whose pool could not be filled is told: retry only when it may help."""
+    """What a request whose pool could not be filled is told: retry only when it may help.
+    Ports that did not bind are retried like a node without an agent: the node's agent may
+    register, or come to serve the network, at any moment."""
+    if isinstance(exc, BindingFailed):
+        return PoolNotReady(f"pool {tuple(key)} could not be filled: {exc}; retry")
     if isinstance(exc, NeutronAddressesExhausted):
         cidrs = ", ".join(sorted(s.cidr for s in network.subnets.values()))
         return SubnetFull(

@@ -260,8 +260,9 @@ class NeutronClient:
         return list(self._network.security_groups(**filters))
 
     @_translated("get trunk")
-    def find_trunk(self, name_or_id: str) -> Any | None:
-        return self._network.find_trunk(name_or_id, ignore_missing=True)
+    def get_trunk(self, trunk_id: str) -> Any:
+        """By id only: a lookup by name would search every project's trunks."""
+        return self._network.get_trunk(trunk_id)
 
     @_translated("add trunk subports")
     def add_trunk_subports(self, trunk_id: str, subports: Iterable[Mapping[str, Any]]) -> Any:
