@@ -38,6 +38,7 @@ from tests.agent.netenv import in_ns, sh
 
 POLL = 0.005
 FLOOD = 5000
+DRIFT_SAMPLES = 20
 IDLE = 0.05  # CPU seconds per second below which the agent counts as idle
 
 
@@ -69,6 +70,7 @@ async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         await etcd.put(keys.state_alive(peer), values.alive_value(0, "b"), lease=lease.id)
         await _until(lambda: _has(host_ns, network, "dst 192.0.2.2"), 30)  # plumbing, flood
         added, removed = await _samples(etcd, host_ns, peer, network, samples)
+        drift = await _drift(etcd, host_ns, peer, network, min(samples, DRIFT_SAMPLES))
         await etcd.put(keys.state_vtep(flooder), values.vtep_value("192.0.2.3"))
         await etcd.put(keys.state_alive(flooder), values.alive_value(0, "b"), lease=lease.id)
         flood = await _flood(etcd, agent.pid, host_ns, (flooder, peer), network)
@@ -85,6 +87,7 @@ async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         row("remote port wired (its state in etcd) -> forwarded to here (p99 <= 200 ms)", added),
         row("remote port unwired -> its entries gone here", removed),
         *flood,
+        *drift,
     ]
 
 
@@ -111,6 +114,42 @@ async def _samples(
         await _until(lambda mac=mac: not _has(host_ns, network, mac), 10)
         removed.append((time.perf_counter() - started) * 1000)
     return added, removed
+
+
+async def _drift(
+    etcd: EtcdClient, host_ns: str, peer: str, network: str, samples: int
+) -> list[dict[str, Any]]:
+    """Changes made behind the agent, until it has put them back (target p99 <= 2 s): a remote
+    port's FDB entry deleted, podwire's bridge table flushed."""
+    port = parse_desired_port(
+        desired_value(str(uuid.uuid4()), network, "fa:16:3e:88:00:01", [_ip("10.63.0.2")])
+    )
+    await _bind(etcd, peer, port)
+    await etcd.put(keys.state_port(peer, port.port_id), values.port_state_value(time.time(), port))
+    await _until(lambda: _forwarded(host_ns, network, port.mac_address), 10)
+    device, entry = naming.vxlan(network), f"{port.mac_address} dst 192.0.2.2"
+    fdb: list[float] = []
+    tables: list[float] = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        in_ns(host_ns, "bridge", "fdb", "del", port.mac_address, "dev", device, "dst",
+              "192.0.2.2", "self")  # fmt: skip
+        await _until(lambda: _has(host_ns, network, entry), 10)
+        fdb.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        in_ns(host_ns, "nft", "flush", "table", "bridge", "podwire")  # rules go, sets stay
+        await _until(lambda: _has_rules(host_ns), 10)
+        tables.append((time.perf_counter() - started) * 1000)
+    await etcd.delete(keys.state_port(peer, port.port_id))
+    return [
+        row("a remote port's FDB entry deleted by hand -> put back (target p99 <= 2 s)", fdb),
+        row("podwire's bridge table flushed by hand -> whole again (target p99 <= 2 s)", tables),
+    ]
+
+
+def _has_rules(host_ns: str) -> bool:
+    listed = in_ns(host_ns, "nft", "list", "table", "bridge", "podwire", check=False).stdout
+    return " drop" in listed
 
 
 async def _bind(etcd: EtcdClient, host: str, port: DesiredPort) -> None:
