@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from podwire.agent.peers import Binding, LogBudget, check_claim
+from podwire.agent.peers import BoundPort, LogBudget, check_claim
 from podwire.schema.nodes import PortState
 
 NET = "7e57a11e-0000-4000-8000-000000000001"
-BOUND = Binding(NET, "fa:16:3e:00:00:01", frozenset({"10.0.0.5", "fd00::5"}))
+BOUND = BoundPort(NET, "fa:16:3e:00:00:01", frozenset({"10.0.0.5", "fd00::5"}))
 
 
 def test_a_claim_counts_only_as_neutron_bound_it() -> None:

@@ -60,7 +60,7 @@ PeersChanged = Callable[[PeerView], Awaitable[None]]
 
 
 @dataclass(frozen=True)
-class Binding:
+class BoundPort:
     """A port as Neutron bound it to a host (from the forwarder's desired key)."""
 
     network_id: str
@@ -98,7 +98,7 @@ class Claim:
     revision: int  # etcd's, when it was written
 
 
-def check_claim(claim: PortState, bound: Binding | None) -> str | None:
+def check_claim(claim: PortState, bound: BoundPort | None) -> str | None:
     """Why a node's claim of a port is refused, or None when Neutron's binding backs it."""
     if bound is None:
         return "no port of that id is bound to that host in Neutron"
@@ -128,7 +128,7 @@ class PeerTracker:
         self._alive: set[str] = set()
         self._beats: dict[str, values.Alive] = {}
         self._vteps: dict[str, str] = {}
-        self._bindings: dict[str, dict[str, Binding]] = {}  # host -> port id -> Neutron's
+        self._bindings: dict[str, dict[str, BoundPort]] = {}  # host -> port id -> Neutron's
         self._claims: dict[str, dict[str, Claim]] = {}  # host -> port id -> its word
         self._pending: dict[tuple[str, str], int] = {}  # claims waiting for their binding
         self._unbound_at: dict[tuple[str, str], int] = {}  # claims whose binding went
@@ -270,7 +270,7 @@ class PeerTracker:
                 log.warning("agent.peer.bad_binding", host=host, port=port_id, error=str(exc))
             else:
                 ips = frozenset(ip.ip_address for ip in port.fixed_ips)
-                bindings[port_id] = Binding(port.network_id, port.mac_address.lower(), ips)
+                bindings[port_id] = BoundPort(port.network_id, port.mac_address.lower(), ips)
         if not bindings:
             self._bindings.pop(host, None)
         self._recheck(host, port_id)
