@@ -31,7 +31,7 @@ TOOLBOX_APPLETS = (
 
 
 @dataclass(frozen=True)
-class Entry:
+class LayerFile:
     """One file of a layer: a regular file copied from ``source``, a directory (no source,
     no ``link``) or a symbolic link to ``link``."""
 
@@ -57,7 +57,7 @@ def build_pause(out: Path) -> Path:
     return out
 
 
-def _info(entry: Entry) -> tarfile.TarInfo:
+def _info(entry: LayerFile) -> tarfile.TarInfo:
     info = tarfile.TarInfo(entry.name)
     info.uid = info.gid = 0
     info.uname = info.gname = "root"
@@ -73,7 +73,7 @@ def _info(entry: Entry) -> tarfile.TarInfo:
     return info
 
 
-def layer(entries: list[Entry]) -> bytes:
+def layer(entries: list[LayerFile]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for entry in entries:
@@ -116,12 +116,12 @@ def pack(archive: Path, tag: str, blob: bytes, config: bytes) -> Path:
 
 def build_pause_archive(work: Path, tag: str = PAUSE_IMAGE) -> Path:
     """The sandbox image: ``/pause`` only."""
-    blob = layer([Entry("pause", 0o755, build_pause(work / "pause"))])
+    blob = layer([LayerFile("pause", 0o755, build_pause(work / "pause"))])
     config = _config(blob, {"Entrypoint": ["/pause"], "WorkingDir": "/"}, "podwire: static pause")
     return pack(work / "pause-image.tar", tag, blob, config)
 
 
-def toolbox_entries(busybox: Path = BUSYBOX) -> list[Entry]:
+def toolbox_entries(busybox: Path = BUSYBOX) -> list[LayerFile]:
     """``/bin/busybox``, its applets as links to it, and the directories a container expects
     (runc makes the mount points it needs, /etc/hosts and /etc/resolv.conf included)."""
     if not busybox.is_file():
@@ -129,9 +129,9 @@ def toolbox_entries(busybox: Path = BUSYBOX) -> list[Entry]:
             f"{busybox} not found: the toolbox image needs Debian's busybox-static"
             " (run scripts/setup)"
         )
-    dirs = [Entry(name, 0o755) for name in ("bin", "etc", "root")]
-    links = [Entry(f"bin/{applet}", 0o777, link="busybox") for applet in TOOLBOX_APPLETS]
-    return [*dirs, Entry("tmp", 0o1777), Entry("bin/busybox", 0o755, busybox), *links]
+    dirs = [LayerFile(name, 0o755) for name in ("bin", "etc", "root")]
+    links = [LayerFile(f"bin/{applet}", 0o777, link="busybox") for applet in TOOLBOX_APPLETS]
+    return [*dirs, LayerFile("tmp", 0o1777), LayerFile("bin/busybox", 0o755, busybox), *links]
 
 
 def build_toolbox_archive(work: Path, tag: str = TOOLBOX_IMAGE) -> Path:
