@@ -128,12 +128,15 @@ class Cluster:
     def namespace(self) -> str:
         return self.netenv.tag
 
-    async def add_agent(self, index: int) -> HostAgent:
+    def host_name(self, index: int) -> str:
+        return f"{self.netenv.tag}-h{index}"
+
+    async def add_agent(self, index: int, **extra: Any) -> HostAgent:
         """Simulated host ``index`` (192.0.2.<10+index>) with its podwire agent running."""
         ns, vtep = self.netenv.host(index)
         etcd = EtcdSettings(endpoints=[self.info["etcd"]])
-        host = f"{self.netenv.tag}-h{index}"
-        agent = HostAgent(host, ns, vtep, self.work, etcd, self.info["neutron"])
+        host = self.host_name(index)
+        agent = HostAgent(host, ns, vtep, self.work, etcd, self.info["neutron"], **extra)
         self.agents.append(agent)
         await agent.start()
         return agent
