@@ -4,11 +4,13 @@ their Neutron port's addresses, pinging across the two hosts, and their ports go
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from typing import Any
 
 import pytest
 
+from podwire.kube.sandboxes import Runtime
 from tests.kube.conftest import Cluster
 from tests.scripted_agent import eventually
 
@@ -27,6 +29,15 @@ async def _pings(cluster: Cluster, source: str, address: str) -> None:
         return " 0% packet loss" in out
 
     await eventually(answered, f"{source} pings {address}", 20)
+
+
+async def _released(cluster: Cluster, uid: str, host: str, veths: set[str]) -> None:
+    """The pod's port is gone from Neutron and its host has the pod veths it had before."""
+
+    async def released() -> bool:
+        return await cluster.port_of(uid) is None and cluster.pod_veths(host) == veths
+
+    await eventually(released, "the deleted pod's port and veth gone", 30)
 
 
 async def test_pods_through_the_api_get_their_ports_and_ping_across_hosts(
@@ -65,8 +76,71 @@ async def test_a_deleted_pod_takes_its_port_and_veth_with_it(
 
     await cluster.delete_pod("pdel", *flags)
     await cluster.gone("pdel")
+    await _released(cluster, uid, host, before)
 
-    async def released() -> bool:
-        return await cluster.port_of(uid) is None and cluster.pod_veths(host) == before
 
-    await eventually(released, "the deleted pod's port and veth gone", 30)
+async def _events(cluster: Cluster, pod: str) -> str:
+    selector = f"involvedObject.name={pod}"
+    return await cluster.kubectl.run(
+        "get", "events", "-n", cluster.namespace, "--field-selector", selector, "-o", "json"
+    )
+
+
+async def test_kubelet_retries_a_pod_whose_agent_is_down_until_it_is_back(cluster: Cluster) -> None:
+    host = cluster.hosts[1]
+    agent = cluster.agent(host)
+    before = cluster.pod_veths(host)
+    await agent.stop()
+    try:
+        await cluster.create_pod("pr", host)
+
+        async def refused() -> bool:
+            return "podwire agent not reachable" in await _events(cluster, "pr")
+
+        await eventually(refused, "kubelet's FailedCreatePodSandBox naming the agent", 60)
+        assert cluster.pod_veths(host) == before
+    finally:
+        await agent.start()
+    pod = await cluster.running("pr", timeout=120)  # kubelet's own back-off decides when
+    uid = pod["metadata"]["uid"]
+    ports = [p for p in await asyncio.to_thread(cluster.ports) if p.device_id == uid]
+    assert [ip["ip_address"] for ip in ports[0].fixed_ips] == pod_ips(pod) and len(ports) == 1
+    await cluster.delete_pod("pr")
+    await cluster.gone("pr")
+    await _released(cluster, uid, host, before)
+
+
+async def test_a_sandbox_killed_behind_kubelet_is_replaced_without_leaks(cluster: Cluster) -> None:
+    host = cluster.hosts[0]
+    node = next(node for node in cluster.nodes if node.host == host)
+    before = cluster.pod_veths(host)
+    await cluster.create_pod("ps", host)
+    uid = (await cluster.running("ps"))["metadata"]["uid"]
+    first = await cluster.port_of(uid)
+    assert first is not None
+    runtime = Runtime(node.announced["containerd_socket"])
+    try:
+        (sandbox,) = [s for s in runtime.sandboxes() if s.name == "ps"]
+    finally:
+        runtime.close()
+    ctr = ["ctr", "--address", node.announced["containerd_socket"], "-n", "k8s.io"]
+    kill = [*ctr, "task", "kill", "-s", "SIGKILL", sandbox.id]
+    await asyncio.to_thread(subprocess.run, kill, check=True)
+
+    async def replaced() -> bool:
+        ports = [p for p in await asyncio.to_thread(cluster.ports) if p.device_id == uid]
+        renewed = len(ports) == 1 and ports[0].id != first.id
+        return renewed and len(cluster.pod_veths(host) - before) == 1
+
+    await eventually(replaced, "the old sandbox's port released and a new one wired", 60)
+    port = await cluster.port_of(uid)
+    assert port is not None
+    addresses = [ip["ip_address"] for ip in port.fixed_ips]
+
+    async def reported() -> bool:
+        return pod_ips(await cluster.running("ps")) == addresses
+
+    await eventually(reported, "the pod's status showing its new port's address", 30)
+    await cluster.delete_pod("ps")
+    await cluster.gone("ps")
+    await _released(cluster, uid, host, before)
