@@ -11,6 +11,8 @@ import asyncio
 import re
 import signal
 import subprocess
+import time
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +23,7 @@ from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.errors import EtcdPermissionDenied
 from podwire.etcd.roles import Grant, RoleSpec
+from podwire.schema import nodes as values
 from podwire.stack.netutil import free_port
 from tests.agent.netenv import NetEnv
 from tests.conftest import PODWIRE
@@ -115,6 +118,7 @@ async def test_documented_node_user_end_to_end(
                 assert await mine.get(keys.state_alive(node)) is not None
                 await eventually(lambda: logged(log, "192.0.2.201"), "peer seen")
                 await refused_elsewhere(mine, peer)
+                await lies_and_borrowed_leases_fail(peer_etcd, late_etcd, peer, log)
 
                 authed.etcd.stop()
                 await eventually(lambda: not_ready(readyz), "not ready while etcd is away")
@@ -134,6 +138,24 @@ async def test_documented_node_user_end_to_end(
 
 async def logged(path: Path, text: str) -> bool:
     return text in path.read_text()
+
+
+async def lies_and_borrowed_leases_fail(
+    peer_etcd: EtcdClient, late_etcd: EtcdClient, peer: str, log: Path
+) -> None:
+    """With its own etcd user, a node claims a port Neutron never bound to it: refused. And
+    another node's user keeps the peer's heartbeat lease alive after the peer stopped beating
+    (etcd authorizes no LeaseKeepAlive): the agent sees the beat go stale all the same."""
+    await peer_etcd.put(keys.state_port(peer, str(uuid.uuid4())), values.port_state_value(0.0))
+    await eventually(lambda: logged(log, f"host={peer} key=ports/"), "the lie refused")
+    assert "no port of that id is bound to that host" in log.read_text()
+    lease = await peer_etcd.grant_lease(60)
+    beat = values.alive_value(time.time(), "t", time.time(), 1)
+    await peer_etcd.put(keys.state_alive(peer), beat, lease=lease.id)  # then it stops beating
+    assert await late_etcd.refresh_lease(lease.id) > 0  # someone else's user, accepted
+    await eventually(lambda: logged(log, f"agent.peer.heartbeat_stale host={peer}"),
+                     "the borrowed lease kept the key, not the node", timeout=20)  # fmt: skip
+    assert await late_etcd.get(keys.state_alive(peer)) is not None
 
 
 async def refused_elsewhere(mine: EtcdClient, peer: str) -> None:

@@ -37,7 +37,9 @@ from podwire.schema.ports import parse_desired_port
 
 log = get_logger(__name__)
 
-BEAT_CHECK = 1.0  # seconds between looks at the heartbeats' age
+BEAT_CHECK = 1.0  # seconds between looks at the heartbeats' age (and at waiting claims)
+UNBOUND = "no port of that id is bound to that host in Neutron"
+PENDING_GRACE = 2.0  # seconds a claim may wait for its binding before it counts as refused
 MAX_CLAIMS_PER_HOST = 4096  # far above what one node runs; past it a node's claims are refused
 LOG_BUDGET = 20  # refusals logged per node and minute; all of them are counted
 
@@ -101,7 +103,7 @@ class Claim:
 def check_claim(claim: PortState, bound: BoundPort | None) -> str | None:
     """Why a node's claim of a port is refused, or None when Neutron's binding backs it."""
     if bound is None:
-        return "no port of that id is bound to that host in Neutron"
+        return UNBOUND
     if claim.network_id is not None and claim.network_id != bound.network_id:
         return f"network {claim.network_id} is not the port's network {bound.network_id}"
     if claim.mac is not None and claim.mac.lower() != bound.mac:
@@ -130,7 +132,8 @@ class PeerTracker:
         self._vteps: dict[str, str] = {}
         self._bindings: dict[str, dict[str, BoundPort]] = {}  # host -> port id -> Neutron's
         self._claims: dict[str, dict[str, Claim]] = {}  # host -> port id -> its word
-        self._pending: dict[tuple[str, str], int] = {}  # claims waiting for their binding
+        # Claims waiting for their binding: (host, port id) -> (revision, since when).
+        self._pending: dict[tuple[str, str], tuple[int, float]] = {}
         self._unbound_at: dict[tuple[str, str], int] = {}  # claims whose binding went
         self._accepted: dict[str, dict[str, PortState]] = {}  # the claims Neutron backs
         self._refused: dict[tuple[str, str], str] = {}  # (host, key) -> reason last logged
@@ -206,6 +209,7 @@ class PeerTracker:
             await asyncio.sleep(BEAT_CHECK)
             if len(self._listed) == 2:
                 self._check_beats()
+                self._settle_pending()
                 await self._publish()
 
     def _apply_vtep(self, host: str, event: WatchEvent) -> None:
@@ -298,16 +302,23 @@ class PeerTracker:
             elif bound is not None or claim.revision <= self.bindings.revision:
                 self._refuse(host, f"ports/{port_id}", "claim", reason or "")
             else:
-                self._pending[(host, port_id)] = claim.revision
+                self._pending[(host, port_id)] = (claim.revision, time.monotonic())
         if not accepted:
             self._accepted.pop(host, None)
         self._dirty |= before != accepted.get(port_id)
 
     def _settle_pending(self) -> None:
-        """Claims the bindings have now caught up with, and still find unbound."""
-        seen = self.bindings.revision
-        for host, port_id in [k for k, rev in self._pending.items() if rev <= seen]:
-            self._recheck(host, port_id)
+        """Claims the bindings have now caught up with and still find unbound, and claims
+        whose binding has not come within ``PENDING_GRACE`` (in a quiet cluster the bindings
+        watch may not move for minutes): refused. A binding that comes later still makes
+        the claim count."""
+        seen, old = self.bindings.revision, time.monotonic() - PENDING_GRACE
+        for key, (revision, since) in list(self._pending.items()):
+            if revision <= seen:
+                self._recheck(*key)
+            elif since <= old:
+                del self._pending[key]
+                self._refuse(key[0], f"ports/{key[1]}", "claim", UNBOUND)
 
     def _refuse(self, host: str, key: str, kind: str, reason: str) -> None:
         """Counted once per key and reason (a node repeating itself is not a log flood), and
