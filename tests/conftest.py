@@ -23,6 +23,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.log import TextFormatter
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.routers import delete_routers
+from podwire.stack import kube_control
 from podwire.stack.client import start_background, stop_background
 from tests.agent.netenv import NetEnv
 from tests.scripted_agent import agents  # noqa: F401  (a fixture every suite may use)
@@ -43,7 +44,7 @@ SECOND_DEPLOYMENT = "tenant-b"
 DEPLOYMENTS = f"podwire,{SECOND_DEPLOYMENT}"
 
 # Fixtures that start real servers: the session's stack, or an etcd of the test's own.
-STACK_FIXTURES = frozenset({"stack", "private_etcd", "authed", "cluster_stack"})
+STACK_FIXTURES = frozenset({"stack", "private_etcd", "authed", "cluster_stack", "kube_stack"})
 
 
 @pytest.hookimpl(trylast=True)
@@ -96,6 +97,18 @@ def stack(work_dir: Path) -> Iterator[dict[str, Any]]:
     """The session's stack, with its RPC bus (RabbitMQ + neutron-rpc-server) for Neutron's
     agents: the broker boots while the rest starts, so it adds little to the start-up."""
     proc, info = start_stack(work_dir / "stack", extra=("--rpc", "--deployments", DEPLOYMENTS))
+    yield info
+    stop_stack(proc)
+
+
+@pytest.fixture(scope="session")
+def kube_stack(work_dir: Path) -> Iterator[dict[str, Any]]:
+    """A stack with ``--kubernetes`` (kube-apiserver, kube-controller-manager and
+    kube-scheduler with etcd, MariaDB and Neutron) in a data dir of its own: the session's stack
+    stays as fast as it was for the tests that need no Kubernetes. Fails at once, naming
+    scripts/setup, if the binaries were never built. Shared by tests/stack and tests/deploy."""
+    kube_control.check_binaries(kube_control.default_bin_dir())
+    proc, info = start_stack(work_dir / "kube-stack", extra=("--kubernetes",))
     yield info
     stop_stack(proc)
 

@@ -18,24 +18,15 @@ import pytest
 import yaml
 
 from podwire.cli.main import build_parser
+from tests.deploy.manifests import DEPLOY, NEEDS, documents
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # The oldest Kubernetes the manifests are written for, and the newest schemas at hand.
 VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
 # What the cluster fills in for fieldRefs, for the check with the services' environment.
 FIELD_SAMPLES = {"spec.nodeName": "node-1", "status.hostIP": "192.0.2.21"}
 
 
-def _documents() -> list[tuple[str, dict[str, Any]]]:
-    found = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc is not None:
-                found.append((f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc))
-    return found
-
-
-DOCUMENTS = _documents()
+DOCUMENTS = documents()
 
 
 def _by_kind(kind: str) -> dict[str, dict[str, Any]]:
@@ -158,7 +149,8 @@ def _env_value(item: dict[str, Any], resolved: dict[str, str]) -> str:
     ref = source.get("secretKeyRef") or source["configMapKeyRef"]
     kind = "Secret" if "secretKeyRef" in source else "ConfigMap"
     doc = _by_kind(kind)[ref["name"]]
-    return str(doc.get("stringData", doc.get("data"))[ref["key"]])
+    values = doc["stringData"] if "stringData" in doc else doc["data"]
+    return str(values[ref["key"]])
 
 
 def _service_env(container: dict[str, Any]) -> dict[str, str]:
@@ -205,3 +197,20 @@ def test_the_schemas_would_catch_a_misspelt_field() -> None:
     broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
     with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
         kubernetes_validate.validate(broken, VERSIONS[0], strict=True)
+
+
+def test_a_component_that_needs_no_api_gets_no_token() -> None:
+    """Every ServiceAccount of deploy/ is a component whose needs are written down, and one
+    that needs nothing of the API gets no token: neither its ServiceAccount nor its pods mount
+    one (the apiserver tests check the RBAC side of the same table)."""
+    accounts = _by_kind("ServiceAccount")
+    assert sorted(accounts) == sorted(NEEDS)
+    workloads = {
+        doc["spec"]["template"]["spec"]["serviceAccountName"]: doc for _, doc in _workloads()
+    }
+    assert sorted(workloads) == sorted(NEEDS)
+    for name, needs in NEEDS.items():
+        if not needs:
+            assert accounts[name].get("automountServiceAccountToken") is False, name
+            pod = workloads[name]["spec"]["template"]["spec"]
+            assert pod.get("automountServiceAccountToken") is False, name

@@ -1,27 +1,11 @@
-"""A stack with ``--kubernetes``, in a data dir of its own: the session's stack stays as fast
-as it was for the tests that need no Kubernetes."""
+"""kubectl against the stack with ``--kubernetes`` (the session's ``kube_stack`` fixture, in
+tests/conftest.py: tests/deploy uses the same one)."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
-
-from podwire.stack import kube_control
-from tests.conftest import start_stack, stop_stack
-
-
-@pytest.fixture(scope="session")
-def kube_stack(work_dir: Path) -> Iterator[dict[str, Any]]:
-    """kube-apiserver, kube-controller-manager and kube-scheduler with etcd, MariaDB and
-    Neutron; fails at once, naming scripts/setup, if the binaries were never built."""
-    kube_control.check_binaries(kube_control.default_bin_dir())
-    proc, info = start_stack(work_dir / "kube-stack", extra=("--kubernetes",))
-    yield info
-    stop_stack(proc)
 
 
 def kubectl(

@@ -1,0 +1,36 @@
+"""The objects of deploy/ as the tests read them, and what each podwire component asks of the
+Kubernetes API (the RBAC deploy/ must grant it, and nothing more)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+# (verb, API group, resource, namespace or "" for every namespace and cluster-scoped resources)
+Need = tuple[str, str, str, str]
+
+# What each component's code asks the Kubernetes API for today, by its ServiceAccount. Neither
+# makes a single API call: the agent wires pods from the CNI calls the runtime makes on its
+# socket and serves the device plugin on kubelet's unix sockets (registration, Allocate,
+# PodResources), none of which goes through the apiserver; the controller talks to etcd and
+# Neutron only. Both read their configuration and credentials from files and variables the
+# kubelet fills from the ConfigMap and the Secrets, with the kubelet's own rights. A need
+# added here must be granted by deploy/, and a grant in deploy/ needs its line here.
+NEEDS: dict[str, frozenset[Need]] = {
+    "podwire-agent": frozenset(),
+    "podwire-controller": frozenset(),
+}
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    """Every object of deploy/*.yaml, in file order, named ``file:Kind/name``."""
+    found = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                found.append((f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc))
+    return found
