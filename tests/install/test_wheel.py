@@ -132,6 +132,8 @@ def test_the_wheel_carries_sources_migrations_and_metadata(wheel: Path) -> None:
         "podwire/ml2/migration/alembic_migrations/versions/podwire_0002_journal_values.py",
         "podwire/ml2/migration/alembic_migrations/script.py.mako",
         "podwire/deviceplugin/protos/deviceplugin_v1beta1.proto",
+        "podwire/kube/pause.c",  # kube-node builds the sandbox image from it
+        "podwire/kube/cri/protos/cri_runtime_v1.proto",
         "podwire/py.typed",
     ):
         assert shipped in names
