@@ -81,3 +81,15 @@ class VmCommandTimeout(VmError):
 class KubeError(PermanentError):
     """A Kubernetes node of the local stack (``podwire kube-node``) could not start or stop
     cleanly; the message says which part and why."""
+
+
+class KubeApiError(RetryableError):
+    """The Kubernetes API could not be reached or refused a call; the message says which
+    resource and why. Retried with backoff: the apiserver is another process that comes back."""
+
+    cause = "kube_api"
+
+
+class KubeResourceExpired(KubeApiError):
+    """A watch asked for a resourceVersion the apiserver no longer keeps (410 Gone): the
+    watcher lists again, once, and watches from the new list's version."""

@@ -1,0 +1,139 @@
+"""The one place podwire speaks to the Kubernetes API, through kubernetes_asyncio.
+
+Objects come back as raw JSON, never as the library's models: podwire's strict readers
+(``objects.py``, ``netpol.py``) decide what is usable, so one odd object is skipped instead
+of failing a whole list. Every library and transport error leaves as a ``KubeApiError``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as kube_client
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client.exceptions import OpenApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from podwire.errors import ConfigError, KubeApiError, KubeResourceExpired
+
+PAGE = 500
+LIST_TIMEOUT = 60.0
+CONNECT_TIMEOUT = 10.0
+MAX_LINE = 16 << 20  # an event carries one object: the apiserver stores up to 1.5 MiB each
+GONE = 410
+
+
+@dataclass(frozen=True)
+class ListPage:
+    items: list[Any]
+    resource_version: str
+    next_page: str | None
+
+
+class KubeApi:
+    """Lists and watches of the kinds podwire follows, cluster-wide."""
+
+    def __init__(self, api: kube_client.ApiClient) -> None:
+        self._api = api
+        self._core = kube_client.CoreV1Api(api)
+        self._networking = kube_client.NetworkingV1Api(api)
+
+    @classmethod
+    async def from_kubeconfig(cls, path: Path) -> KubeApi:
+        configuration = kube_client.Configuration()
+        try:
+            await kube_config.load_kube_config(
+                config_file=str(path), client_configuration=configuration, persist_config=False
+            )
+        except (ConfigException, OSError, ValueError) as exc:
+            raise ConfigError(f"kubeconfig {path}: {exc}") from exc
+        return cls(kube_client.ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    def _call(self, kind: str) -> Any:
+        return {
+            "namespaces": self._core.list_namespace,
+            "pods": self._core.list_pod_for_all_namespaces,
+            "networkpolicies": self._networking.list_network_policy_for_all_namespaces,
+        }[kind]
+
+    async def list_page(self, kind: str, next_page: str | None = None) -> ListPage:
+        """One page of a consistent list; the last page's version is the list's."""
+        options: dict[str, Any] = {"limit": PAGE, "_request_timeout": LIST_TIMEOUT}
+        if next_page:
+            options["_continue"] = next_page
+        async with _translated(kind, "list"):
+            response = await self._call(kind)(_preload_content=False, **options)
+            try:
+                body = _checked(kind, response.status, await response.read())
+            finally:
+                response.release()
+        meta = body.get("metadata") or {}
+        items = body.get("items") or []
+        version = meta.get("resourceVersion")
+        if not isinstance(items, list) or not isinstance(version, str) or not version:
+            raise KubeApiError(f"list of {kind}: no items or resourceVersion in the answer")
+        token = meta.get("continue")
+        return ListPage(items, version, token if isinstance(token, str) and token else None)
+
+    async def watch(self, kind: str, resource_version: str, seconds: int) -> AsyncIterator[bytes]:
+        """The raw event lines of one watch request, from ``resource_version`` on, with
+        bookmarks; ends when the apiserver closes it after ``seconds``."""
+        async with _translated(kind, "watch"):
+            response = await self._call(kind)(
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=seconds,
+                _preload_content=False,
+                _request_timeout=(CONNECT_TIMEOUT, seconds + 30),
+            )
+            try:
+                if response.status != 200:
+                    _checked(kind, response.status, await response.read())
+                async for line in _lines(response.content):
+                    yield line
+            finally:
+                response.release()
+
+
+def _checked(kind: str, status: int, raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise KubeApiError(f"{kind}: HTTP {status}, not JSON") from exc
+    if status == GONE:
+        raise KubeResourceExpired(f"{kind}: {body.get('message', 'resourceVersion too old')}")
+    if not 200 <= status <= 299 or not isinstance(body, dict):
+        message = body.get("message") if isinstance(body, dict) else None
+        raise KubeApiError(f"{kind}: HTTP {status}: {message or 'unexpected answer'}")
+    return body
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Newline-delimited events, each bounded: aiohttp's own readline stops at 128 KiB."""
+    pending = b""
+    async for chunk in stream.iter_any():
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+        if len(pending) > MAX_LINE:
+            raise KubeApiError(f"a watch event longer than {MAX_LINE} bytes")
+
+
+@contextlib.asynccontextmanager
+async def _translated(kind: str, verb: str) -> AsyncIterator[None]:
+    """Transport and library errors of one call as ``KubeApiError``, naming the call."""
+    try:
+        yield
+    except (aiohttp.ClientError, OpenApiException, TimeoutError) as exc:
+        raise KubeApiError(f"{verb} {kind}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,44 @@
+"""The informers the NetworkPolicy compiler reads (Namespaces, Pods, NetworkPolicies), run
+together, with one wake-up for whoever reconciles: events are many, and a reconciler wants
+to know only that something changed since it last compiled."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from podwire.k8s.api import KubeApi
+from podwire.k8s.cache import Cache, Event
+from podwire.k8s.compile import Cluster
+from podwire.k8s.informer import Informer
+from podwire.k8s.netpol import NetworkPolicy, read_network_policy
+from podwire.k8s.objects import K8sNamespace, K8sPod, read_namespace, read_pod
+
+
+class KubeWatcher:
+    def __init__(self, api: KubeApi) -> None:
+        self.changed = asyncio.Event()
+        self.namespaces: Cache[K8sNamespace] = Cache("namespaces", self._on_event)
+        self.pods: Cache[K8sPod] = Cache("pods", self._on_event)
+        self.policies: Cache[NetworkPolicy] = Cache("networkpolicies", self._on_event)
+        self.informers: tuple[Informer[Any], ...] = (
+            Informer(api, self.namespaces, read_namespace),
+            Informer(api, self.pods, read_pod),
+            Informer(api, self.policies, read_network_policy),
+        )
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            for informer in self.informers:
+                tasks.create_task(informer.run(), name=f"k8s-informer-{informer.kind}")
+
+    def cluster(self) -> Cluster:
+        """A snapshot: the compiler never sees a cache change under it."""
+        return Cluster(
+            namespaces=dict(self.namespaces.objects),
+            pods=dict(self.pods.objects),
+            policies=dict(self.policies.objects),
+        )
+
+    def _on_event(self, event: Event[Any]) -> None:
+        self.changed.set()

@@ -1,0 +1,124 @@
+"""The watcher against the real kube-apiserver of ``podwire stack up --kubernetes``: objects
+made with kubectl reach the caches through one list and the watch, and compile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podwire.errors import ConfigError
+from podwire.k8s.api import KubeApi
+from podwire.k8s.compile import compile_policies
+from podwire.k8s.groups import OPEN_EGRESS, group_name
+from podwire.k8s.objects import ObjectKey
+from podwire.k8s.watcher import KubeWatcher
+from tests.stack.conftest import kubectl
+
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
+
+
+async def apply(info: dict[str, Any], tmp_path: Path, *objects: dict[str, Any]) -> None:
+    """Repeated while a new namespace has no default service account yet (the
+    controller-manager makes it a moment after the namespace)."""
+    path = tmp_path / f"{uuid.uuid4().hex}.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+    for _ in range(100):
+        done = kubectl(info, "apply", "-f", str(path))
+        if done.returncode == 0 or "serviceaccount" not in done.stderr:
+            break
+        await asyncio.sleep(0.2)
+    assert done.returncode == 0, done.stderr
+
+
+async def until(check: Callable[[], bool], seconds: float = 20) -> None:
+    async with asyncio.timeout(seconds):
+        while not check():
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def watcher(kube_stack: dict[str, Any]) -> AsyncIterator[KubeWatcher]:
+    api = await KubeApi.from_kubeconfig(Path(kube_stack["kubeconfig"]))
+    watching = KubeWatcher(api)
+    task = asyncio.create_task(watching.run())
+    try:
+        yield watching
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await api.close()
+
+
+def pod(namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    container = {"name": "c", "image": "pause", "ports": [{"name": "http", "containerPort": 8080}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"containers": [container]},
+    }
+
+
+async def test_objects_reach_the_caches_and_compile(
+    kube_stack: dict[str, Any], watcher: KubeWatcher, tmp_path: Path
+) -> None:
+    name = f"np-{uuid.uuid4().hex[:8]}"
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"team": "blue"}},
+    }
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny", "namespace": name},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [
+                {
+                    "from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}],
+                    "ports": [
+                        {"port": "http"},
+                        {"port": 9000, "endPort": 9010, "protocol": "SCTP"},
+                    ],
+                }
+            ],
+        },
+    }
+    try:
+        await apply(kube_stack, tmp_path, namespace)
+        await apply(kube_stack, tmp_path, pod(name, "web", {"app": "web"}), policy)
+        await until(lambda: ObjectKey(name, "deny") in watcher.policies.objects)
+        await until(lambda: ObjectKey(name, "web") in watcher.pods.objects)
+        desired = compile_policies(watcher.cluster())
+        group = desired.groups[group_name(ObjectKey(name, "deny"))]
+        assert {(r.protocol, r.port_min, r.port_max) for r in group.rules} == {
+            ("tcp", 8080, 8080),
+            ("sctp", 9000, 9010),
+        }
+        assert desired.pods[ObjectKey(name, "web")].groups == {group.name, OPEN_EGRESS}
+
+        done = kubectl(kube_stack, "label", "pod", "-n", name, "web", "app=other", "--overwrite")
+        assert done.returncode == 0, done.stderr
+        await until(
+            lambda: watcher.pods.objects[ObjectKey(name, "web")].meta.labels["app"] == "other"
+        )
+        assert (
+            OPEN_EGRESS in compile_policies(watcher.cluster()).pods[ObjectKey(name, "web")].groups
+        )
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+    await until(lambda: ObjectKey(name, "deny") not in watcher.policies.objects, 60)
+    assert [informer.lists for informer in watcher.informers] == [1, 1, 1]  # no relist
+
+
+async def test_a_missing_kubeconfig_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="kubeconfig"):
+        await KubeApi.from_kubeconfig(tmp_path / "missing")
