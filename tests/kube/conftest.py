@@ -1,6 +1,6 @@
-"""A Kubernetes cluster on two simulated hosts: a stack with ``--kubernetes`` (in a data dir of
-its own), a real podwire agent per host on that stack's etcd and Neutron, and ``podwire
-kube-node`` (containerd + kubelet) per host, started once per session.
+"""A Kubernetes cluster on two simulated hosts: the session's stack with ``--kubernetes``
+(``kube_stack``, tests/conftest.py), a real podwire agent per host on that stack's etcd and
+Neutron, and ``podwire kube-node`` (containerd + kubelet) per host, started once per session.
 
 The agents run in this process's event loop: everything here that waits on kubelet, kubectl
 or kube-node waits asynchronously, so the agents go on serving the CNI calls meanwhile.
@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from podwire.neutron.client import neutron_connection
 from podwire.stack import kube_control
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, links_in
-from tests.conftest import delete_project_resources, start_stack, stop_stack
+from tests.conftest import delete_project_resources
 from tests.scripted_agent import eventually
 
 PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
@@ -43,15 +43,6 @@ def require_kube_binaries() -> None:
         kube_control.check_binaries(kube_control.default_bin_dir())
     except StackError as exc:
         pytest.skip(f"the Kubernetes binaries are not built: {exc}")
-
-
-@pytest.fixture(scope="session")
-def kube_stack(work_dir: Path) -> Iterator[dict[str, Any]]:
-    """etcd, MariaDB, Neutron and the Kubernetes control plane, in a data dir of its own."""
-    require_kube_binaries()
-    proc, info = start_stack(work_dir / "kn", extra=("--kubernetes",))
-    yield info
-    stop_stack(proc)
 
 
 @dataclass
@@ -174,7 +165,11 @@ class Cluster:
             pod = await self.kubectl.get("pod", "-n", self.namespace, name)
             return pod if pod and pod["status"].get("phase") == "Running" else None
 
-        return await eventually(phase, f"pod {name} Running", timeout)
+        try:
+            return await eventually(phase, f"pod {name} Running", timeout)
+        except AssertionError as exc:
+            described = await self.kubectl.run("describe", "pod", "-n", self.namespace, name)
+            raise AssertionError(f"{exc}\n{described[-3000:]}") from None
 
     async def exec(self, name: str, *command: str, check: bool = True) -> str:
         return await self.kubectl.run(
@@ -232,11 +227,23 @@ async def _namespace(kubectl: Kubectl, name: str) -> None:
     await eventually(account, f"the default ServiceAccount of {name}", 60)
 
 
-@pytest.fixture(scope="session")
+async def _forget(kubectl: Kubectl, cluster: Cluster) -> None:
+    """The Nodes this package registered and its namespace (its pods go with it)."""
+    hosts = [agent.host for agent in cluster.agents]
+    await kubectl.run("delete", "node", *hosts, "--ignore-not-found", check=False)
+    await kubectl.run("delete", "namespace", cluster.namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="package")
 async def cluster(
-    kube_stack: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Cluster]:
-    """Two simulated hosts, each with a podwire agent and a kube-node, Ready."""
+    """Two simulated hosts, each with a podwire agent and a kube-node, Ready, on the session's
+    stack with ``--kubernetes`` (``kube_stack``, which fails without the binaries: skipped
+    here first, saying why). The Nodes and the namespace go afterwards: other suites share
+    that control plane and expect no node (tests/stack's scheduler test)."""
+    require_kube_binaries()
+    kube_stack: dict[str, Any] = request.getfixturevalue("kube_stack")
     neutron = neutron_connection(kube_stack["neutron"])
     project = uuid.uuid4().hex
     kubectl = Kubectl(kube_stack)
@@ -253,6 +260,7 @@ async def cluster(
     finally:
         for node in made.nodes:
             await node.stop()
+        await _forget(kubectl, made)
         for agent in made.agents:
             await agent.stop()
         delete_project_resources(neutron, project)

@@ -24,11 +24,16 @@ def pod_ips(pod: dict[str, Any]) -> list[str]:
 async def _pings(cluster: Cluster, source: str, address: str) -> None:
     """An answer within a few tries: the other host learns a new pod's MAC through etcd."""
 
-    async def answered() -> bool:
-        out = await cluster.exec(source, "ping", "-c", "1", "-W", "1", address, check=False)
-        return " 0% packet loss" in out
+    last = [""]
 
-    await eventually(answered, f"{source} pings {address}", 20)
+    async def answered() -> bool:
+        last[0] = await cluster.exec(source, "ping", "-c", "1", "-W", "1", address, check=False)
+        return " 0% packet loss" in last[0]
+
+    try:
+        await eventually(answered, f"{source} pings {address}", 20)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last ping: {last[0]!r}") from None
 
 
 async def _released(cluster: Cluster, uid: str, host: str, veths: set[str]) -> None:
