@@ -22,10 +22,12 @@ from tests.kube.conftest import Cluster
 from tests.scripted_agent import eventually
 
 
-def kube_node(data_dir: Path, host: str, netns: str) -> subprocess.CompletedProcess[str]:
+def kube_node(
+    data_dir: Path, host: str, netns: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
     argv = [
         *PODWIRE, "kube-node", "--data-dir", str(data_dir), "--host", host, "--netns", netns,
-        "--agent-socket", "/run/podwire/none.sock", "--network", "n1",
+        "--agent-socket", "/run/podwire/none.sock", "--network", "n1", *extra,
     ]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
@@ -42,6 +44,7 @@ def fake_stack_json(data_dir: Path, **entries: Any) -> None:
     [
         ("bad-host", "--host 'Bad_Host': a Node name is lower case letters, digits"),
         ("no-netns", "--netns: no network namespace named pwt-missing"),
+        ("bad-node-ip", "--node-ip '192.0.2.300': not an IPv4 address"),
         ("no-stack", "no stack is running on"),
         ("no-kubernetes", "runs without Kubernetes: start it with podwire stack up --kubernetes"),
         ("no-binaries", "kubelet is not in"),
@@ -58,7 +61,8 @@ def test_refusals_are_one_line_naming_the_cause(
         fake_stack_json(tmp_path)
     if case == "no-binaries":
         fake_stack_json(tmp_path, kube_apiserver="https://192.0.2.2:1", kube_bin_dir=str(tmp_path))
-    done = kube_node(tmp_path, host, netns)
+    extra = ("--node-ip", "192.0.2.300") if case == "bad-node-ip" else ()
+    done = kube_node(tmp_path, host, netns, *extra)
     assert done.returncode == 2
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr

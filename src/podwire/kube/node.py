@@ -13,6 +13,7 @@ per host and data dir (a lock file says so); a run that was killed is cleaned up
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import re
 import signal
 import subprocess
@@ -95,10 +96,15 @@ class KubeNode:
             )
         if not is_netns(netns_path(netns)):
             raise KubeError(f"--netns: no network namespace named {netns}")
+        if self.options.node_ip and not _is_ipv4(self.options.node_ip):
+            raise KubeError(f"--node-ip {self.options.node_ip!r}: not an IPv4 address")
         check_installed()
         return stackinfo.read(self.options.data_dir.resolve())
 
     def _start(self, facts: stackinfo.StackFacts, undo: ExitStack) -> dict[str, Any]:
+        """Each part's undo is registered before the next part starts: the teardown runs them
+        in reverse, so kubelet is gone before the sandboxes are removed, and those before
+        containerd stops."""
         started = time.monotonic()
         node_ip = self.options.node_ip or apilink.host_address(self.options.netns)
         link = apilink.ApiLink(self.options.netns, node_ip, facts.api_ip)
@@ -205,6 +211,13 @@ class KubeNode:
 
     def _unmount(self) -> None:
         leftovers.unmount_node(self.dir, self.files)
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 4
+    except ValueError:
+        return False
 
 
 def _hold_stop_signals() -> None:
