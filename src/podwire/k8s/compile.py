@@ -135,7 +135,8 @@ def _remote_rules(direction: str, port: PortRange, found: PeerSet) -> Iterable[S
         return
     for prefix in found.prefixes:
         ethertype = IPV4 if prefix.version == 4 else IPV6
-        yield SgRule(direction, ethertype, protocol, low, high, remote_ip_prefix=str(prefix))
+        remote = str(prefix) if prefix.prefixlen else None  # a whole family: no remote
+        yield SgRule(direction, ethertype, protocol, low, high, remote_ip_prefix=remote)
 
 
 def _port_ranges(ports: tuple[PolicyPort, ...] | None, owners: Iterable[K8sPod]) -> list[PortRange]:

@@ -22,7 +22,7 @@ OPEN_INGRESS = GROUP_PREFIX + "open-ingress"
 OPEN_EGRESS = GROUP_PREFIX + "open-egress"
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class SgRule:
     """One Neutron security-group rule; a remote of neither kind is any address."""
 
@@ -33,6 +33,19 @@ class SgRule:
     port_max: int | None = None
     remote_ip_prefix: str | None = None
     remote_address_group: str | None = None
+
+    @property
+    def order(self) -> tuple[str, str, str, int, int, str, str]:
+        """A total order (fields may be None) so that calls go out in a repeatable order."""
+        return (
+            self.direction,
+            self.ethertype,
+            self.protocol or "",
+            self.port_min or 0,
+            self.port_max or 0,
+            self.remote_ip_prefix or "",
+            self.remote_address_group or "",
+        )
 
 
 @dataclass(frozen=True)

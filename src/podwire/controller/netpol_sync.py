@@ -1,0 +1,107 @@
+"""The NetworkPolicy reconciler: makes one project's marked Neutron security groups and
+address groups hold what the cluster's policies compile to.
+
+It works from a snapshot each time (compile, read Neutron, plan, apply), so a missed event,
+a restart or a failed call is repaired by the next pass: the only state is Neutron's and the
+API's. Neutron's calls are blocking (openstacksdk) and run on a worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from podwire.backoff import Backoff
+from podwire.errors import RetryableError
+from podwire.k8s.compile import Cluster, compile_policies
+from podwire.k8s.groups import SgRule
+from podwire.k8s.plan import Plan, plan, rule_changes
+from podwire.log import get_logger
+from podwire.neutron.netpol import NetpolObjects, RuleBody
+
+log = get_logger(__name__)
+
+
+class NetpolReconciler:
+    def __init__(
+        self,
+        cluster: Callable[[], Cluster],
+        objects: NetpolObjects,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._cluster = cluster
+        self._objects = objects
+        self._backoff = backoff or Backoff(0.5, 10.0)
+
+    async def run(self, changed: asyncio.Event) -> None:
+        """A pass after every change; a pass that failed is repeated after a backoff."""
+        while True:
+            await changed.wait()
+            changed.clear()
+            try:
+                await self.sync()
+                self._backoff.reset()
+            except RetryableError as exc:
+                delay = await self._backoff.sleep()
+                log.warning("netpol.sync.retry", error=str(exc), delay=delay)
+                changed.set()
+
+    async def sync(self) -> Plan:
+        """One pass; returns what it changed."""
+        return await asyncio.to_thread(self._sync)
+
+    def _sync(self) -> Plan:
+        desired = compile_policies(self._cluster())
+        address_groups = self._objects.address_groups()
+        steps = plan(desired, self._objects.groups(), address_groups)
+        if not steps.empty:
+            self._apply(steps, {group.name: group.id for group in address_groups})
+            log.info("netpol.synced", **_counts(steps))
+        return steps
+
+    def _apply(self, steps: Plan, address_group_ids: dict[str, str]) -> None:
+        objects = self._objects
+        for wanted in steps.create_address_groups:
+            address_group_ids[wanted.name] = objects.create_address_group(
+                wanted.name, wanted.description, wanted.addresses
+            )
+        for change in steps.change_addresses:
+            objects.change_addresses(change.group_id, change.add, change.remove)
+        additions = list(steps.add_rules)
+        for group in steps.create_groups:
+            created = objects.create_group(group.name, group.description)
+            add, delete = rule_changes(group, created, {})  # Neutron's default rules
+            steps.delete_rules.extend(delete)
+            additions.extend((created.id, rule) for rule in add)
+        for group_id, rule in additions:
+            objects.create_rule(group_id, _body(rule, address_group_ids))
+        for rule_id in steps.delete_rules:
+            objects.delete_rule(rule_id)
+        for group_id in steps.delete_groups:
+            objects.delete_group(group_id)
+        for group_id in steps.delete_address_groups:
+            objects.delete_address_group(group_id)
+
+
+def _body(rule: SgRule, address_group_ids: dict[str, str]) -> RuleBody:
+    remote = rule.remote_address_group
+    return RuleBody(
+        direction=rule.direction,
+        ethertype=rule.ethertype,
+        protocol=rule.protocol,
+        port_min=rule.port_min,
+        port_max=rule.port_max,
+        remote_ip_prefix=rule.remote_ip_prefix,
+        remote_address_group_id=None if remote is None else address_group_ids[remote],
+    )
+
+
+def _counts(steps: Plan) -> dict[str, int]:
+    return {
+        "address_groups_created": len(steps.create_address_groups),
+        "address_groups_changed": len(steps.change_addresses),
+        "groups_created": len(steps.create_groups),
+        "rules_added": len(steps.add_rules),
+        "rules_deleted": len(steps.delete_rules),
+        "groups_deleted": len(steps.delete_groups),
+        "address_groups_deleted": len(steps.delete_address_groups),
+    }
