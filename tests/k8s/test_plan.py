@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from podwire.backoff import Backoff
+from podwire.controller.netpol_sync import NetpolReconciler
+from podwire.k8s.compile import Cluster
 from podwire.k8s.groups import (
     OPEN_EGRESS,
+    OPEN_INGRESS,
     DesiredAddressGroup,
     DesiredGroup,
     DesiredPolicy,
     SgRule,
 )
 from podwire.k8s.plan import plan
+from podwire.neutron.client import NeutronRequestError
 from podwire.neutron.netpol import ObservedAddressGroup, ObservedGroup, ObservedRule
 
 
@@ -87,3 +94,41 @@ def test_addresses_change_by_difference_and_unwanted_objects_go() -> None:
     assert [g.name for g in steps.create_groups] == ["podwire-np-x"]
     assert steps.delete_groups == ["g2"] and steps.delete_address_groups == ["ag2"]
     assert OPEN_EGRESS not in {g.name for g in steps.create_groups}
+
+
+async def test_the_reconciler_outlives_a_refused_pass_and_repeats_it() -> None:
+    class Refusing:
+        calls = 0
+
+        def address_groups(self) -> list[ObservedAddressGroup]:
+            self.calls += 1
+            if self.calls == 1:
+                raise NeutronRequestError("quota exceeded", 403)
+            return []
+
+        def groups(self) -> list[ObservedGroup]:
+            """The two open groups as they should be: the second pass has nothing to do."""
+            return [
+                ObservedGroup(
+                    name,
+                    name,
+                    tuple(
+                        observed_rule(f"{name}-{family}", direction=direction, ethertype=family)
+                        for family in ("IPv4", "IPv6")
+                    ),
+                )
+                for name, direction in ((OPEN_INGRESS, "ingress"), (OPEN_EGRESS, "egress"))
+            ]
+
+    objects = Refusing()
+    empty = Cluster({}, {}, {})
+    reconciler = NetpolReconciler(lambda: empty, objects, Backoff(0.001, 0.002))  # type: ignore[arg-type]
+    changed = asyncio.Event()
+    changed.set()
+    task = asyncio.create_task(reconciler.run(changed))
+    async with asyncio.timeout(5):
+        while objects.calls < 2 or changed.is_set():
+            await asyncio.sleep(0.001)
+    assert not task.done()
+    task.cancel()
+    assert objects.calls == 2

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 
 from podwire.backoff import Backoff
-from podwire.errors import RetryableError
+from podwire.errors import PodwireError
 from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import SgRule
 from podwire.k8s.plan import Plan, plan, rule_changes
@@ -33,14 +33,16 @@ class NetpolReconciler:
         self._backoff = backoff or Backoff(0.5, 10.0)
 
     async def run(self, changed: asyncio.Event) -> None:
-        """A pass after every change; a pass that failed is repeated after a backoff."""
+        """A pass after every change; a pass that failed is repeated after a backoff, a
+        refused one too (a quota, a rule Neutron will not take): its cause may go away, and
+        the reconciler must outlive it."""
         while True:
             await changed.wait()
             changed.clear()
             try:
                 await self.sync()
                 self._backoff.reset()
-            except RetryableError as exc:
+            except PodwireError as exc:
                 delay = await self._backoff.sleep()
                 log.warning("netpol.sync.retry", error=str(exc), delay=delay)
                 changed.set()
