@@ -4,13 +4,18 @@ their Neutron port's addresses, pinging across the two hosts, and their ports go
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from podwire.kube.node import node_dir
 from podwire.kube.sandboxes import Runtime
+from podwire.stack import procs
 from tests.kube.conftest import Cluster
 from tests.scripted_agent import eventually
 
@@ -149,3 +154,33 @@ async def test_a_sandbox_killed_behind_kubelet_is_replaced_without_leaks(cluster
     await cluster.delete_pod("ps")
     await cluster.gone("ps")
     await _released(cluster, uid, host, before)
+
+
+async def test_a_killed_kubelet_is_restarted_and_its_pods_keep_their_ports(
+    cluster: Cluster,
+) -> None:
+    host = cluster.hosts[0]
+    before = cluster.pod_veths(host)
+    await cluster.create_pod("pk1", host)
+    pod = await cluster.running("pk1")
+    uid, first = pod["metadata"]["uid"], await cluster.port_of(pod["metadata"]["uid"])
+    marker = str(node_dir(Path(cluster.info["data_dir"]), host) / "kubelet-config.json")
+    (old,) = procs.pids_marked(marker)
+    os.kill(old, signal.SIGKILL)
+
+    async def restarted() -> bool:
+        return [pid for pid in procs.pids_marked(marker) if pid != old] != []
+
+    await eventually(restarted, "kube-node starting kubelet again", 30)
+    await cluster.create_pod("pk2", host)  # the new kubelet serves
+    second = await cluster.running("pk2")
+    assert "pk1" in await cluster.exec("pk1", "hostname")
+    port = await cluster.port_of(uid)
+    assert first is not None and port is not None and port.id == first.id
+    pod = await cluster.running("pk1")
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert len(cluster.pod_veths(host) - before) == 2
+    await asyncio.gather(*(cluster.delete_pod(name) for name in ("pk1", "pk2")))
+    await asyncio.gather(*(cluster.gone(name) for name in ("pk1", "pk2")))
+    await _released(cluster, second["metadata"]["uid"], host, before)
+    assert await cluster.port_of(uid) is None

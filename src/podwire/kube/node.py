@@ -4,10 +4,11 @@ A private containerd and a real kubelet, registered as Node HOST with the stack'
 with podwire's conflist in containerd's CNI conf dir: pods the API puts on HOST get their
 ports from the host's podwire agent. Everything lives under ``DIR/kube-nodes/HOST``; the link
 to the apiserver (``apilink``), the node's shared mount (``mounts``), containerd and kubelet
-are each undone, in reverse order, when the node stops (SIGTERM, SIGINT, or one of its
-processes ending): kubelet first, then every pod sandbox through the CRI (each pod's CNI DEL
-returns its port), then containerd and its mounts, kubelet's mounts, the link. One kube-node
-per host and data dir (a lock file says so); a run that was killed is cleaned up by the next.
+are each undone, in reverse order, when the node stops (SIGTERM, SIGINT): kubelet first, then
+every pod sandbox through the CRI (each pod's CNI DEL returns its port), then containerd and
+its mounts, kubelet's mounts, the link. kubelet or containerd ending meanwhile is started
+again. One kube-node per host and data dir (a lock file says so); a run that was killed is
+cleaned up by the next.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,11 @@ class KubeNode:
             self.dir / "containerd", netns=options.netns, log_dir=self.dir / "logs"
         )
         self.kubelet: subprocess.Popen[bytes] | None = None
+        self._kubelet_argv: list[str] = []
 
     def run(self, announce: Callable[[dict[str, Any]], None]) -> int:
-        """Serve until a signal (0) or until kubelet or containerd ends (an error)."""
+        """Serve until a signal (0); an error during start-up (or a restart that fails) is
+        raised after the teardown."""
         facts = self._check()
         self.dir.mkdir(parents=True, exist_ok=True)
         with _node_lock(self.dir, self.options.host):
@@ -152,9 +155,12 @@ class KubeNode:
             directory.mkdir(parents=True, exist_ok=True)
         body = configuration(files, self.containerd.socket, node_ip, facts.pki.ca.cert)
         write_configuration(files, body)
-        command = argv(facts.kubelet, files, host, node_ip, self.options.netns)
-        self.kubelet = procs.spawn(command, files.log, new_session=True)
-        log.info("kube_node.kubelet_started", host=host, pid=self.kubelet.pid)
+        self._kubelet_argv = argv(facts.kubelet, files, host, node_ip, self.options.netns)
+        self._spawn_kubelet()
+
+    def _spawn_kubelet(self) -> None:
+        self.kubelet = procs.spawn(self._kubelet_argv, self.files.log, new_session=True)
+        log.info("kube_node.kubelet_started", host=self.options.host, pid=self.kubelet.pid)
 
     def _wait_ready(self, facts: stackinfo.StackFacts, since: float) -> None:
         context = kube_api.admin_context(facts.pki)
@@ -180,9 +186,19 @@ class KubeNode:
             raise KubeError(f"containerd exited; see {self.containerd.log_files[-1]}")
 
     def _serve(self) -> int:
+        """Until a signal. kubelet or containerd that ends is started again, as systemd's
+        ``Restart=always`` does on a real node, after a pause that grows while it keeps
+        ending: the pods' sandboxes outlive both, so a restart changes no pod's network (and
+        a kubelet restart is what makes device plugins register again)."""
+        kubelet, containerd = _Restarts("kubelet"), _Restarts("containerd")
         while True:
-            self._check_alive()
             time.sleep(0.5)
+            if not self.containerd.alive():
+                containerd.pause(self.containerd.log_files[-1])
+                self.containerd.start()
+            if self.kubelet is not None and self.kubelet.poll() is not None:
+                kubelet.pause(self.files.log)
+                self._spawn_kubelet()
 
     def _announcement(self, node_ip: str, seconds: float) -> dict[str, Any]:
         return {
@@ -211,6 +227,24 @@ class KubeNode:
 
     def _unmount(self) -> None:
         leftovers.unmount_node(self.dir, self.files)
+
+
+@dataclass
+class _Restarts:
+    """The pause before one part is started again: doubling from 0.5 s to 10 s while it keeps
+    ending, from 0.5 s again once it ran longer than that."""
+
+    part: str
+    backoff: Backoff = field(default_factory=lambda: Backoff(0.5, 10.0))
+    since: float = field(default_factory=time.monotonic)
+
+    def pause(self, log_file: Path) -> None:
+        if time.monotonic() - self.since > self.backoff.maximum:
+            self.backoff.reset()
+        delay = self.backoff.next()
+        log.warning("kube_node.restart", part=self.part, delay=delay, log=str(log_file))
+        time.sleep(delay)
+        self.since = time.monotonic()
 
 
 def _is_ipv4(text: str) -> bool:
