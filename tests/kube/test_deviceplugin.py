@@ -1,12 +1,14 @@
 """The agent's memif device plugin meets the real kubelet of a kube-node: configured
 beforehand for the node's kubelet dirs, it registers, and ``podwire.io/memif`` appears in the
 Node's capacity and allocatable; a pod asking for one gets kubelet's Allocate answer (the
-socket dir mounted, the environment set)."""
+socket dir mounted, the environment set); after a kubelet restart the plugin registers again
+(a second pod is allocated) and the first pod keeps its grant."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from podwire.agent.memif_master import is_running
 from podwire.config import DevicePluginSettings
 from podwire.kube.node import node_dir
 from podwire.schema.checkpoints import memif_entry
+from podwire.stack import procs
 from tests.kube.conftest import Cluster, pod_manifest
 from tests.scripted_agent import eventually
 
@@ -60,14 +63,34 @@ async def test_the_memif_device_plugin_registers_with_the_real_kubelet(cluster: 
             )
 
         await eventually(advertised, f"{RESOURCE} in {host}'s capacity and allocatable", 30)
-        manifest = pod_manifest(cluster, "pm", host)
-        manifest["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE: "1"}}
-        await cluster.kubectl.run("apply", "-f", "-", stdin=json.dumps(manifest))
-        await cluster.running("pm")
+        await _memif_pod(cluster, "pm", host)
         env = await cluster.exec("pm", "env")
         assert "MEMIF_SOCKET=/run/vpp/memif.sock" in env
         assert "memif.sock" in await cluster.exec("pm", "ls", "/run/vpp")
+
+        await _restart_kubelet(kubelet_root.parent / "kubelet-config.json")
+        await _memif_pod(cluster, "pm2", host)  # Allocate again: the plugin registered again
+        assert "memif.sock" in await cluster.exec("pm", "ls", "/run/vpp")  # the grant stays
     finally:
         assert await node.stop() == 0
-        await cluster.delete_pod("pm", "--grace-period=0", "--force", "--ignore-not-found")
+        for pod in ("pm", "pm2"):
+            await cluster.delete_pod(pod, "--grace-period=0", "--force", "--ignore-not-found")
         _kill_masters(cluster.work)
+
+
+async def _memif_pod(cluster: Cluster, name: str, host: str) -> None:
+    manifest = pod_manifest(cluster, name, host)
+    manifest["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE: "1"}}
+    await cluster.kubectl.run("apply", "-f", "-", stdin=json.dumps(manifest))
+    await cluster.running(name)
+
+
+async def _restart_kubelet(config: Path) -> None:
+    """SIGKILL to the node's kubelet; kube-node starts it again."""
+    (old,) = procs.pids_marked(str(config))
+    os.kill(old, signal.SIGKILL)
+
+    async def restarted() -> bool:
+        return [pid for pid in procs.pids_marked(str(config)) if pid != old] != []
+
+    await eventually(restarted, "kube-node starting kubelet again", 30)
