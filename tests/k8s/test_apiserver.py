@@ -4,6 +4,7 @@ made with kubectl reach the caches through one list and the watch, and compile."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -12,12 +13,15 @@ from typing import Any
 
 import pytest
 
+from podwire.controller.netpol_sync import NetpolReconciler
 from podwire.errors import ConfigError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.compile import compile_policies
 from podwire.k8s.groups import OPEN_EGRESS, group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.k8s.watcher import KubeWatcher
+from podwire.neutron.client import neutron_connection
+from podwire.neutron.netpol import NetpolObjects
 from tests.stack.conftest import kubectl
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -117,6 +121,55 @@ async def test_objects_reach_the_caches_and_compile(
         kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
     await until(lambda: ObjectKey(name, "deny") not in watcher.policies.objects, 60)
     assert [informer.lists for informer in watcher.informers] == [1, 1, 1]  # no relist
+
+
+async def test_a_policy_made_with_kubectl_reaches_neutron_and_leaves_with_it(
+    kube_stack: dict[str, Any], watcher: KubeWatcher, tmp_path: Path
+) -> None:
+    """The whole path on the stack's own apiserver and Neutron: kubectl -> informer ->
+    compiler -> reconciler -> a tagged security group; deleted with the policy."""
+    name = f"np-{uuid.uuid4().hex[:8]}"
+    objects = NetpolObjects(
+        neutron_connection(kube_stack["neutron"]), uuid.uuid4().hex, name, "podwire-"
+    )
+    reconciler = asyncio.create_task(
+        NetpolReconciler(watcher.cluster, objects).run(watcher.changed)
+    )
+    group = group_name(ObjectKey(name, "deny"))
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny", "namespace": name},
+        "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]},
+    }
+
+    async def neutron_groups() -> dict[str, Any]:
+        return {g.name: g for g in await asyncio.to_thread(objects.groups)}
+
+    try:
+        await apply(kube_stack, tmp_path, namespace, policy)
+        wanted = {("udp", 53, 53, "ingress")}
+        async with asyncio.timeout(30):  # created, Neutron's defaults gone, its rules in
+            while _rules(await neutron_groups(), group) != wanted:
+                await asyncio.sleep(0.1)
+        kubectl(kube_stack, "delete", "networkpolicy", "-n", name, "deny")
+        async with asyncio.timeout(30):
+            while group in await neutron_groups():
+                await asyncio.sleep(0.1)
+    finally:
+        reconciler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reconciler
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+        for leftover in objects.groups():
+            objects.delete_group(leftover.id)
+
+
+def _rules(groups: dict[str, Any], name: str) -> set[tuple[Any, ...]] | None:
+    if name not in groups:
+        return None
+    return {(r.protocol, r.port_min, r.port_max, r.direction) for r in groups[name].rules}
 
 
 async def test_a_missing_kubeconfig_is_a_configuration_error(tmp_path: Path) -> None:

@@ -71,8 +71,11 @@ class NetpolReconciler:
         additions = list(steps.add_rules)
         for group in steps.create_groups:
             created = objects.create_group(group.name, group.description)
-            add, delete = rule_changes(group, created, {})  # Neutron's default rules
-            steps.delete_rules.extend(delete)
+            # Neutron's default rules (all egress) go first: a new group is never wider than
+            # its policy, only narrower until its rules are in.
+            add, delete = rule_changes(group, created, {})
+            for rule_id in delete:
+                objects.delete_rule(rule_id)
             additions.extend((created.id, rule) for rule in add)
         for group_id, rule in additions:
             objects.create_rule(group_id, _body(rule, address_group_ids))
