@@ -164,3 +164,12 @@ async def test_paged_lists_are_read_to_the_end() -> None:
     await run_until(watched, lambda: len(api.watched_from) == 1)
     assert [e.key.name for e in events] == ["a", "b"]
     assert api.watched_from == ["8"]
+
+
+async def test_a_deleted_object_goes_even_when_its_last_state_is_unusable() -> None:
+    broken = ns("a", "5")
+    broken["metadata"]["labels"] = {"k": 1}
+    api = ScriptedApi([ListPage([ns("a", "1")], "1", None)], [[line("DELETED", broken)]])
+    watched, events = informer(api)
+    await run_until(watched, lambda: len(api.watched_from) == 2)
+    assert [(e.type, e.key.name) for e in events] == [("ADDED", "a"), ("DELETED", "a")]

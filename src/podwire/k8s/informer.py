@@ -15,6 +15,7 @@ from podwire.backoff import Backoff
 from podwire.errors import KubeApiError, KubeResourceExpired, ValidationError
 from podwire.k8s.api import MAX_LINE, KubeApi
 from podwire.k8s.cache import ADDED, DELETED, MODIFIED, Cache, T
+from podwire.k8s.objects import ObjectKey
 from podwire.log import get_logger
 from podwire.schema import doc
 
@@ -108,11 +109,12 @@ class Informer(Generic[T]):
 
     def _apply(self, kind: str, raw: Any) -> None:
         value = self._value(raw)
-        if value is None:
-            return
         if kind == DELETED:
-            self._cache.remove(value.meta.key)
-        else:
+            # A deleted object goes even if its last state is unusable: only its key counts.
+            key = value.meta.key if value is not None else _key(raw)
+            if key is not None:
+                self._cache.remove(key)
+        elif value is not None:
             self._cache.put(value)
 
     def _value(self, raw: Any) -> T | None:
@@ -122,6 +124,16 @@ class Informer(Generic[T]):
         except ValidationError as exc:
             log.warning("k8s.object.skipped", kind=self.kind, error=str(exc))
             return None
+
+
+def _key(raw: Any) -> ObjectKey | None:
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    name, namespace = meta.get("name"), meta.get("namespace", "")
+    if isinstance(name, str) and isinstance(namespace, str):
+        return ObjectKey(namespace, name)
+    return None
 
 
 def _version(raw: Any) -> str | None:
