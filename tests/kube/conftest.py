@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import sys
 import uuid
@@ -114,6 +115,7 @@ class Cluster:
     work: Path
     agents: list[HostAgent] = field(default_factory=list)
     nodes: list[KubeNodeProcess] = field(default_factory=list)
+    address_base: int = field(default_factory=lambda: random.randrange(0, 236, 8))
 
     @property
     def namespace(self) -> str:
@@ -123,14 +125,24 @@ class Cluster:
         return f"{self.netenv.tag}-h{index}"
 
     async def add_agent(self, index: int, **extra: Any) -> HostAgent:
-        """Simulated host ``index`` (192.0.2.<10+index>) with its podwire agent running."""
-        ns, vtep = self.netenv.host(index)
+        """Simulated host ``index`` with its podwire agent running. Its address is drawn per
+        session (192.0.2.11-.250): kube-node routes the machine's namespace to it, so two test
+        sessions on one machine must not pick the same one."""
+        ns, vtep = self.netenv.host(self.address_base + index)
         etcd = EtcdSettings(endpoints=[self.info["etcd"]])
         host = self.host_name(index)
         agent = HostAgent(host, ns, vtep, self.work, etcd, self.info["neutron"], **extra)
         self.agents.append(agent)
         await agent.start()
         return agent
+
+    async def retire(self, node: KubeNodeProcess) -> int:
+        """Stop a node a test added, and delete its Node: a stopped node's Node looks Ready
+        until the node lifecycle controller's grace (40 s) ends, and the scheduler would
+        place other tests' pods there. Returns kube-node's exit code."""
+        code = await node.stop()
+        await self.kubectl.run("delete", "node", node.host, "--ignore-not-found")
+        return code
 
     async def start_node(self, agent: HostAgent) -> KubeNodeProcess:
         log = self.work / f"{agent.host}-kube-node.log"

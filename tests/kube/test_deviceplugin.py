@@ -72,7 +72,7 @@ async def test_the_memif_device_plugin_registers_with_the_real_kubelet(cluster: 
         await _memif_pod(cluster, "pm2", host)  # Allocate again: the plugin registered again
         assert "memif.sock" in await cluster.exec("pm", "ls", "/run/vpp")  # the grant stays
     finally:
-        assert await node.stop() == 0
+        assert await cluster.retire(node) == 0
         for pod in ("pm", "pm2"):
             await cluster.delete_pod(pod, "--grace-period=0", "--force", "--ignore-not-found")
         _kill_masters(cluster.work)

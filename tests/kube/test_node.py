@@ -113,7 +113,7 @@ async def test_a_killed_node_is_cleaned_by_the_next_and_a_stopped_one_leaves_not
 
     await eventually(replaced, "the killed run's port released, the pod wired anew", 60)
 
-    assert await again.stop() == 0
+    assert await cluster.retire(again) == 0
     assert await cluster.port_of(uid) is None
     assert cluster.pod_veths(agent.host) == set()
     assert apilink.HOST_END not in links_in(agent.netns)  # the agent's bridge may stay
