@@ -172,6 +172,33 @@ def _rules(groups: dict[str, Any], name: str) -> set[tuple[Any, ...]] | None:
     return {(r.protocol, r.port_min, r.port_max, r.direction) for r in groups[name].rules}
 
 
+async def test_watches_the_apiserver_ends_resume_without_a_relist(
+    kube_stack: dict[str, Any], tmp_path: Path
+) -> None:
+    """Watch requests of 1 s: each ends and the next resumes from the last version (the
+    bookmarks' or an event's), and an object made after several of them still arrives."""
+    api = await KubeApi.from_kubeconfig(Path(kube_stack["kubeconfig"]))
+    watching = KubeWatcher(api, watch_seconds=1)
+    task = asyncio.create_task(watching.run())
+    name = f"np-{uuid.uuid4().hex[:8]}"
+    try:
+        await until(lambda: all(i.version is not None for i in watching.informers))
+        await asyncio.sleep(3.5)
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
+        await until(lambda: ObjectKey("", name) in watching.namespaces.objects)
+        assert [informer.lists for informer in watching.informers] == [1, 1, 1]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+
+
 async def test_a_missing_kubeconfig_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="kubeconfig"):
         await KubeApi.from_kubeconfig(tmp_path / "missing")

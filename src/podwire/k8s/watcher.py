@@ -10,21 +10,21 @@ from typing import Any
 from podwire.k8s.api import KubeApi
 from podwire.k8s.cache import Cache, Event
 from podwire.k8s.compile import Cluster
-from podwire.k8s.informer import Informer
+from podwire.k8s.informer import WATCH_SECONDS, Informer
 from podwire.k8s.netpol import NetworkPolicy, read_network_policy
 from podwire.k8s.objects import K8sNamespace, K8sPod, read_namespace, read_pod
 
 
 class KubeWatcher:
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeApi, watch_seconds: int = WATCH_SECONDS) -> None:
         self.changed = asyncio.Event()
         self.namespaces: Cache[K8sNamespace] = Cache("namespaces", self._on_event)
         self.pods: Cache[K8sPod] = Cache("pods", self._on_event)
         self.policies: Cache[NetworkPolicy] = Cache("networkpolicies", self._on_event)
         self.informers: tuple[Informer[Any], ...] = (
-            Informer(api, self.namespaces, read_namespace),
-            Informer(api, self.pods, read_pod),
-            Informer(api, self.policies, read_network_policy),
+            Informer(api, self.namespaces, read_namespace, watch_seconds=watch_seconds),
+            Informer(api, self.pods, read_pod, watch_seconds=watch_seconds),
+            Informer(api, self.policies, read_network_policy, watch_seconds=watch_seconds),
         )
 
     async def run(self) -> None:
