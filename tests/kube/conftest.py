@@ -183,6 +183,22 @@ class Cluster:
             described = await self.kubectl.run("describe", "pod", "-n", self.namespace, name)
             raise AssertionError(f"{exc}\n{described[-3000:]}") from None
 
+    async def all_running(self, names: list[str], timeout: float) -> list[dict[str, Any]]:
+        """Many pods, with one listing per poll (a kubectl per pod per poll would starve this
+        2-core machine)."""
+
+        async def phases() -> list[dict[str, Any]] | None:
+            listed = await self.kubectl.get("pods", "-n", self.namespace) or {}
+            running = {
+                pod["metadata"]["name"]: pod
+                for pod in listed.get("items", [])
+                if pod["status"].get("phase") == "Running"
+            }
+            await asyncio.sleep(0.5)
+            return [running[name] for name in names] if set(names) <= set(running) else None
+
+        return await eventually(phases, f"{len(names)} pods Running", timeout)
+
     async def exec(self, name: str, *command: str, check: bool = True) -> str:
         return await self.kubectl.run(
             "exec", "-n", self.namespace, name, "--", *command, check=check

@@ -184,3 +184,19 @@ async def test_a_killed_kubelet_is_restarted_and_its_pods_keep_their_ports(
     await asyncio.gather(*(cluster.gone(name) for name in ("pk1", "pk2")))
     await _released(cluster, second["metadata"]["uid"], host, before)
     assert await cluster.port_of(uid) is None
+
+
+async def test_an_agent_restart_under_running_pods_keeps_them_pinging(cluster: Cluster) -> None:
+    h1, h2 = cluster.hosts
+    before = {host: cluster.pod_veths(host) for host in (h1, h2)}
+    await asyncio.gather(cluster.create_pod("pa1", h1), cluster.create_pod("pa2", h2))
+    pods = await asyncio.gather(cluster.running("pa1"), cluster.running("pa2"))
+    agent = cluster.agent(h2)
+    await agent.stop()
+    await agent.start()  # takes its pods back from its checkpoint
+    await _pings(cluster, "pa1", pod_ips(pods[1])[0])
+    await _pings(cluster, "pa2", pod_ips(pods[0])[0])
+    await asyncio.gather(*(cluster.delete_pod(name) for name in ("pa1", "pa2")))
+    await asyncio.gather(*(cluster.gone(name) for name in ("pa1", "pa2")))
+    for pod, host in zip(pods, (h1, h2), strict=True):
+        await _released(cluster, pod["metadata"]["uid"], host, before[host])
