@@ -10,6 +10,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, cast
 
 from podwire.config import PoolSettings
@@ -20,6 +21,7 @@ from podwire.schema.ports import FixedIp
 from podwire.schema.vif import Vif
 
 KEY = PoolKey("n1", "proj", "net")
+NETWORK: Any = SimpleNamespace(id="net")  # what a refill reads of the pool's network
 
 
 def _vif() -> Vif:
@@ -67,11 +69,11 @@ async def test_a_burst_the_pool_covers_is_topped_up_only_once_it_pauses() -> Non
     refiller, pools = _refiller(settings, ready=12)
     driver = Driver()
     _take(refiller, pools)
-    top_ups = [asyncio.create_task(refiller.top_up(KEY, (), cast(Any, driver), None))]
+    top_ups = [asyncio.create_task(refiller.top_up(KEY, (), cast(Any, driver), NETWORK))]
     for _ in range(8):  # the burst goes on: every request would start a top-up
         await asyncio.sleep(0.05)
         _take(refiller, pools)
-        top_ups.append(asyncio.create_task(refiller.top_up(KEY, (), cast(Any, driver), None)))
+        top_ups.append(asyncio.create_task(refiller.top_up(KEY, (), cast(Any, driver), NETWORK)))
     last_request = time.monotonic()
     assert driver.created_at == []  # nothing asked of Neutron during the burst
     created = await asyncio.gather(*top_ups)
@@ -85,7 +87,7 @@ async def test_below_the_floor_it_refills_at_once() -> None:
     driver = Driver()
     _take(refiller, pools)  # 2 left, under pool.min
     async with asyncio.timeout(10):  # not after the hour-long pause
-        assert await refiller.top_up(KEY, (), cast(Any, driver), None) > 0
+        assert await refiller.top_up(KEY, (), cast(Any, driver), NETWORK) > 0
 
 
 async def test_no_pause_tops_up_after_every_request() -> None:
@@ -95,4 +97,4 @@ async def test_no_pause_tops_up_after_every_request() -> None:
         _take(refiller, pools)
     assert refiller.short(KEY)
     async with asyncio.timeout(10):
-        assert await refiller.top_up(KEY, (), cast(Any, driver), None) > 0
+        assert await refiller.top_up(KEY, (), cast(Any, driver), NETWORK) > 0
