@@ -66,11 +66,25 @@ def remove_all(socket: str, patience: float = 30.0) -> list[str]:
     try:
         return [
             failure
-            for sandbox in runtime.sandboxes()
+            for sandbox in _listed(runtime, patience)
             if (failure := _remove(runtime, sandbox, patience))
         ]
     finally:
         runtime.close()
+
+
+def _listed(runtime: Runtime, patience: float) -> list[Sandbox]:
+    """The sandboxes, once the CRI answers: a containerd just started on old state answers
+    ``server is not initialized yet`` while it loads them."""
+    deadline = time.monotonic() + patience
+    backoff = Backoff(0.1, 1.0)
+    while True:
+        try:
+            return runtime.sandboxes()
+        except KubeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(backoff.next())
 
 
 def _remove(runtime: Runtime, sandbox: Sandbox, patience: float) -> str:
