@@ -25,7 +25,11 @@ import pytest
 from podwire.agent import naming
 from podwire.config import EtcdSettings
 from podwire.errors import StackError
+from podwire.kube import leftovers
+from podwire.kube.containerd import Containerd
 from podwire.kube.images import TOOLBOX_IMAGE
+from podwire.kube.kubelet import KubeletFiles
+from podwire.kube.node import node_dir
 from podwire.neutron.client import neutron_connection
 from podwire.stack import kube_control
 from tests.agent.harness import HostAgent
@@ -255,6 +259,14 @@ async def _namespace(kubectl: Kubectl, name: str) -> None:
     await eventually(account, f"the default ServiceAccount of {name}", 60)
 
 
+def _clean_node(data_dir: Path, agent: HostAgent) -> None:
+    """kube-node's own cleanup of a killed run (nothing when it stopped cleanly)."""
+    top = node_dir(data_dir, agent.host)
+    if top.is_dir():
+        runtime = Containerd(top / "containerd", netns=agent.netns, log_dir=top / "logs")
+        leftovers.clean(top, KubeletFiles(top), runtime)
+
+
 async def _forget(kubectl: Kubectl, cluster: Cluster) -> None:
     """The Nodes this package registered and its namespace (its pods go with it)."""
     hosts = [agent.host for agent in cluster.agents]
@@ -288,6 +300,8 @@ async def cluster(
     finally:
         for node in made.nodes:
             await node.stop()
+        for agent in made.agents:  # what a node killed by a failed test left, through its agent
+            await asyncio.to_thread(_clean_node, Path(kube_stack["data_dir"]), agent)
         await _forget(kubectl, made)
         for agent in made.agents:
             await agent.stop()
