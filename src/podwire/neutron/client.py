@@ -9,6 +9,7 @@ the HTTP status and Neutron's own message, so callers never catch openstacksdk t
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -174,12 +175,20 @@ class NeutronClient:
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
+        self._proxy: Any = None
+        self._discovering = threading.Lock()
 
     @property
     def _network(self) -> Any:
         # Resolved on use: the first access runs version discovery, which is a request that
-        # may fail and must fail inside a translated call, not at construction.
-        return self._conn.network
+        # may fail and must fail inside a translated call, not at construction. One thread
+        # discovers while the others wait: 50 concurrent first calls (a burst of ADDs after
+        # a start) once sent 50 discoveries at once and one timed out under the load.
+        if self._proxy is None:
+            with self._discovering:
+                if self._proxy is None:
+                    self._proxy = self._conn.network
+        return self._proxy
 
     def create_ports(self, bodies: list[Mapping[str, Any]], tag: str) -> list[Any]:
         """Create the ports carrying ``tag`` (their deployment's) in the same request.
