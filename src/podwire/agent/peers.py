@@ -167,7 +167,8 @@ class PeerTracker:
             for event in batch.events:
                 apply(event)
             self._listed.add(name)
-            self._settle_pending()
+            if watcher is self.bindings:  # only the bindings moving can settle a waiting claim
+                self._settle_pending()
             if len(self._listed) == 2:
                 await self._publish()
 
