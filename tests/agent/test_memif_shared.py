@@ -74,8 +74,12 @@ class Node:
 @pytest.fixture
 def node(netenv: NetEnv, tmp_path: Path) -> Iterator[Node]:
     ns = netenv.namespace("ms")
+    # IPv6 off, so the kernel sends nothing of its own (MLD, router solicitations) into the
+    # rings: a forwarding CNF turns such a frame into one for an unknown MAC, to the tap.
+    for conf in ("all", "default"):
+        in_ns(ns, "sysctl", "-qw", f"net.ipv6.conf.{conf}.disable_ipv6=1")
     for bridge in ("br0", "br1"):
-        in_ns(ns, "ip", "link", "add", bridge, "type", "bridge")
+        in_ns(ns, "ip", "link", "add", bridge, "type", "bridge", "mcast_snooping", "0")
         in_ns(ns, "ip", "link", "set", bridge, "up")
     node = Node(ns, tmp_path)
     try:
