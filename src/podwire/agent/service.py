@@ -222,7 +222,6 @@ class Agent:
     ) -> list[Supervised]:
         """Each long-running part restarted on its own failures (a part that lost a batch
         half-way re-lists what it follows before it runs again)."""
-
         tasks = [
             self._supervise("heartbeat", heartbeat.run),
             self._supervise("binder", binder.run, binder.watcher.replay),
@@ -230,7 +229,8 @@ class Agent:
         ]
         for part in others:
             if part is not None:
-                tasks.append(self._supervise(type(part).__name__, part.run))
+                replay = part.watcher.replay if isinstance(part, PolicyEnforcer) else None
+                tasks.append(self._supervise(type(part).__name__, part.run, replay))
         self.parts.tasks.extend(tasks)
         return tasks
 
