@@ -192,16 +192,19 @@ class MemifService:
     async def _serve(self, entry: MemifEntry, gate: Gate | None) -> MemifEntry:
         await gate_open(gate)
         await asyncio.to_thread(_write_info, entry)
-        try:
-            entry = await self._start(entry)
-        except BaseException:
-            await asyncio.to_thread(_remove_files, entry)
-            raise
-        try:
-            await self.checkpoint.put(entry)
-        except BaseException:
-            await self._stop(entry)
-            raise
+        # Under the lock until the entry is recorded: a supervision pass in between found no
+        # memif, stopped the master it had just started, and the ADD met a refused socket.
+        async with self._lock:
+            try:
+                entry = await self._start(entry)
+            except BaseException:
+                await asyncio.to_thread(_remove_files, entry)
+                raise
+            try:
+                await self.checkpoint.put(entry)
+            except BaseException:
+                await self._stop(entry)
+                raise
         self._metrics.memifs.set(len(self.checkpoint.entries))
         return entry
 
