@@ -307,10 +307,10 @@ class Binder:
         while True:
             await asyncio.sleep(self._settings.repair_interval)
             async with self._kernel:
-                for device, synced in list(self._synced.items()):
-                    plan = next((p for p in self._plans.values() if p.uplink == device), None)
-                    if plan is not None:
-                        await self._repair(device, plan.bridge, synced)
+                for plan in list(self._plans.values()):
+                    synced = self._synced.get(plan.uplink or "")
+                    if plan.uplink and synced is not None:
+                        await self._repair(plan.uplink, plan.bridge, synced)
 
     async def _repair(
         self, device: str, bridge: str, synced: tuple[set[str], dict[str, RemoteMac]]
