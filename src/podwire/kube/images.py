@@ -26,7 +26,8 @@ TOOLBOX_IMAGE = "localhost/podwire-toolbox:latest"
 BUSYBOX = Path("/bin/busybox")
 TOOLBOX_APPLETS = (
     "sh", "ping", "nc", "wget", "nslookup", "sleep", "ip", "ifconfig", "cat", "ls", "echo",
-    "hostname", "ps", "kill", "grep", "env", "true", "false", "date", "timeout",
+    "hostname", "ps", "kill", "grep", "env", "true", "false", "date", "timeout", "sed",
+    "nproc", "dirname",
 )  # fmt: skip
 
 
@@ -85,7 +86,7 @@ def layer(entries: list[LayerFile]) -> bytes:
     return buf.getvalue()
 
 
-def _config(blob: bytes, config: Mapping[str, object], created_by: str) -> bytes:
+def config_blob(blob: bytes, config: Mapping[str, object], created_by: str) -> bytes:
     body = {
         "architecture": "amd64",
         "os": "linux",
@@ -117,7 +118,9 @@ def pack(archive: Path, tag: str, blob: bytes, config: bytes) -> Path:
 def build_pause_archive(work: Path, tag: str = PAUSE_IMAGE) -> Path:
     """The sandbox image: ``/pause`` only."""
     blob = layer([LayerFile("pause", 0o755, build_pause(work / "pause"))])
-    config = _config(blob, {"Entrypoint": ["/pause"], "WorkingDir": "/"}, "podwire: static pause")
+    config = config_blob(
+        blob, {"Entrypoint": ["/pause"], "WorkingDir": "/"}, "podwire: static pause"
+    )
     return pack(work / "pause-image.tar", tag, blob, config)
 
 
@@ -138,5 +141,5 @@ def build_toolbox_archive(work: Path, tag: str = TOOLBOX_IMAGE) -> Path:
     """The toolbox image: a shell and network tools; its default command sleeps."""
     blob = layer(toolbox_entries())
     settings = {"Cmd": ["sleep", "86400"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
-    config = _config(blob, settings, "podwire: Debian's static busybox")
+    config = config_blob(blob, settings, "podwire: Debian's static busybox")
     return pack(work / "toolbox-image.tar", tag, blob, config)

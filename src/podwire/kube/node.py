@@ -28,7 +28,7 @@ from typing import Any
 from podwire.backoff import Backoff
 from podwire.cni.install import InstallSpec, install
 from podwire.errors import KubeError
-from podwire.kube import apilink, leftovers, mounts, node_api, node_pki, sandboxes, stackinfo
+from podwire.kube import apilink, cnf, leftovers, mounts, node_api, node_pki, sandboxes, stackinfo
 from podwire.kube.containerd import Containerd, check_installed
 from podwire.kube.images import build_pause_archive, build_toolbox_archive
 from podwire.kube.kubelet import KubeletFiles, argv, configuration, write_configuration
@@ -132,7 +132,9 @@ class KubeNode:
         """containerd with the offline images and podwire's conflist for this host."""
         self.containerd.prepare()
         self.containerd.start()
-        for build in (build_pause_archive, build_toolbox_archive):
+        builds = [build_pause_archive, build_toolbox_archive]
+        builds += [cnf.build_testpmd_archive] if cnf.available() else []
+        for build in builds:
             self.containerd.import_image(build(self.containerd.work))
         spec = InstallSpec(
             bin_dir=self.containerd.bin_dir,
