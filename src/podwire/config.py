@@ -381,6 +381,54 @@ class MemifSettings:
 
 
 @dataclass(frozen=True)
+class KubernetesSettings:
+    """The leader controller's view of the Kubernetes API (docs/kubernetes.md): informers
+    over Namespaces, Pods and NetworkPolicies, and NetworkPolicies enforced as Neutron
+    security groups and address groups. Without a kubeconfig none of it runs and the
+    controller never calls the API."""
+
+    # The controller's kubeconfig (in a cluster: one that names its ServiceAccount's token
+    # file, deploy/10-config.yaml). Empty: the controller does not read the Kubernetes API.
+    # A file that is missing or unreadable stops the controller at start, naming it.
+    kubeconfig: str = ""
+    # The Neutron project the policies' security groups and address groups are made in: the
+    # pods' project (a port takes only groups of its own project). Required with kubeconfig.
+    project_id: str = ""
+
+    def validate(self) -> None:
+        if not self.kubeconfig:
+            if self.project_id:
+                raise ConfigError("kubernetes.project_id: set kubernetes.kubeconfig too")
+            return
+        if not self.project_id:
+            raise ConfigError(
+                "kubernetes.project_id: required with kubernetes.kubeconfig (the pods' project,"
+                " where the NetworkPolicies' security groups are made)"
+            )
+        try:
+            fields.project_id(self.project_id, "kubernetes.project_id")
+        except ValidationError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def kubeconfig_path(self) -> Path | None:
+        """The kubeconfig, checked to be a readable file: a controller told to follow the
+        API that cannot even read how to reach it must not start and run without policies."""
+        if not self.kubeconfig:
+            return None
+        path = Path(self.kubeconfig)
+        try:
+            with path.open("rb"):
+                pass
+        except FileNotFoundError as exc:
+            raise ConfigError(f"kubernetes.kubeconfig: {path} does not exist") from exc
+        except OSError as exc:
+            raise ConfigError(
+                f"kubernetes.kubeconfig: {path} is not readable: {exc.strerror}"
+            ) from exc
+        return path
+
+
+@dataclass(frozen=True)
 class LogSettings:
     """Every process's structured log on stderr."""
 
@@ -407,6 +455,7 @@ class Settings:
     agent: AgentSettings = field(default_factory=AgentSettings)
     deviceplugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
     memif: MemifSettings = field(default_factory=MemifSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     log: LogSettings = field(default_factory=LogSettings)
 
 

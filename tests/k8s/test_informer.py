@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from podwire.k8s.api import ListPage
 from podwire.k8s.cache import Cache, Event
 from podwire.k8s.informer import Informer
 from podwire.k8s.objects import K8sNamespace, ObjectKey, read_namespace
+from podwire.k8s.reach import ApiReach
 
 
 def ns(name: str, version: str, **labels: str) -> dict[str, Any]:
@@ -39,8 +41,12 @@ class ScriptedApi:
     async def list_page(self, kind: str, next_page: str | None = None) -> ListPage:
         return self.lists.pop(0)
 
-    async def watch(self, kind: str, resource_version: str, seconds: int) -> AsyncIterator[bytes]:
+    async def watch(
+        self, kind: str, resource_version: str, seconds: int, opened: Any = None
+    ) -> AsyncIterator[bytes]:
         self.watched_from.append(resource_version)
+        if opened is not None:
+            opened()
         if not self.watches:
             await asyncio.Event().wait()
         for item in self.watches.pop(0):
@@ -173,3 +179,33 @@ async def test_a_deleted_object_goes_even_when_its_last_state_is_unusable() -> N
     watched, events = informer(api)
     await run_until(watched, lambda: len(api.watched_from) == 2)
     assert [(e.type, e.key.name) for e in events] == [("ADDED", "a"), ("DELETED", "a")]
+
+
+async def test_an_unreachable_apiserver_is_said_once_and_its_return_once(caplog: Any) -> None:
+    """Two informers failing over and over: one ``k8s.api.away`` naming the server and the
+    error, one ``k8s.api.back`` once both were answered again; every failure is counted."""
+    counted: list[None] = []
+    reach = ApiReach("https://10.0.0.1:6443", on_error=lambda: counted.append(None))
+    caplog.set_level(logging.INFO)
+    for _ in range(3):
+        reach.failed("pods", "list pods: ClientConnectorError: refused", 0.2)
+        reach.failed("namespaces", "list namespaces: ClientConnectorError: refused", 0.2)
+    assert reach.away and reach.problem is not None and "10.0.0.1:6443" in reach.problem
+    reach.answered("pods")
+    assert reach.away
+    reach.answered("namespaces")
+    reach.answered("networkpolicies")  # never failed: nothing to say
+    assert not reach.away and reach.problem is None and reach.errors == len(counted) == 6
+    lines = [(r.getMessage(), getattr(r, "fields", {})) for r in caplog.records]
+    assert [m for m, _ in lines if m.startswith("k8s.api.")] == ["k8s.api.away", "k8s.api.back"]
+    away = dict(lines)["k8s.api.away"]
+    assert away["server"] == "https://10.0.0.1:6443" and "refused" in away["error"]
+
+
+async def test_a_failing_informer_reports_to_the_reach_and_its_answer_clears_it() -> None:
+    api = ScriptedApi([ListPage([], "1", None)], [[KubeApiError("connection reset")], []])
+    cache: Cache[K8sNamespace] = Cache("namespaces")
+    reach = ApiReach("https://apiserver")
+    watched = Informer(api, cache, read_namespace, Backoff(0.001, 0.002), reach=reach)  # type: ignore[arg-type]
+    await run_until(watched, lambda: len(api.watched_from) == 3)
+    assert reach.errors == 1 and not reach.away and watched.listed.is_set()

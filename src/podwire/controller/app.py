@@ -22,6 +22,7 @@ from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, PortDriver, UnpooledDriver
 from podwire.controller.follow import MirrorFollower
 from podwire.controller.inuse import InUseStore
+from podwire.controller.kube_side import KubernetesSide
 from podwire.controller.leader import advertised_url, controller_election, leader_url
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
@@ -37,12 +38,15 @@ from podwire.controller.term import TermGuard
 from podwire.controller.vif_broker import VifBroker
 from podwire.errors import PodwireError
 from podwire.etcd.client import EtcdClient, Lease
+from podwire.k8s.api import KubeApi
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient, NeutronUnavailable
+from podwire.neutron.netpol import NetpolObjects
 
 log = get_logger(__name__)
 
 NEUTRON_PROBE = 5.0  # seconds between the leader's Neutron probes (readiness names an outage)
+NETPOL_NAME_PREFIX = "podwire-"  # with the deployment's tag: the groups the reconciler owns
 
 
 class Controller:
@@ -56,7 +60,9 @@ class Controller:
     ) -> None:
         self.settings = settings
         self.etcd = etcd
-        self.metrics = ControllerMetrics()
+        self.metrics = ControllerMetrics(kubernetes=bool(settings.kubernetes.kubeconfig))
+        self._neutron_client = neutron
+        self.kubernetes: KubernetesSide | None = None  # with [kubernetes], once run() began
         self.port = 0  # the API's, once listening
         self.leadership = controller_election(
             etcd, identity or f"{socket.gethostname()}:{os.getpid()}", self.url, election_ttl
@@ -109,7 +115,11 @@ class Controller:
         """Ready only on the serving leader (the Service routes agents to it); Neutron's
         trouble is named, but keeps the leader ready: warm pools serve without Neutron."""
         neutron = self.neutron.problem()
-        note = f"neutron: {neutron}" if neutron else ""
+        kubernetes = self.kubernetes.problem() if self.kubernetes is not None else None
+        notes = [f"neutron: {neutron}"] if neutron else []
+        if kubernetes and self.service.serving:
+            notes.append(f"kubernetes: {kubernetes}")
+        note = "; ".join(notes)
         if self.service.serving:
             return True, "leader, pools recovered" + (f"; {note}" if note else "")
         if self.leadership.is_leader:
@@ -130,12 +140,31 @@ class Controller:
 
     async def run(self) -> None:
         """Serve leader terms until cancelled; only a permanent error leaves."""
-        await self.start_http()
+        await self.open_kubernetes()
         try:
+            await self.start_http()
             await self.leadership.lead(self._term)
         finally:
             self.service.serving = False
             await self.stop()
+
+    async def open_kubernetes(self) -> None:
+        """Before anything else: a kubeconfig that is missing, unreadable or unusable stops
+        the process at start (ConfigError naming the file), never later in a term. Nothing
+        here reaches the apiserver: its absence is a term's business, retried there."""
+        kubernetes = self.settings.kubernetes
+        path = kubernetes.kubeconfig_path()
+        if path is None or self.kubernetes is not None:
+            return
+        api = await KubeApi.from_kubeconfig(path)
+        objects = NetpolObjects(
+            self._neutron_client.connection,
+            kubernetes.project_id,
+            self.settings.deployment.tag,
+            NETPOL_NAME_PREFIX,
+        )
+        self.kubernetes = KubernetesSide(api, objects, self.term.check, self.metrics)
+        log.info("controller.kubernetes.configured", kubeconfig=str(path), server=api.server)
 
     async def _term(self, _lease: Lease) -> None:
         self.term.begin(self.leadership.terms)
@@ -145,6 +174,8 @@ class Controller:
             async with asyncio.TaskGroup() as group:
                 group.create_task(follower.run(self.service))
                 group.create_task(self._watch_neutron())
+                if self.kubernetes is not None:
+                    group.create_task(self.kubernetes.run(), name="kubernetes")
                 # The recovered ports are handed out once the mirror shows them.
                 await follower.synced.wait()
                 group.create_task(self.service.run_background())
@@ -260,3 +291,6 @@ class Controller:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.kubernetes is not None:
+            await self.kubernetes.api.close()
+            self.kubernetes = None

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 
 from podwire.backoff import Backoff
+from podwire.controller.metrics import ControllerMetrics
 from podwire.errors import PodwireError
 from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import SgRule
@@ -27,10 +28,18 @@ class NetpolReconciler:
         cluster: Callable[[], Cluster],
         objects: NetpolObjects,
         backoff: Backoff | None = None,
+        fence: Callable[[str], None] | None = None,
+        metrics: ControllerMetrics | None = None,
     ) -> None:
+        """``fence`` is called before every Neutron write with what it is about to do and
+        refuses it by raising (the leader's term guard: a pass decided in a term that ended
+        must not change what the next leader is already reconciling)."""
         self._cluster = cluster
         self._objects = objects
         self._backoff = backoff or Backoff(0.5, 10.0)
+        self._fence = fence or (lambda _what: None)
+        self._metrics = metrics
+        self.problem: str | None = None  # the last pass's failure, until a pass succeeds
 
     async def run(self, changed: asyncio.Event) -> None:
         """A pass after every change; a pass that failed is repeated after a backoff, a
@@ -42,10 +51,19 @@ class NetpolReconciler:
             try:
                 await self.sync()
                 self._backoff.reset()
+                self.problem = None
+                self._count("ok")
             except PodwireError as exc:
-                delay = await self._backoff.sleep()
+                self.problem = str(exc)
+                self._count("failed")
+                delay = self._backoff.next()
                 log.warning("netpol.sync.retry", error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
                 changed.set()
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.netpol_syncs.labels(result=result).inc()
 
     async def sync(self) -> Plan:
         """One pass; returns what it changed."""
@@ -61,29 +79,37 @@ class NetpolReconciler:
         return steps
 
     def _apply(self, steps: Plan, address_group_ids: dict[str, str]) -> None:
-        objects = self._objects
+        objects, fence = self._objects, self._fence
         for wanted in steps.create_address_groups:
+            fence("Neutron create_address_group")
             address_group_ids[wanted.name] = objects.create_address_group(
                 wanted.name, wanted.description, wanted.addresses
             )
         for change in steps.change_addresses:
+            fence("Neutron update_address_group")
             objects.change_addresses(change.group_id, change.add, change.remove)
         additions = list(steps.add_rules)
         for group in steps.create_groups:
+            fence("Neutron create_security_group")
             created = objects.create_group(group.name, group.description)
             # Neutron's default rules (all egress) go first: a new group is never wider than
             # its policy, only narrower until its rules are in.
             add, delete = rule_changes(group, created, {})
             for rule_id in delete:
+                fence("Neutron delete_security_group_rule")
                 objects.delete_rule(rule_id)
             additions.extend((created.id, rule) for rule in add)
         for group_id, rule in additions:
+            fence("Neutron create_security_group_rule")
             objects.create_rule(group_id, _body(rule, address_group_ids))
         for rule_id in steps.delete_rules:
+            fence("Neutron delete_security_group_rule")
             objects.delete_rule(rule_id)
         for group_id in steps.delete_groups:
+            fence("Neutron delete_security_group")
             objects.delete_group(group_id)
         for group_id in steps.delete_address_groups:
+            fence("Neutron delete_address_group")
             objects.delete_address_group(group_id)
 
 

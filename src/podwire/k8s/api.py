@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ class KubeApi:
 
     def __init__(self, api: kube_client.ApiClient) -> None:
         self._api = api
+        self.server = str(api.configuration.host)
         self._core = kube_client.CoreV1Api(api)
         self._networking = kube_client.NetworkingV1Api(api)
 
@@ -51,7 +52,15 @@ class KubeApi:
                 config_file=str(path), client_configuration=configuration, persist_config=False
             )
         except (ConfigException, OSError, ValueError) as exc:
-            raise ConfigError(f"kubeconfig {path}: {exc}") from exc
+            raise ConfigError(f"kubeconfig {path}: {_oneline(exc)}") from exc
+        except Exception as exc:
+            # The loader parses the operator's file with PyYAML (whose errors podwire does not
+            # import) and walks what it finds: a YAML error or a document of the wrong shape
+            # (TypeError, KeyError, ...) means alike that this is no usable kubeconfig.
+            raise ConfigError(
+                f"kubeconfig {path}: not a usable kubeconfig ({type(exc).__name__}:"
+                f" {_oneline(exc)})"
+            ) from exc
         return cls(kube_client.ApiClient(configuration))
 
     async def close(self) -> None:
@@ -83,9 +92,17 @@ class KubeApi:
         token = meta.get("continue")
         return ListPage(items, version, token if isinstance(token, str) and token else None)
 
-    async def watch(self, kind: str, resource_version: str, seconds: int) -> AsyncIterator[bytes]:
+    async def watch(
+        self,
+        kind: str,
+        resource_version: str,
+        seconds: int,
+        opened: Callable[[], None] | None = None,
+    ) -> AsyncIterator[bytes]:
         """The raw event lines of one watch request, from ``resource_version`` on, with
-        bookmarks; ends when the apiserver closes it after ``seconds``."""
+        bookmarks; ends when the apiserver closes it after ``seconds``. ``opened`` is called
+        once the apiserver has accepted the request: an idle watch may carry no line for a
+        minute, and whoever waits for the apiserver to come back should not wait that long."""
         async with _translated(kind, "watch"):
             response = await self._call(kind)(
                 watch=True,
@@ -98,10 +115,17 @@ class KubeApi:
             try:
                 if response.status != 200:
                     _checked(kind, response.status, await response.read())
+                if opened is not None:
+                    opened()
                 async for line in _lines(response.content):
                     yield line
             finally:
                 response.release()
+
+
+def _oneline(exc: BaseException) -> str:
+    """A parser's multi-line message as one line: the process's refusal is one line."""
+    return " ".join(str(exc).split())
 
 
 def _checked(kind: str, status: int, raw: bytes) -> dict[str, Any]:

@@ -8,6 +8,8 @@ list, the apiserver's events are the only traffic."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any, Generic
 
@@ -16,6 +18,7 @@ from podwire.errors import KubeApiError, KubeResourceExpired, ValidationError
 from podwire.k8s.api import MAX_LINE, KubeApi
 from podwire.k8s.cache import ADDED, DELETED, MODIFIED, Cache, T
 from podwire.k8s.objects import ObjectKey
+from podwire.k8s.reach import ApiReach
 from podwire.log import get_logger
 from podwire.schema import doc
 
@@ -33,14 +36,17 @@ class Informer(Generic[T]):
         read: Reader[T],
         backoff: Backoff | None = None,
         watch_seconds: int = WATCH_SECONDS,
+        reach: ApiReach | None = None,
     ) -> None:
         self._api = api
+        self._reach = reach or ApiReach(getattr(api, "server", "the Kubernetes API"))
         self._cache = cache
         self._read = read
         self._backoff = backoff or Backoff(0.2, 10.0)
         self._watch_seconds = watch_seconds
         self.version: str | None = None
         self.lists = 0  # how many times this informer listed: once, plus once per 410
+        self.listed = asyncio.Event()  # set by the first list: the cache holds the API's state
 
     @property
     def kind(self) -> str:
@@ -52,8 +58,9 @@ class Informer(Generic[T]):
             try:
                 await self.step()
             except KubeApiError as exc:
-                delay = await self._backoff.sleep()
-                log.warning("k8s.watch.retry", kind=self.kind, error=str(exc), delay=delay)
+                delay = self._backoff.next()
+                self._reach.failed(self.kind, str(exc), delay)
+                await asyncio.sleep(delay)
 
     async def step(self) -> None:
         """One list (if needed) and one watch request to its end."""
@@ -85,11 +92,14 @@ class Informer(Generic[T]):
         self._cache.replace(found)
         self.version = answer.resource_version
         self.lists += 1
+        self.listed.set()
+        self._reach.answered(self.kind)
         log.info("k8s.listed", kind=self.kind, objects=len(found), version=self.version)
 
     async def watch_once(self) -> None:
         assert self.version is not None
-        async for line in self._api.watch(self.kind, self.version, self._watch_seconds):
+        opened = functools.partial(self._reach.answered, self.kind)
+        async for line in self._api.watch(self.kind, self.version, self._watch_seconds, opened):
             self._event(line)
 
     def _event(self, line: bytes) -> None:

@@ -13,24 +13,42 @@ from podwire.k8s.compile import Cluster
 from podwire.k8s.informer import WATCH_SECONDS, Informer
 from podwire.k8s.netpol import NetworkPolicy, read_network_policy
 from podwire.k8s.objects import K8sNamespace, K8sPod, read_namespace, read_pod
+from podwire.k8s.reach import ApiReach
 
 
 class KubeWatcher:
-    def __init__(self, api: KubeApi, watch_seconds: int = WATCH_SECONDS) -> None:
+    def __init__(
+        self, api: KubeApi, watch_seconds: int = WATCH_SECONDS, reach: ApiReach | None = None
+    ) -> None:
         self.changed = asyncio.Event()
+        self.reach = reach or ApiReach(api.server)
         self.namespaces: Cache[K8sNamespace] = Cache("namespaces", self._on_event)
         self.pods: Cache[K8sPod] = Cache("pods", self._on_event)
         self.policies: Cache[NetworkPolicy] = Cache("networkpolicies", self._on_event)
         self.informers: tuple[Informer[Any], ...] = (
-            Informer(api, self.namespaces, read_namespace, watch_seconds=watch_seconds),
-            Informer(api, self.pods, read_pod, watch_seconds=watch_seconds),
-            Informer(api, self.policies, read_network_policy, watch_seconds=watch_seconds),
+            Informer(
+                api, self.namespaces, read_namespace, watch_seconds=watch_seconds, reach=self.reach
+            ),
+            Informer(api, self.pods, read_pod, watch_seconds=watch_seconds, reach=self.reach),
+            Informer(
+                api,
+                self.policies,
+                read_network_policy,
+                watch_seconds=watch_seconds,
+                reach=self.reach,
+            ),
         )
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             for informer in self.informers:
                 tasks.create_task(informer.run(), name=f"k8s-informer-{informer.kind}")
+
+    async def synced(self) -> None:
+        """Until every informer has listed once: compiled before that, a missing kind reads
+        as "no policies" or "no pods", and a reconciler would delete what is still wanted."""
+        for informer in self.informers:
+            await informer.listed.wait()
 
     def cluster(self) -> Cluster:
         """A snapshot: the compiler never sees a cache change under it."""

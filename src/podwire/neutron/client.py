@@ -179,6 +179,12 @@ class NeutronClient:
         self._discovering = threading.Lock()
 
     @property
+    def connection(self) -> Any:
+        """The openstacksdk connection, for the one caller with a Neutron module of its own
+        (``neutron/netpol.py``: security groups, rules and address groups)."""
+        return self._conn
+
+    @property
     def _network(self) -> Any:
         # Resolved on use: the first access runs version discovery, which is a request that
         # may fail and must fail inside a translated call, not at construction. One thread

@@ -1,0 +1,349 @@
+"""The leader controller with ``[kubernetes]`` against the real kube-apiserver and Neutron of
+``podwire stack up --kubernetes``: a policy made with kubectl is enforced by the running
+controller; an apiserver that cannot be reached at start, or goes away later (a TCP relay the
+test stops), is one log line naming the server, readiness and metrics say so, the pools keep
+serving, and everything converges once it answers again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+
+from podwire.config import EtcdSettings, KubernetesSettings, Settings
+from podwire.controller.app import NETPOL_NAME_PREFIX, Controller
+from podwire.controller.leader import ELECTION
+from podwire.etcd.client import EtcdClient
+from podwire.k8s.groups import group_name
+from podwire.k8s.objects import ObjectKey
+from podwire.neutron.client import connect, neutron_connection
+from podwire.neutron.netpol import NetpolObjects
+from tests.controller.conftest import (
+    Node,
+    ScriptedNodes,
+    make_network,
+    release_vif,
+    request_vif,
+    settings_for,
+    vif_body,
+)
+from tests.k8s.test_apiserver import apply
+from tests.scripted_agent import eventually
+from tests.stack.conftest import kubectl
+
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
+
+
+class Relay:
+    """A TCP relay to the apiserver on a port of its own: stopped, connections to it are
+    refused and the open ones cut (an apiserver gone); started again on the same port."""
+
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 443)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in list(self._open):
+                writer.transport.abort()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._open |= {writer, up_writer}
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            self._open -= {writer, up_writer}
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(1 << 16):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.transport.abort()
+
+
+@pytest.fixture
+async def kube_etcd(kube_stack: dict[str, Any]) -> AsyncIterator[EtcdClient]:
+    client = await EtcdClient.connect(EtcdSettings(endpoints=[kube_stack["etcd"]]))
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def scripted(kube_etcd: EtcdClient) -> AsyncIterator[ScriptedNodes]:
+    made = ScriptedNodes(kube_etcd)
+    yield made
+    await made.cleanup()
+
+
+@pytest.fixture
+def project(kube_stack: dict[str, Any]) -> Any:
+    """A project of this test's own in the kube stack's Neutron: its ports, networks and the
+    reconciler's groups go afterwards."""
+    project_id = uuid.uuid4().hex
+    neutron = neutron_connection(kube_stack["neutron"])
+    yield project_id
+    net = neutron.network
+    for port in list(net.ports(project_id=project_id)):
+        net.delete_port(port)
+    for network in list(net.networks(project_id=project_id)):
+        net.delete_network(network)
+    for group in list(net.security_groups(project_id=project_id)):
+        net.delete_security_group(group)
+    for address_group in list(net.address_groups(project_id=project_id)):
+        net.delete_address_group(address_group)
+
+
+Start = Callable[[Settings], Awaitable[Controller]]
+
+
+@pytest.fixture
+async def start(kube_etcd: EtcdClient) -> AsyncIterator[Start]:
+    tasks: list[asyncio.Task[None]] = []
+
+    async def run(settings: Settings) -> Controller:
+        controller = Controller(settings, kube_etcd, connect(settings.neutron))
+        tasks.append(asyncio.create_task(controller.run()))
+
+        async def serving() -> bool:
+            if tasks[-1].done():
+                tasks[-1].result()
+            return controller.service.serving  # type: ignore[no-any-return]
+
+        await eventually(serving, "controller serving", timeout=60)
+        controller.term.join()
+        return controller
+
+    yield run
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    await kube_etcd.delete(ELECTION)
+
+
+def settings(
+    kube_stack: dict[str, Any], nodes: list[Node], project: str, kubeconfig: Path | str
+) -> Settings:
+    base = settings_for(kube_stack, nodes)
+    return replace(
+        base, kubernetes=KubernetesSettings(kubeconfig=str(kubeconfig), project_id=project)
+    )
+
+
+def deny_all_but_dns(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "dns", "namespace": namespace},
+        "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]},
+    }
+
+
+def groups_of(neutron: Any, project: str, deployment_tag: str) -> dict[str, set[Any]]:
+    objects = NetpolObjects(neutron, project, deployment_tag, NETPOL_NAME_PREFIX)
+    return {
+        g.name: {(r.direction, r.protocol, r.port_min, r.port_max) for r in g.rules}
+        for g in objects.groups()
+    }
+
+
+async def readyz(http: aiohttp.ClientSession, controller: Controller) -> tuple[int, str]:
+    async with http.get(f"http://127.0.0.1:{controller.port}/readyz") as response:
+        return response.status, await response.text()
+
+
+async def metric(http: aiohttp.ClientSession, controller: Controller, name: str) -> float | None:
+    async with http.get(f"http://127.0.0.1:{controller.port}/metrics") as response:
+        for line in (await response.text()).splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def test_a_running_leader_enforces_a_policy_made_with_kubectl(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,
+    project: str,
+    start: Start,
+    tmp_path: Path,
+) -> None:
+    node = await scripted.add()
+    controller = await start(settings(kube_stack, [node], project, kube_stack["kubeconfig"]))
+    tag = controller.settings.deployment.tag
+    neutron = neutron_connection(kube_stack["neutron"])
+    name = f"np-{uuid.uuid4().hex[:8]}"
+    group = group_name(ObjectKey(name, "dns"))
+    try:
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            deny_all_but_dns(name),
+        )
+
+        async def enforced() -> bool:
+            found = await asyncio.to_thread(groups_of, neutron, project, tag)
+            return found.get(group) == {("ingress", "udp", 53, 53)}
+
+        await eventually(enforced, "the policy's group with its one rule", timeout=30)
+        async with aiohttp.ClientSession() as http:
+            status, text = await readyz(http, controller)
+            assert status == 200 and "kubernetes" not in text, text
+            assert await metric(http, controller, "podwire_kubernetes_api_up") == 1.0
+
+            async def synced() -> bool:
+                ok = await metric(http, controller, 'podwire_netpol_syncs_total{result="ok"}')
+                return ok is not None and ok >= 1
+
+            # The group is there during the pass that makes it; the pass is counted after.
+            await eventually(synced, "a pass counted")
+
+        kubectl(kube_stack, "delete", "networkpolicy", "-n", name, "dns")
+
+        async def gone() -> bool:
+            return group not in await asyncio.to_thread(groups_of, neutron, project, tag)
+
+        await eventually(gone, "the policy's group deleted", timeout=30)
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+
+
+async def test_an_apiserver_away_at_start_and_later_leaves_the_pools_serving_and_converges(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,
+    project: str,
+    start: Start,
+    tmp_path: Path,
+    caplog: Any,
+) -> None:
+    """The kubeconfig names a relay that is not started: the controller serves pools, says
+    once that the apiserver is away and names it in readiness and metrics; the relay started,
+    the policy made meanwhile is enforced; the relay stopped again, a policy deleted and
+    another made while it is down are caught up once it is back (the watch resumes)."""
+    caplog.set_level(logging.INFO)
+    relay = Relay(kube_stack["kube_apiserver"])
+    kubeconfig = json.loads(Path(kube_stack["kubeconfig"]).read_text())
+    kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{relay.port}"
+    relayed = tmp_path / "relayed.kubeconfig"
+    relayed.write_text(json.dumps(kubeconfig))
+    server = f"https://127.0.0.1:{relay.port}"
+
+    node = await scripted.add()
+    network = make_network(
+        neutron_connection(kube_stack["neutron"]), project, "pw-k8s", "10.78.0.0/24"
+    )
+    controller = await start(settings(kube_stack, [node], project, relayed))
+    tag = controller.settings.deployment.tag
+    neutron = neutron_connection(kube_stack["neutron"])
+    name = f"np-{uuid.uuid4().hex[:8]}"
+    first, second = group_name(ObjectKey(name, "dns")), group_name(ObjectKey(name, "web"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            # Away from the start: the pools serve anyway.
+            status, vif = await request_vif(http, controller_url(controller), node, body(network))
+            assert status == 200, vif
+            assert await release_vif(http, controller_url(controller), node, "k1:eth0") == 204
+
+            async def says_away() -> bool:
+                code, text = await readyz(http, controller)
+                return code == 200 and f"kubernetes: {server}" in text
+
+            await eventually(says_away, "readiness naming the apiserver", timeout=30)
+            assert await metric(http, controller, "podwire_kubernetes_api_up") == 0.0
+            errors = await metric(http, controller, "podwire_kubernetes_api_errors_total")
+            assert errors is not None and errors >= 1
+            away = [r for r in caplog.records if r.getMessage() == "k8s.api.away"]
+            assert len(away) == 1 and away[0].fields["server"] == server  # type: ignore[attr-defined]
+            assert "Connect" in away[0].fields["error"]  # type: ignore[attr-defined]
+
+            await apply(
+                kube_stack,
+                tmp_path,
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+                deny_all_but_dns(name),
+            )
+            await relay.start()
+
+            async def has(
+                wanted: AbstractSet[str], unwanted: AbstractSet[str] = frozenset()
+            ) -> bool:
+                found = await asyncio.to_thread(groups_of, neutron, project, tag)
+                return wanted <= set(found) and not unwanted & set(found)
+
+            await eventually(lambda: has({first}), "the policy made while away", timeout=60)
+            await eventually(
+                lambda: _in_step(http, controller), "readiness without kubernetes", timeout=30
+            )
+            assert [r.getMessage() for r in caplog.records].count("k8s.api.back") == 1
+
+            # Away again, later: the pools still serve; changes meanwhile are caught up.
+            await relay.stop()
+            status, vif = await request_vif(http, controller_url(controller), node, body(network))
+            assert status == 200, vif
+            kubectl(kube_stack, "delete", "networkpolicy", "-n", name, "dns")
+            web = deny_all_but_dns(name)
+            web["metadata"]["name"] = "web"
+            await apply(kube_stack, tmp_path, web)
+            await eventually(says_away, "readiness naming the apiserver again", timeout=30)
+            await relay.start()
+            await eventually(
+                lambda: has({second}, {first}), "the changes made while away", timeout=60
+            )
+            await eventually(
+                lambda: _in_step(http, controller), "readiness without kubernetes", timeout=30
+            )
+            lines = [r.getMessage() for r in caplog.records]
+            assert lines.count("k8s.api.away") == 2 and lines.count("k8s.api.back") == 2
+            assert controller.kubernetes is not None
+            assert controller.kubernetes.watcher is not None
+            # The watch resumed from its version: nothing was listed again.
+            assert [i.lists for i in controller.kubernetes.watcher.informers] == [1, 1, 1]
+    finally:
+        await relay.stop()
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+
+
+def controller_url(controller: Controller) -> str:
+    return f"http://127.0.0.1:{controller.port}"
+
+
+def body(network: Any) -> dict[str, Any]:
+    return vif_body("k1:eth0", network)
+
+
+async def _in_step(http: aiohttp.ClientSession, controller: Controller) -> bool:
+    code, text = await readyz(http, controller)
+    return code == 200 and "kubernetes" not in text
