@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
+from podwire import keys
 from podwire.agent import naming
 from podwire.config import EtcdSettings
 from podwire.errors import StackError
+from podwire.etcd import EtcdClient
 from podwire.kube import leftovers
 from podwire.kube.containerd import Containerd
 from podwire.kube.images import TOOLBOX_IMAGE
@@ -148,9 +150,12 @@ class Cluster:
         await self.kubectl.run("delete", "node", node.host, "--ignore-not-found")
         return code
 
-    async def start_node(self, agent: HostAgent) -> KubeNodeProcess:
+    async def start_node(self, agent: HostAgent, network: Any = None) -> KubeNodeProcess:
+        """kube-node for ``agent``'s host; its conflist names ``network`` (default: the
+        cluster's)."""
         log = self.work / f"{agent.host}-kube-node.log"
-        node = await KubeNodeProcess.start(self.info["data_dir"], agent, self.network, log)
+        network = network or self.network
+        node = await KubeNodeProcess.start(self.info["data_dir"], agent, network, log)
         self.nodes.append(node)
         return node
 
@@ -172,6 +177,23 @@ class Cluster:
         """The Neutron port the agent made for the pod with this UID (its device_id)."""
         ports = await asyncio.to_thread(self.ports)
         return next((port for port in ports if port.device_id == uid), None)
+
+    async def port_keys(self, host: str) -> list[str]:
+        """The etcd keys of ports and attachments on ``host``: what it wants wired, what it
+        reports wired, its attachments' VIFs."""
+        etcd = await EtcdClient.connect(EtcdSettings(endpoints=[self.info["etcd"]]))
+        try:
+            found = []
+            for prefix in (
+                keys.node_ports_prefix(host),
+                keys.state_ports_prefix(host),
+                keys.vifs_prefix(host),
+            ):
+                items, _ = await etcd.get_prefix(prefix)
+                found += [str(item.key) for item in items]
+            return found
+        finally:
+            await etcd.close()
 
     async def create_pod(self, name: str, node: str = "") -> None:
         await self.kubectl.run("apply", "-f", "-", stdin=json.dumps(pod_manifest(self, name, node)))

@@ -89,37 +89,6 @@ async def test_a_deleted_pod_takes_its_port_and_veth_with_it(
     await _released(cluster, uid, host, before)
 
 
-async def _events(cluster: Cluster, pod: str) -> str:
-    selector = f"involvedObject.name={pod}"
-    return await cluster.kubectl.run(
-        "get", "events", "-n", cluster.namespace, "--field-selector", selector, "-o", "json"
-    )
-
-
-async def test_kubelet_retries_a_pod_whose_agent_is_down_until_it_is_back(cluster: Cluster) -> None:
-    host = cluster.hosts[1]
-    agent = cluster.agent(host)
-    before = cluster.pod_veths(host)
-    await agent.stop()
-    try:
-        await cluster.create_pod("pr", host)
-
-        async def refused() -> bool:
-            return "podwire agent not reachable" in await _events(cluster, "pr")
-
-        await eventually(refused, "kubelet's FailedCreatePodSandBox naming the agent", 60)
-        assert cluster.pod_veths(host) == before
-    finally:
-        await agent.start()
-    pod = await cluster.running("pr", timeout=120)  # kubelet's own back-off decides when
-    uid = pod["metadata"]["uid"]
-    ports = [p for p in await asyncio.to_thread(cluster.ports) if p.device_id == uid]
-    assert [ip["ip_address"] for ip in ports[0].fixed_ips] == pod_ips(pod) and len(ports) == 1
-    await cluster.delete_pod("pr")
-    await cluster.gone("pr")
-    await _released(cluster, uid, host, before)
-
-
 async def test_a_sandbox_killed_behind_kubelet_is_replaced_without_leaks(cluster: Cluster) -> None:
     host = cluster.hosts[0]
     node = next(node for node in cluster.nodes if node.host == host)

@@ -24,6 +24,10 @@ class UnknownNetworkError(PermanentError):
     """The CNI config names a network Neutron does not know (for this project)."""
 
 
+class NetworkWithoutSubnetError(PermanentError):
+    """The CNI config's network has no subnet: a pod would get a port without any address."""
+
+
 class NeutronVifSource:
     def __init__(self, client: NeutronClient, host: str, tag: str) -> None:
         """``tag``: the deployment's, carried by every port this source creates."""
@@ -38,13 +42,21 @@ class NeutronVifSource:
 
     async def request(self, req: VifRequest, deadline: float) -> Vif:
         network = await self._network(req.network, req.project_id)
+        subnets = await asyncio.to_thread(self._client.list_subnets, network_id=network.id)
+        if not subnets:  # refused before a port exists: nothing to release afterwards
+            named = f"network {req.network!r}"
+            if req.network != network.id:
+                named += f" ({network.id})"
+            raise NetworkWithoutSubnetError(
+                f"{named} has no subnet, so a pod would get no address: add a subnet in Neutron"
+                " or fix 'network' in the CNI network config"
+            )
         port = await self._existing(req.attachment)
         if port is not None and str(port.id) == req.replaces:  # unbound: not ours to wire now
             await asyncio.to_thread(self._client.delete_port, str(port.id))
             port = None
         if port is None:
             port = await self._create(req, network)
-        subnets = await asyncio.to_thread(self._client.list_subnets, network_id=network.id)
         return port_to_vif(port, NetworkInfo.from_neutron(network, subnets))
 
     async def _network(self, name_or_id: str, project_id: str | None) -> Any:

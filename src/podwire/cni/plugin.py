@@ -101,6 +101,9 @@ def _environment(command: str) -> dict[str, str]:
     return env
 
 
+AGENT_HINT = "is the node's podwire agent running on that socket?"
+
+
 class _Refused(Exception):
     def __init__(self, code: int, msg: str) -> None:
         super().__init__(msg)
@@ -124,7 +127,8 @@ def main() -> int:
     try:
         reply = _exchange(path, request)
     except OSError as exc:
-        return _error(unavailable, f"podwire agent not reachable at {path}: {exc}")
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return _error(unavailable, f"podwire agent not reachable at {path}: {why} ({AGENT_HINT})")
     head, sep, body = reply.partition(b"\n")
     if not sep or not head.isdigit():
         return _error(unavailable, f"podwire agent at {path} sent no valid reply")

@@ -112,6 +112,8 @@ static long utf8_error(const unsigned char *s, size_t n) {
     return -1;
 }
 
+#define AGENT_HINT "is the node's podwire agent running on that socket?"
+
 static int fail(int code, const char *msg, const char *detail) {
     struct buf out = {0};
     puts_raw(&out, "{\"cniVersion\":\"1.1.0\",\"code\":");
@@ -246,8 +248,14 @@ int main(void) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     socket_path(config.data, addr.sun_path, sizeof addr.sun_path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0)
-        return fail(unavailable, "podwire agent not reachable", addr.sun_path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        /* The socket's path and why connect failed: no such file (the agent is not running, or
+         * agentSocket names another path) or connection refused (a stale socket). */
+        char msg[sizeof addr.sun_path + 160];
+        snprintf(msg, sizeof msg, "podwire agent not reachable at %s: %s (%s)", addr.sun_path,
+                 strerror(errno), AGENT_HINT);
+        return fail(unavailable, msg, NULL);
+    }
     /* A failed send is not the end: an agent that refused the request early (too large) has
      * usually answered before closing, and its answer says what is wrong. */
     int sent = write_all(fd, req.data, req.len) == 0 && shutdown(fd, SHUT_WR) == 0;
