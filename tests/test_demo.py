@@ -8,12 +8,13 @@ import sys
 
 import pytest
 
-from podwire.demo import testpmd
+from podwire.demo import cnf
+from podwire.demo.kube import missing as kube_missing
 
 pytestmark = pytest.mark.netns  # the demo's hosts and pods are network namespaces
 
 
-def test_demo_pods_reach_each_other_groups_decide_cnf_answers_nothing_left() -> None:
+def test_demo_pods_reach_each_other_groups_decide_kube_pods_cnf_answers_nothing_left() -> None:
     before = _demo_namespaces()
     result = subprocess.run(
         [sys.executable, "-m", "podwire.demo", "--pods", "4"],
@@ -40,10 +41,16 @@ def test_demo_pods_reach_each_other_groups_decide_cnf_answers_nothing_left() -> 
         r"floating IP 203\.0\.113\.\d+: associate returned -> first answer from outside \d+ ms",
         out,
     )
-    if testpmd.available():
-        assert re.search(r"memif CNF .* pinged from host 2: \d+ of 50 answered, RTT p50", out)
+    # Through Kubernetes: pods made with kubectl, each on its own Neutron port.
+    if kube_missing():
+        assert "Kubernetes: skipped, the Kubernetes binaries are not built" in out
     else:
-        assert "memif CNF: skipped, dpdk-testpmd not found" in out
+        assert re.search(r"4 pods through kube-apiserver Running in [\d.]+ s", out)
+        assert "bound to their node: 4 of 4; pings to CNI pods on the other host: 4 of 4" in out
+    if not (kube_missing() or cnf.missing()):
+        assert re.search(r"memif CNF pod .* pinged from host 2: \d+ of 50 answered, RTT p50", out)
+    else:
+        assert "memif CNF: skipped" in out
     assert out.rstrip().endswith("nothing left behind")
     assert _demo_namespaces() == before
 

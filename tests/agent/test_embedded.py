@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 
 from podwire.config import EtcdSettings
-from podwire.deviceplugin.kubelet_peer import KubeletPeer
 from podwire.stack.netutil import free_port
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv
 from tests.deviceplugin.conftest import make_settings
+from tests.kubelet_peer import KubeletPeer
 from tests.scripted_agent import eventually
 
 

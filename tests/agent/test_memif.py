@@ -27,7 +27,6 @@ from podwire.agent.memif_master import PortStats, is_running
 from podwire.config import EtcdSettings
 from podwire.demo import testpmd
 from podwire.demo.testpmd import Testpmd
-from podwire.deviceplugin.kubelet_peer import KubeletPeer, allocate_request
 from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
@@ -36,6 +35,7 @@ from podwire.schema.checkpoints import MemifEntry, memif_entry
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, links_in, ping_settles, pings
 from tests.deviceplugin.conftest import make_settings
+from tests.kubelet_peer import KubeletPeer, allocate_request
 
 pytestmark = [
     pytest.mark.stack,

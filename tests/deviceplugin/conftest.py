@@ -1,4 +1,4 @@
-"""Device plugin fixtures: the plugin as a task (the kubelet peer: deviceplugin.kubelet_peer)."""
+"""Device plugin fixtures: the plugin as a task (the kubelet peer: tests.kubelet_peer)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from podwire.config import DevicePluginSettings
 from podwire.deviceplugin import DevicePlugin
-from podwire.deviceplugin.kubelet_peer import KubeletPeer
+from tests.kubelet_peer import KubeletPeer
 
 
 @pytest.fixture

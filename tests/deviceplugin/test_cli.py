@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from podwire.cli import deviceplugin_cmd
-from podwire.deviceplugin.kubelet_peer import KubeletPeer
 from podwire.errors import ConfigError
+from tests.kubelet_peer import KubeletPeer
 
 
 def parse(*argv: str) -> argparse.Namespace:

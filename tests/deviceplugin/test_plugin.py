@@ -16,10 +16,10 @@ import pytest
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.api import dp
 from podwire.deviceplugin.checkpoint import CheckpointIncompatible
-from podwire.deviceplugin.kubelet_peer import KubeletPeer, allocate_request
 from podwire.deviceplugin.model import PodName
 from podwire.deviceplugin.registration import RegistrationRejected
 from podwire.errors import ConfigError, ValidationError
+from tests.kubelet_peer import KubeletPeer, allocate_request
 
 from .conftest import StartPlugin, dirs_in, make_settings
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from podwire.kube import cnf
+from podwire.kube import cnf, manifests
 from podwire.kube.node import node_dir
 from tests.kube.conftest import Cluster
 from tests.kube.test_deviceplugin import _kill_masters, _settings
@@ -41,7 +41,7 @@ async def test_a_testpmd_cnf_pod_answers_over_its_memif(cluster: Cluster) -> Non
     agent = await cluster.add_agent(5, deviceplugin=plugin)
     node = await cluster.start_node(agent)
     try:
-        manifest = cnf.testpmd_pod("cnf", host, cluster.namespace)
+        manifest = manifests.testpmd_pod("cnf", cluster.namespace, host)
         await cluster.kubectl.run("apply", "-f", "-", stdin=json.dumps(manifest))
         await cluster.create_pod("cnf-client", peer)
         await cluster.running("cnf")

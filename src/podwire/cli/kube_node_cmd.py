@@ -29,6 +29,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--network", required=True, help="the pods' Neutron network id or name")
     parser.add_argument("--project", default="", help="the pods' Neutron project id")
     parser.add_argument(
+        "--security-group",
+        action="append",
+        default=[],
+        dest="security_groups",
+        help="a Neutron security group of the pods' ports (repeatable; default: the project's)",
+    )
+    parser.add_argument(
         "--node-ip",
         default="",
         help="kubelet's --node-ip (default: the namespace's first global IPv4 address)",
@@ -54,6 +61,7 @@ def _run(args: argparse.Namespace) -> int:
         agent_socket=args.agent_socket,
         network=args.network,
         project=args.project,
+        security_groups=tuple(args.security_groups),
         node_ip=args.node_ip,
         ready_timeout=args.ready_timeout,
     )

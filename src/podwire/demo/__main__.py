@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from podwire.demo.kube import missing as kube_missing
 from podwire.demo.scenario import Scenario, step
 from podwire.errors import PodwireError
 from podwire.stack.client import start_background, stop_background
@@ -22,8 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="pwdemo-", dir="/tmp"))
     work.chmod(0o711)  # the stack's RabbitMQ runs as its own user and must reach its dir
     started = time.perf_counter()
-    step(f"starting etcd + MariaDB + RabbitMQ + Neutron (podwire ml2 driver) in {work}")
-    proc, stack = start_background(work / "stack", extra=("--rpc",))  # Neutron's agents
+    # --rpc: Neutron's agents; --kubernetes: kube-apiserver, its controllers and scheduler.
+    extra = ("--rpc",) if kube_missing() else ("--rpc", "--kubernetes")
+    kube = "" if kube_missing() else " + kube-apiserver"
+    step(f"starting etcd + MariaDB + RabbitMQ + Neutron (podwire ml2 driver){kube} in {work}")
+    proc, stack = start_background(work / "stack", extra=extra)
     try:
         code = _run(stack, work, args.keep, args.pods)
     finally:

@@ -14,13 +14,15 @@ from typing import Any
 
 from podwire import keys
 from podwire.config import EtcdSettings
-from podwire.demo import cnf, router, secgroups, vmstep
+from podwire.demo import cnf, kubestep, router, secgroups, vmstep
+from podwire.demo.kube import NAMESPACE, Kube, kubelet_root
+from podwire.demo.kube import missing as kube_missing
 from podwire.demo.pods import Pod, cni, cni_conf, new_pod
 from podwire.demo.services import Services
 from podwire.demo.topology import Topology, pings
-from podwire.deviceplugin.model import PodName
 from podwire.errors import StackError
 from podwire.etcd.client import EtcdClient
+from podwire.kube.manifests import testpmd_pod
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.routers import delete_routers
 from podwire.stack.agent_conf import agent_log
@@ -80,10 +82,12 @@ class Scenario:
         self.confs: dict[str, dict[str, Any]] = {}
         self.figures = Figures()
         self.work = work
-        self.memif_missing = cnf.missing()
+        self.kube_missing = kube_missing()
+        self.kube = Kube(stack, work)
+        self.nodes_ready_s = 0.0
+        self.memif_missing = self.kube_missing or cnf.missing()
         self.vm_missing = vmstep.missing()
         self.stack_dir = str(stack["data_dir"])
-        self.kubelet: cnf.KubeletThread | None = None
         self.router_missing = router.missing()
         self.outside = ""  # the router step's outside namespace
         self.routers: list[str] = []  # their qrouter- namespaces must be gone at the end
@@ -92,6 +96,7 @@ class Scenario:
         self._start_hosts()
         network, sg = self._network()
         self._populate(network.id, sg.id)
+        self._start_nodes(network.id, sg.id)
         self.confs = {
             host: cni_conf(network.id, self.project, sg.id, self.sockets[host]) for host in HOSTS
         }
@@ -99,6 +104,7 @@ class Scenario:
         self._check_connectivity()
         self._recreate_half()
         self._check_connectivity()
+        self._kubernetes()
         self.figures.pods = len(self.pods)
         self.figures.ports = len(list(self.neutron.network.ports(project_id=self.project)))
         self.figures.pool_hits = self.services.metric("podwire_pool_hits_total")
@@ -116,10 +122,8 @@ class Scenario:
         memif_host = ""
         if self.memif_missing:
             step(f"{self.memif_missing}: the memif step is skipped")
-        else:  # host 1's agent serves memif: its device plugin registers with a kubelet peer
-            self.kubelet = cnf.KubeletThread(self.work / "kubelet")
-            self.kubelet.start()
-            memif_host = self.kubelet.settings_toml()
+        else:  # host 1's agent serves memif: its device plugin registers with its kubelet
+            memif_host = cnf.settings_toml(kubelet_root(self.stack_dir, HOSTS[0]), self.work)
         uplink = ""
         if self.router_missing:
             step(f"{self.router_missing}: the router step is skipped")
@@ -234,18 +238,36 @@ class Scenario:
                                self._port_of(result)), target.ip, self.outside, l3_log)  # fmt: skip
         self.figures.more += figures.lines()
 
+    def _start_nodes(self, network_id: str, sg_id: str) -> None:
+        if self.kube_missing:
+            step(f"{self.kube_missing}: the Kubernetes steps are skipped")
+            return
+        step("Kubernetes: kube-node (containerd + kubelet) on each host, as Nodes of the stack")
+        hosts = {host: (self.netns[host], self.sockets[host]) for host in HOSTS}
+        flags = ["--network", network_id, "--project", self.project, "--security-group", sg_id]
+        self.nodes_ready_s = self.kube.start_nodes(hosts, flags)
+        step(f"Kubernetes: {len(HOSTS)} Nodes Ready in {self.nodes_ready_s:.0f} s")
+
+    def _kubernetes(self) -> None:
+        if self.kube_missing:
+            self.figures.more += kubestep.KubeFigures(skipped=self.kube_missing).lines()
+            return
+        step("Kubernetes: 4 pods through kube-apiserver (kubectl apply), 2 per host")
+        figures = kubestep.run(self.kube, self.neutron, HOSTS, self.pods, self.nodes_ready_s)
+        self.figures.more += figures.lines()
+
     def _memif_cnf(self, network_id: str, sg_id: str) -> None:
-        if self.kubelet is None:
+        if self.memif_missing:
             self.figures.more += cnf.CnfFigures(skipped=self.memif_missing).lines()
             return
-        step("memif: a CNF pod with a podwire.io/memif grant on host 1 runs dpdk-testpmd")
-        grant = self.kubelet.grant(PodName("demo", "cnf"), "memif-0")
-        _, result = self._attach_extra("cnf", HOSTS[0], self.confs[HOSTS[0]])
-        address, mac = cnf.memif_ip(result)
+        step("memif: a CNF pod asking kubelet for podwire.io/memif on host 1 runs dpdk-testpmd")
+        self.kube.apply(testpmd_pod("cnf", NAMESPACE, HOSTS[0]))
+        self.kube.running(["cnf"])
+        address = cnf.memif_address(self.work / "memif")
         client = next(p for p in self.pods if p.host == HOSTS[1])
         step(f"memif: pinging the CNF's memif address {address} from {client.name} on host 2")
-        figures = cnf.ping_cnf(grant, mac, client.netns, address, self.work / "testpmd.log", 50)
-        self.figures.more += figures.lines()
+        logs = f"kubectl logs -n {NAMESPACE} cnf"
+        self.figures.more += cnf.ping_cnf(client.netns, address, 50, logs).lines()
 
     def _vm(self, network_id: str, sg_id: str) -> None:
         if self.vm_missing:
@@ -344,6 +366,7 @@ class Scenario:
 
     def teardown(self) -> list[str]:
         """Remove everything the demo made; returns what could not be removed."""
+        problems = self.kube.stop()
         for pod in list(self.pods):
             cni("DEL", pod, self.confs[pod.host])
         delete_routers(self.neutron, self.project)  # while the L3 agent runs to unplug them
@@ -355,8 +378,6 @@ class Scenario:
         # The agents unwire what the forwarder takes away only while they run.
         asyncio.run(self._wait_unwired(UNWIRE_TIMEOUT))
         self.services.stop()
-        if self.kubelet is not None:
-            self.kubelet.stop()
         for network in list(self.neutron.network.networks(project_id=self.project)):
             self.neutron.network.delete_network(network)
         for group in list(self.neutron.network.security_groups(project_id=self.project)):
@@ -365,4 +386,4 @@ class Scenario:
         left = asyncio.run(self._etcd_leftovers())
         left += [f"namespace {name}" for name in self.topology.leftovers(self.routers)]
         left += [f"port {p.id}" for p in self.neutron.network.ports(project_id=self.project)]
-        return left
+        return problems + left

@@ -91,7 +91,7 @@ def run(
         vm.kill()
 
 
-def _wait_active(neutron: Any, port_id: str, timeout: float = 30.0) -> None:
+def _wait_active(neutron: Any, port_id: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while neutron.network.get_port(port_id).status != "ACTIVE":
         if time.monotonic() > deadline:

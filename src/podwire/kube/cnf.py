@@ -1,5 +1,4 @@
-"""The memif CNF as a Kubernetes workload: DPDK's testpmd in an image and a pod that asks
-kubelet for a ``podwire.io/memif`` device.
+"""The memif CNF's image: DPDK's testpmd (its pod: ``manifests.testpmd_pod``).
 
 No registry is reachable here, so the image is packed from the machine's own ``dpdk-testpmd``
 (Debian's dpdk-dev): the binary, the shared libraries the loader resolves for it (``ldd``),
@@ -14,13 +13,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from podwire.errors import KubeError
 from podwire.kube.images import LayerFile, config_blob, layer, pack, toolbox_entries
 
 TESTPMD_IMAGE = "localhost/podwire-testpmd:latest"
-RESOURCE = "podwire.io/memif"
 PLUGIN_DIRS = "usr/lib/*/dpdk/pmds-*"  # EAL loads the ``.so`` names found there
 PLUGINS = ("librte_net_memif.so", "librte_mempool_ring.so")  # the memif PMD, its mbuf pools
 # glibc dlopens libgcc_s for pthread_cancel (testpmd's exit): ldd does not list it.
@@ -112,24 +109,3 @@ def build_testpmd_archive(work: Path, tag: str = TESTPMD_IMAGE) -> Path:
     }
     config = config_blob(blob, settings, "podwire: DPDK testpmd from the host's dpdk-dev")
     return pack(work / "testpmd-image.tar", tag, blob, config)
-
-
-def testpmd_pod(name: str, node: str, namespace: str = "default") -> dict[str, Any]:
-    """A CNF pod on ``node`` with one memif device; stdin open so testpmd keeps running."""
-    container = {
-        "name": "testpmd",
-        "image": TESTPMD_IMAGE,
-        "imagePullPolicy": "Never",
-        "stdin": True,
-        "resources": {"limits": {RESOURCE: "1"}},
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "memif-cnf"}},
-        "spec": {
-            "nodeName": node,
-            "containers": [container],
-            "terminationGracePeriodSeconds": 1,
-        },
-    }

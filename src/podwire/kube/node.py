@@ -52,6 +52,7 @@ class NodeOptions:
     agent_socket: str
     network: str
     project: str = ""
+    security_groups: tuple[str, ...] = ()
     node_ip: str = ""  # default: the namespace's first global IPv4 address
     ready_timeout: float = 120.0
 
@@ -141,6 +142,7 @@ class KubeNode:
             conf_dir=self.containerd.conf_dir,
             network=self.options.network,
             project=self.options.project,
+            security_groups=list(self.options.security_groups),
             agent_socket=self.options.agent_socket,
         )
         install(spec)

@@ -1,11 +1,12 @@
-"""A kubelet peer for the device plugin: real gRPC servers on real unix sockets.
+"""A kubelet peer for the device plugin's unit-level tests: real gRPC servers on real unix
+sockets, where starting a kubelet per case would be too slow or could not stage the case.
 
-Kubelet itself does not run on a development machine, so ``KubeletPeer`` implements the kubelet
-side of the two APIs from the same .proto files: the Registration service (which, like kubelet,
-dials the plugin back and consumes ListAndWatch) and the PodResourcesLister service. The demo
-hands out a memif grant through it; the device plugin tests drive it too. ``restart()`` does
-what a kubelet restart does to the plugin dir: every socket in it disappears and a new
-kubelet.sock shows up.
+``KubeletPeer`` implements the kubelet side of the two APIs from the same .proto files: the
+Registration service (which, like kubelet, dials the plugin back and consumes ListAndWatch)
+and the PodResourcesLister service. ``restart()`` does what a kubelet restart does to the
+plugin dir: every socket in it disappears and a new kubelet.sock shows up. Every behaviour
+tested with it is also tested with the real kubelet (tests/kube/test_deviceplugin.py,
+tests/kube/test_cnf.py).
 """
 
 from __future__ import annotations
