@@ -13,16 +13,27 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 # (verb, API group, resource, namespace or "" for every namespace and cluster-scoped resources)
 Need = tuple[str, str, str, str]
 
-# What each component's code asks the Kubernetes API for today, by its ServiceAccount. Neither
-# makes a single API call: the agent wires pods from the CNI calls the runtime makes on its
-# socket and serves the device plugin on kubelet's unix sockets (registration, Allocate,
-# PodResources), none of which goes through the apiserver; the controller talks to etcd and
-# Neutron only. Both read their configuration and credentials from files and variables the
-# kubelet fills from the ConfigMap and the Secrets, with the kubelet's own rights. A need
-# added here must be granted by deploy/, and a grant in deploy/ needs its line here.
+# What each component's code asks the Kubernetes API for, by its ServiceAccount. The agent
+# makes no API call: it wires pods from the CNI calls the runtime makes on its socket and
+# serves the device plugin on kubelet's unix sockets (registration, Allocate, PodResources),
+# none of which goes through the apiserver. The controller's leader, with [kubernetes]
+# (controller/kube_side.py), runs an informer each over Namespaces, Pods and NetworkPolicies in
+# every namespace: list and watch (k8s/api.py); get, as every informer's rules have it, for a
+# single object the cache does not hold yet (a pod at its ADD). Nothing that writes, no
+# Secret: configuration and credentials reach both as files and variables the kubelet fills
+# from the ConfigMap and the Secrets, with the kubelet's own rights. A need added here must
+# be granted by deploy/, and a grant in deploy/ needs its line here.
 NEEDS: dict[str, frozenset[Need]] = {
     "podwire-agent": frozenset(),
-    "podwire-controller": frozenset(),
+    "podwire-controller": frozenset(
+        (verb, group, resource, "")
+        for group, resource in (
+            ("", "namespaces"),
+            ("", "pods"),
+            ("networking.k8s.io", "networkpolicies"),
+        )
+        for verb in ("get", "list", "watch")
+    ),
 }
 
 

@@ -9,6 +9,8 @@ what deploy/ binds to it, and calls it must never make are refused by the apiser
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
 import re
@@ -28,6 +30,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from podwire.k8s.api import KubeApi
+from podwire.k8s.reach import ApiReach
+from podwire.k8s.watcher import KubeWatcher
 from tests.deploy.manifests import NEEDS, documents
 
 # The stack marker comes from the kube_stack fixture (tests/conftest.py).
@@ -70,6 +75,14 @@ FORBIDDEN = [
     ("podwire-controller", "create", "pods", NAMESPACE),
     ("podwire-controller", "delete", "namespaces", ""),
     ("podwire-controller", "update", "networkpolicies.networking.k8s.io", ""),
+    ("podwire-controller", "create", "networkpolicies.networking.k8s.io", NAMESPACE),
+    ("podwire-controller", "delete", "networkpolicies.networking.k8s.io", ""),
+    ("podwire-controller", "patch", "pods", ""),
+    ("podwire-controller", "delete", "pods", "default"),
+    ("podwire-controller", "update", "namespaces", ""),
+    ("podwire-controller", "watch", "secrets", ""),
+    ("podwire-controller", "list", "configmaps", ""),
+    ("podwire-controller", "list", "services", ""),
     ("podwire-controller", "bind", "clusterroles.rbac.authorization.k8s.io", ""),
 ]
 
@@ -82,6 +95,10 @@ REFUSED_REQUESTS = [
     ("podwire-controller", "GET", "/api/v1/secrets"),
     ("podwire-controller", "GET", "/api/v1/namespaces/kube-system/secrets"),
     ("podwire-controller", "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/podwire-controller"),
+    ("podwire-controller", "GET", "/api/v1/secrets?watch=true"),
+    ("podwire-controller", "GET", "/api/v1/configmaps"),
+    ("podwire-controller", "POST", "/api/v1/namespaces/default/pods"),
+    ("podwire-controller", "DELETE", "/api/v1/namespaces/default/pods/pw-deploy-no-such-pod"),
 ]
 A_POD = {
     "apiVersion": "v1",
@@ -483,3 +500,65 @@ def test_a_grant_deploy_does_not_make_is_caught(
     assert eventually(
         lambda: unexplained(installed, filled, account, token, NAMESPACE) == (set(), set())
     )
+
+
+class Answers(ApiReach):
+    """Which informers' lists and watches the apiserver accepted."""
+
+    def __init__(self, server: str) -> None:
+        super().__init__(server)
+        self.kinds: list[str] = []
+
+    def answered(self, kind: str) -> None:
+        self.kinds.append(kind)
+        super().answered(kind)
+
+
+async def test_the_controllers_informers_run_with_its_own_token(
+    installed: Cluster, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    """The controller's real calls, as its leader makes them (``KubeWatcher``: list, then
+    watch, Namespaces, Pods and NetworkPolicies in every namespace), with a kubeconfig like
+    deploy/'s (a token file and a CA file) holding the controller's own token: each informer
+    lists and its watch is accepted; none fails. The same token's other calls are refused
+    (above)."""
+    token = tmp_path / "token"
+    token.write_text(tokens["podwire-controller"])
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": installed.info["kube_apiserver"],
+                            "certificate-authority": str(installed.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "u", "user": {"tokenFile": str(token)}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    api = await KubeApi.from_kubeconfig(kubeconfig)
+    reach = Answers(api.server)
+    watcher = KubeWatcher(api, reach=reach)
+    task = asyncio.create_task(watcher.run())
+    try:
+        async with asyncio.timeout(30):
+            await watcher.synced()
+            while len(reach.kinds) < 2 * len(watcher.informers):  # each list, each watch
+                await asyncio.sleep(0.05)
+        assert sorted(reach.kinds) == sorted(2 * [i.kind for i in watcher.informers])
+        assert reach.errors == 0 and reach.problem is None
+        assert "kube-system" in {key.name for key in watcher.namespaces.objects}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()

@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +211,27 @@ def test_a_component_that_needs_no_api_gets_no_token() -> None:
     }
     assert sorted(workloads) == sorted(NEEDS)
     for name, needs in NEEDS.items():
-        if not needs:
-            assert accounts[name].get("automountServiceAccountToken") is False, name
-            pod = workloads[name]["spec"]["template"]["spec"]
-            assert pod.get("automountServiceAccountToken") is False, name
+        pod = workloads[name]["spec"]["template"]["spec"]
+        # No ServiceAccount hands its token to every pod that names it; a pod that calls
+        # the API asks for it in its own spec.
+        assert accounts[name].get("automountServiceAccountToken") is False, name
+        assert pod.get("automountServiceAccountToken") is bool(needs), name
+
+
+def test_the_controllers_kubeconfig_is_the_mounted_one_with_the_mounted_token() -> None:
+    """controller.toml names the kubeconfig the Deployment mounts from the ConfigMap, and that
+    kubeconfig names the token and CA the kubelet mounts for the pod's ServiceAccount."""
+    data = _by_kind("ConfigMap")["podwire-config"]["data"]
+    path = tomllib.loads(data["controller.toml"])["kubernetes"]["kubeconfig"]
+    (container,) = _by_kind("Deployment")["podwire-controller"]["spec"]["template"]["spec"][
+        "containers"
+    ]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts[path]["subPath"] == "controller-kubeconfig"
+    config = yaml.safe_load(data["controller-kubeconfig"])
+    (user,) = config["users"]
+    (cluster,) = config["clusters"]
+    secrets = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert user["user"] == {"tokenFile": f"{secrets}/token"}
+    assert cluster["cluster"]["certificate-authority"] == f"{secrets}/ca.crt"
+    assert cluster["cluster"]["server"] == "https://kubernetes.default.svc"
