@@ -99,7 +99,8 @@ def _attachment_raw() -> dict[str, Any]:
 
 
 def test_attachment_entries_of_earlier_agents_read_and_round_trip() -> None:
-    entry = attachment_entry("0123456789abcdef.eth0", _attachment_raw())  # the pre-0.2 key
+    # The key agents wrote before the ':' separator.
+    entry = attachment_entry("0123456789abcdef.eth0", _attachment_raw())
     assert entry.attachment == ATTACHMENT and entry.pod == {"namespace": "default", "name": "web"}
     assert entry.attached.addresses == (Address("10.1.0.5/24", "10.1.0.1"),)
     assert attachment_entry(ATTACHMENT, json.loads(json.dumps(entry.to_json()))) == entry

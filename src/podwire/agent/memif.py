@@ -1,4 +1,5 @@
-"""The agent as its pods' memif master: a port of its own per memif, served on the grant socket.
+"""The agent's side of memif: a port of its own per memif, whose frames the node's
+``podwire-memif`` master (not the agent) serves on the grant's socket.
 
 A pod that holds a ``podwire.io/memif`` grant gets, at CNI ADD, a second VIF from the VIF
 source (attachment ``<container>:memif0``, same network, project and security groups), wired

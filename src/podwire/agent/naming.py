@@ -4,7 +4,7 @@ Names are derived, never random, so a restarted agent finds its own interfaces a
 agents never compete for one name. The ``pw`` prefix alone does not make a link podwire's:
 anyone can name a bridge ``pwbr...``. The agent marks what it creates (or adopts for a port
 it serves) with the alias ``MARK`` and deletes only links carrying it; a pod's host veth also
-counts as ours when it has the MAC derived from its attachment (``attach.host_mac``), which
+counts as ours when it has the MAC derived from its attachment (``veth.host_mac``), which
 every version of the agent has set, so veths of an agent from before marks are still removed.
 """
 

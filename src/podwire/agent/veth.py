@@ -161,8 +161,8 @@ def _delete_own_veth(nl: Netlink, name: str, mac: str) -> bool:
 
 def _derived_ids(attachment: str) -> list[str]:
     """The ids a veth of this attachment may be named by: the current one, and the
-    ``<container>.<ifname>`` form agents before 0.2 derived names from (no record of it may be
-    left after a crash)."""
+    ``<container>.<ifname>`` form agents before the ':' separator derived names from (no
+    record of it may be left after a crash)."""
     return [attachment, attachment.replace(":", ".", 1)] if ":" in attachment else [attachment]
 
 

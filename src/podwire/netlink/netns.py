@@ -1,6 +1,9 @@
 """Network namespaces: their files, and moving the calling thread between them.
 
-``setns`` only moves the calling thread, so only netlink workers (``nsexec``) call it.
+``setns`` only moves the calling thread, so only threads kept for it call it: the netlink
+workers (``nsexec``, and the ``Netlink`` handles they own, which open a namespace's sockets
+there and go home), and nftables' one worker per namespace (``netfilter/nft.py``), which
+enters its namespace for good.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class MemifEntry:
 
 def attachment_entry(key: str, raw: Any) -> Attachment:
     """One entry of ``cni-attachments.json``; its id is canonical (``<container>:<ifname>``)
-    whatever form its key had (agents before 0.2 keyed ``<container>.<ifname>``)."""
+    whatever form its key had (agents before the ':' separator keyed ``<container>.<ifname>``)."""
     what = f"checkpoint entry {key[:300]}"
     obj = doc.Obj(doc.as_object(raw, what), what)
     container = obj.req("container_id", fields.container_id)

@@ -276,9 +276,9 @@ def attachment_id(container: str, interface: str) -> str:
 
 
 def attachment(value: Any, what: str) -> str:
-    """An attachment id, canonical form. The pre-0.2 form ``<container>.<ifname>`` is read
-    (split at the last '.', as runtimes' hex ids have none) so records from before the upgrade
-    keep their meaning."""
+    """An attachment id, canonical form. The earlier form ``<container>.<ifname>``, which
+    agents and controllers wrote before the ':' separator, is read too (split at the last '.',
+    as runtimes' hex ids have none) so their records keep their meaning."""
     if not isinstance(value, str) or len(value) > 270:
         raise fail(what, f"{_show(value)} is not an attachment id")
     container, sep, interface = value.partition(ATTACHMENT_SEP)

@@ -2,8 +2,10 @@
 
 Liveness says the process is serving; readiness asks the service (e.g. "recovery finished",
 "etcd reachable") through a callback, so an orchestrator does not send work too early.
-A service with its own aiohttp app mounts these routes with ``add_ops_routes``; one without
-(the agent, the device plugin) starts ``OpsServer`` on a separate listen address.
+A service with its own aiohttp app (the controller) mounts these routes with
+``add_ops_routes``; the agent, which has none, starts ``OpsServer`` on a separate listen
+address. The device plugin starts none: embedded, its stats are read onto the agent's
+registry; alone, it has no ops endpoint.
 """
 
 from __future__ import annotations
