@@ -132,6 +132,8 @@ class HostAgent:
     deviceplugin: DevicePluginSettings = field(default_factory=DevicePluginSettings)
     # Security groups need the ml2 forwarder to publish them; tests of them turn this on.
     security_groups: str = "off"
+    # Seconds from a pod's last DEL to releasing its memif grant (agent.pod_release_grace).
+    pod_release_grace: float = 30.0
     task: asyncio.Task[None] | None = None
     agent: Agent | None = None
 
@@ -156,6 +158,7 @@ class HostAgent:
                 ops_listen=self.ops_listen,
                 security_groups=self.security_groups,
                 security_group_wait=2.0,
+                pod_release_grace=self.pod_release_grace,
             ),
             deviceplugin=self.deviceplugin,
         )

@@ -78,6 +78,7 @@ class AgentParts:
     memif: MemifService | None = None
     policy: PolicyEnforcer | None = None
     taps: TapPorts | None = None
+    plugin: DevicePlugin | None = None
     tasks: list[Supervised] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -195,7 +196,7 @@ class Agent:
                 memif,
             )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
-        self.parts.peers = peers
+        self.parts.peers, self.parts.plugin = peers, plugin
         self.parts.memif, self.parts.policy, self.parts.taps = memif, policy, taps
         async with asyncio.TaskGroup() as tg:
             for task in tasks:
