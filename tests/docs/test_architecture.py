@@ -7,10 +7,13 @@ drift from pyproject.toml's contracts, nor the contracts from what src/ imports.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+
+from podwire import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "podwire"
@@ -121,3 +124,20 @@ def test_no_wait_for_that_could_swallow_a_cancellation() -> None:
         and isinstance(node.value, ast.Name) and node.value.id == "asyncio"
     ]  # fmt: skip
     assert found == []
+
+
+def test_the_key_table_shows_every_key_podwire_builds() -> None:
+    """§3: the page's key layout is where an operator looks for a key; a key builder added to
+    ``keys`` without its row there (the agent's memif key once) is caught here."""
+    text = DOC.read_text()
+    block = text[text.index("## 3. Where values live") :]
+    block = block[block.index("```") + 3 :]
+    rows = [line.split()[0] for line in block[: block.index("```")].splitlines() if line.strip()]
+    patterns = [re.compile(re.sub(r"<[^>]+>", "[^/]+", row) + "$") for row in rows]
+    built = [keys.KICK]
+    for name, builder in inspect.getmembers(keys, inspect.isfunction):
+        if name.endswith("prefix") or name.startswith(("parse_", "check_")):
+            continue
+        params = inspect.signature(builder).parameters
+        built.append(builder(*("a:b" if p == "attachment" else "x" for p in params)))
+    assert [key for key in built if not any(p.match(key) for p in patterns)] == []

@@ -1,5 +1,9 @@
 """The one schema of every value podwire exchanges: one reader and one writer per value.
 
+One writer is elsewhere on purpose: ml2's ``policy.group_value`` puts a security group's
+rules in itself, so a rule this schema refuses still reaches the agents in Neutron's own fields
+(and the reader names it and leaves it out, which only ever denies more).
+
 ``fields`` defines each kind of field (names, ids, MACs, addresses, ranges) once; ``doc``
 decodes JSON with bounds and a schema version; the other modules are the values themselves:
 ``ports`` (desired bindings), ``nodes`` (what agents publish), ``records`` (the servers'
