@@ -26,6 +26,10 @@ from podwire.schema.nodes import POD_DRIVERS, RENAMED_POD_DRIVERS
 ENV_PREFIX = "PODWIRE_"
 # Keys outside any section: ``deployment`` (env ``PODWIRE_DEPLOYMENT``).
 TOP_LEVEL = ("deployment",)
+# Where the agent's CNI server listens and every plugin looks unless told otherwise: the one
+# default of the socket path, imported by the CLI and the conflist. The C plugin and the
+# stdlib fallback can import nothing and repeat it (tests/unit/test_cni_limits.py checks both).
+AGENT_SOCKET = "/run/podwire/agent.sock"
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ class AgentSettings:
     # This node's bearer token for the VIF API (controller.node_tokens).
     token: str = ""
     # The CNI server's unix socket (root only; at most 107 bytes).
-    cni_socket: str = "/run/podwire/agent.sock"
+    cni_socket: str = AGENT_SOCKET
     # Where the agent keeps its checkpoints (cni-attachments.json, memif-attachments.json).
     state_dir: str = "/var/lib/podwire"
     # Underlay IP for VXLAN; without it the node serves no vxlan ports.

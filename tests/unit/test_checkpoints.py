@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from podwire.agent.checkpoint import attachments, memifs
-from podwire.agent.memif import tap_name
+from podwire.agent.naming import memif_tap
 from podwire.errors import ConfigError, ValidationError
 from podwire.schema.checkpoints import Address, MemifEntry, attachment_entry, memif_entry
 from podwire.schema.vif import Vif
@@ -29,7 +29,7 @@ def _entry() -> MemifEntry:
         socket="/run/podwire/memif/0123456789abcdef0123/memif.sock",
         container_socket="/run/vpp/memif.sock",
         secret="abcdefghijklmnopqrstuvwx",
-        tap=tap_name("0123456789abcdef:memif0"),
+        tap=memif_tap("0123456789abcdef:memif0"),
         bridge="pwbr0aaafa7ae6b",
         mtu=1450,
         addresses=(Address("10.1.0.5/24", "10.1.0.1"),),
@@ -74,7 +74,7 @@ async def test_a_bad_entry_is_skipped_the_rest_load(tmp_path: Path) -> None:
 
 
 def test_tap_names_fit_ifnamsiz() -> None:
-    assert len(tap_name("a" * 64 + ":memif0")) == 15
+    assert len(memif_tap("a" * 64 + ":memif0")) == 15
 
 
 def _attachment_raw() -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Both plugin builds and the agent agree on the config limits (three copies, one rule)."""
+"""Both plugin builds and the agent agree on the config limits and the socket's default path
+(three copies each, one rule: the plugins can import nothing of podwire)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from podwire.cni import plugin, request
 from podwire.cni import socket_proto as wire
+from podwire.config import AGENT_SOCKET
 
 C_SOURCE = Path(plugin.__file__).with_name("c") / "podwire-cni.c"
 
@@ -20,6 +22,12 @@ def _c_define(name: str) -> int:
 def test_plugins_use_the_agents_limits() -> None:
     assert plugin.MAX_CONFIG == request.MAX_CONFIG == _c_define("MAX_CONFIG")
     assert plugin.MAX_CONFIG_EXTRA == request.MAX_CONFIG_EXTRA == _c_define("MAX_CONFIG_EXTRA")
+
+
+def test_plugins_look_where_the_agent_listens_by_default() -> None:
+    found = re.search(r'^#define DEFAULT_SOCKET "([^"]+)"$', C_SOURCE.read_text(), re.M)
+    assert found
+    assert plugin.DEFAULT_SOCKET == found[1] == AGENT_SOCKET
 
 
 def test_the_request_limit_fits_the_largest_config_escaped() -> None:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from podwire.agent import naming
 from podwire.agent.binder import Binder
-from podwire.agent.ports import PortFilter
 from podwire.schema.checkpoints import Address
 from podwire.schema.ports import DesiredPort, FixedIp
 from podwire.schema.vif import Vif
@@ -43,6 +42,19 @@ class Wiring:
     bridge: str
     mtu: int
     addresses: tuple[Address, ...]
+
+
+class PortFilter(Protocol):
+    """The one port-filter seam (the security-group enforcer), taken only here, so every kind
+    of port is filtered alike: told of each port before its host interface exists, keyed on
+    that interface's name, so no frame passes unfiltered, and told when the port is gone.
+    ``None`` where a filter is taken means enforcement is off on this node."""
+
+    async def enforce(self, port: DesiredPort, ifname: str, within: float) -> None:
+        """Return once ``port``'s rules are in force for the host interface ``ifname``."""
+
+    def forget(self, port_id: str) -> None:
+        """The port is gone from this node: its rules go with the next application."""
 
 
 # One kind of host interface: it must not let a frame through before the gate is done (None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import time
@@ -63,11 +62,6 @@ PUBLISH_INTERVAL = 2.0  # at most this often to etcd while counters move; a path
 PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
 # Puts what ``podwire status`` shows of this node's memif ports (the agent's etcd key).
 Publish = Callable[[list[MemifPortState]], Awaitable[None]]
-
-
-def tap_name(vif_attachment: str) -> str:
-    """The memif port's host end: a digest of its attachment, like a pod veth's."""
-    return "pwt" + hashlib.sha256(vif_attachment.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -180,7 +174,7 @@ class MemifService:
             socket=grant.host_socket,
             container_socket=grant.container_socket,
             secret=grant.secret,
-            tap=tap_name(vif_attachment),
+            tap=naming.memif_tap(vif_attachment),
             bridge=wiring.bridge,
             mtu=wiring.mtu,
             addresses=wiring.addresses,

@@ -43,6 +43,13 @@ def host_veth(attachment: str) -> str:
     return "pwp" + hashlib.sha256(attachment.encode()).hexdigest()[:12]
 
 
+def memif_tap(attachment: str) -> str:
+    """The host end of a pod's memif port, a tap the memif master makes: a digest of the
+    memif's attachment, like a pod veth's; not ``schema.ports.tap_name``, the tap of a port
+    someone else (a VM, a Neutron agent) makes."""
+    return "pwt" + hashlib.sha256(attachment.encode()).hexdigest()[:12]
+
+
 def is_pod_veth(name: str) -> bool:
     return name.startswith("pwp") and len(name) == 15
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from podwire.cni.build import build
 from podwire.cni.install import DEFAULT_CNI_VERSION, InstallSpec, install
+from podwire.config import AGENT_SOCKET
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add.add_argument("--name", default="podwire", help="CNI network name")
     add.add_argument("--project", default="", help="Neutron project id (optional)")
     add.add_argument("--security-group", action="append", default=[], dest="security_groups")
-    add.add_argument("--agent-socket", default="/run/podwire/agent.sock")
+    add.add_argument("--agent-socket", default=AGENT_SOCKET)
     add.add_argument("--chain", action="append", default=[], help="plugin to chain after podwire")
     add.add_argument(
         "--binary", type=Path, default=None, help="plugin to install (default: the built one)"

@@ -19,6 +19,7 @@ from typing import Any
 from podwire.cni.build import Plugin, build, prebuilt
 from podwire.cni.request import check_network_name
 from podwire.cni.spec import SUPPORTED_VERSIONS
+from podwire.config import AGENT_SOCKET
 from podwire.errors import ConfigError
 
 PLUGIN_NAME = "podwire"
@@ -35,7 +36,7 @@ class InstallSpec:
     name: str = "podwire"
     project: str = ""
     security_groups: list[str] = field(default_factory=list)
-    agent_socket: str = "/run/podwire/agent.sock"
+    agent_socket: str = AGENT_SOCKET
     chain: list[str] = field(default_factory=list)
     binary: Path | None = None
     cni_version: str = DEFAULT_CNI_VERSION

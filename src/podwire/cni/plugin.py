@@ -18,7 +18,7 @@ import socket
 import sys
 
 SUPPORTED = ["0.4.0", "1.0.0", "1.1.0"]
-DEFAULT_SOCKET = "/run/podwire/agent.sock"
+DEFAULT_SOCKET = "/run/podwire/agent.sock"  # config.AGENT_SOCKET (no import: stdlib only)
 ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
 TIMEOUT = 300.0
 MAX_CONFIG = 1 << 20

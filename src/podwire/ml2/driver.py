@@ -21,11 +21,11 @@ from oslo_config import cfg
 from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.errors import ValidationError
+from podwire.log import get_inline_logger
 from podwire.ml2 import binding, journal, options, policy
 from podwire.ml2.desired import bound_segment, desired_port
 from podwire.ml2.forwarder import ForwarderSettings
 from podwire.ml2.host_cache import HostDirectory
-from podwire.ml2.mlog import get_logger
 from podwire.ml2.policy_callbacks import PolicyJournal
 from podwire.ml2.policy_db import PolicySnapshot
 from podwire.ml2.trunk_driver import PodwireTrunkDriver
@@ -34,7 +34,7 @@ from podwire.schema.deployment import Deployment, deployments
 if TYPE_CHECKING:
     from podwire.ml2.worker import Worker
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 
 def _segments(context: Any) -> list[binding.Segment]:

@@ -17,10 +17,10 @@ from podwire.backoff import Backoff
 from podwire.errors import RetryableError
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
+from podwire.log import get_inline_logger
 from podwire.ml2.host_cache import HostCache, StateChange
-from podwire.ml2.mlog import get_logger
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 RETRY = Backoff(0.5, 30.0)  # only its delay(attempt): each change counts its own attempts
 # Ports acted on at once: each is a short Neutron DB transaction in a thread, and a burst of

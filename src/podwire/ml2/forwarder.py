@@ -26,12 +26,12 @@ from podwire.errors import EtcdUnavailable, NotLeader, RetryableError
 from podwire.etcd.client import EtcdClient, Lease, Op, delete_op, put_op
 from podwire.etcd.election import Election, fence
 from podwire.etcd.watch import PrefixWatcher
+from podwire.log import get_inline_logger
 from podwire.ml2.journal import Entry
-from podwire.ml2.mlog import get_logger
 from podwire.ml2.policy_resync import PolicySource, resync
 from podwire.schema.records import leader_value
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 # Seconds per batch attempt (at most etcd_timeout): a batch a member forwarded to a leader that
 # just died is never answered, and replaying it is harmless (see above), so waiting the whole

@@ -16,11 +16,11 @@ from typing import Literal
 
 from podwire import keys
 from podwire.errors import ValidationError
-from podwire.ml2.mlog import get_logger
+from podwire.log import get_inline_logger
 from podwire.schema import nodes as values
 from podwire.schema.deployment import Deployment
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 
 @dataclass(frozen=True)

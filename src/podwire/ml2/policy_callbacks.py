@@ -20,10 +20,10 @@ from neutron_lib.callbacks import events, registry, resources
 from neutron_lib.db import api as db_api
 
 from podwire import keys
+from podwire.log import get_inline_logger
 from podwire.ml2 import journal, policy_db
-from podwire.ml2.mlog import get_logger
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 AFTER_EVENTS = (events.AFTER_CREATE, events.AFTER_UPDATE, events.AFTER_DELETE)
 # Session.info entries: the groups to journal at this transaction's commit, and whether the
@@ -76,7 +76,7 @@ class PolicyJournal:
     ) -> None:
         context, ag_id = payload.context, payload.resource_id
         with db_api.CONTEXT_WRITER.using(context):
-            value = policy_db.address_group_value(context.session, ag_id)
+            value = policy_db.read_address_group_value(context.session, ag_id)
             _add_rows(context.session, {keys.address_group(ag_id): value})
         self._kick()
 

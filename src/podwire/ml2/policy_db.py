@@ -81,7 +81,9 @@ def groups_referencing(db: Any, sg_id: str) -> list[str]:
     return sorted(str(row[0]) for row in db.execute(REFERENCING, {"sg_id": sg_id}))
 
 
-def address_group_value(db: Any, ag_id: str) -> str | None:
+def read_address_group_value(db: Any, ag_id: str) -> str | None:
+    """The group's current value (None: it is gone), read in the caller's transaction; the
+    value itself is ``policy.address_group_value``'s, as the resync's."""
     if db.execute(ADDRESS_GROUP, {"ag_id": ag_id}).first() is None:
         return None
     addresses = [str(row[0]) for row in db.execute(ADDRESSES, {"ag_id": ag_id})]

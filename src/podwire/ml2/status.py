@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from podwire import keys
 from podwire.errors import RetryableError
 from podwire.etcd.client import EtcdClient
+from podwire.log import get_inline_logger
 from podwire.ml2.feedback import Feedback
 from podwire.ml2.forwarder import Forwarder
-from podwire.ml2.mlog import get_logger
 from podwire.schema.records import Ml2Report
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 STATUS_KEY = keys.status("ml2")
 INTERVAL = 2.0

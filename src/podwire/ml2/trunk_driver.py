@@ -23,11 +23,11 @@ from neutron_lib.callbacks import events, registry, resources
 from neutron_lib.plugins import directory
 from neutron_lib.services.trunk import constants as trunk_consts
 
-from podwire.ml2.mlog import get_logger
+from podwire.log import get_inline_logger
 from podwire.schema.ports import PODWIRE_VIF_TYPES
 from podwire.schema.vif import DEVICE_OWNER
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 DRIVER_NAME = "podwire"
 TRUNK_VIF_TYPES = ("veth", "tap", "vhostuser")

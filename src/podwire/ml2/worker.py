@@ -19,14 +19,14 @@ from collections.abc import Callable
 
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
+from podwire.log import get_inline_logger
 from podwire.ml2.feedback import Feedback, PortStatusSink
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings, Journal
 from podwire.ml2.host_cache import HostDirectory
-from podwire.ml2.mlog import get_logger
 from podwire.ml2.policy_resync import PolicySource
 from podwire.ml2.status import publish_forever
 
-log = get_logger(__name__)
+log = get_inline_logger(__name__)
 
 RESTART_DELAY = 1.0
 
