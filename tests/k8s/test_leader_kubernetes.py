@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
 import socket
@@ -26,7 +27,7 @@ from podwire.config import EtcdSettings, KubernetesSettings, Settings
 from podwire.controller.app import NETPOL_NAME_PREFIX, Controller
 from podwire.controller.leader import ELECTION
 from podwire.etcd.client import EtcdClient
-from podwire.k8s.groups import group_name
+from podwire.k8s.groups import OPEN_EGRESS, OPEN_INGRESS, group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import connect, neutron_connection
 from podwire.neutron.netpol import NetpolObjects
@@ -39,7 +40,7 @@ from tests.controller.conftest import (
     settings_for,
     vif_body,
 )
-from tests.k8s.test_apiserver import apply
+from tests.k8s.test_apiserver import apply, pod
 from tests.scripted_agent import eventually
 from tests.stack.conftest import kubectl
 
@@ -272,10 +273,21 @@ async def test_an_apiserver_away_at_start_and_later_leaves_the_pools_serving_and
     first, second = group_name(ObjectKey(name, "dns")), group_name(ObjectKey(name, "web"))
     try:
         async with aiohttp.ClientSession() as http:
-            # Away from the start: the pools serve anyway.
+            # Away from the start: the pools serve anyway (an attachment of no pod); a pod's
+            # port waits for its policies to be known, then is refused as retryable, naming
+            # the apiserver (kubelet asks again).
             status, vif = await request_vif(http, controller_url(controller), node, body(network))
             assert status == 200, vif
             assert await release_vif(http, controller_url(controller), node, "k1:eth0") == 204
+            status, refused = await request_vif(
+                http, controller_url(controller), node, vif_body("k2:eth0", network)
+            )
+            assert (status, refused["cause"], refused["retryable"]) == (
+                503,
+                "policy_not_ready",
+                True,
+            ), refused
+            assert f"not answering: {server}" in refused["error"], refused
 
             async def says_away() -> bool:
                 code, text = await readyz(http, controller)
@@ -294,6 +306,7 @@ async def test_an_apiserver_away_at_start_and_later_leaves_the_pools_serving_and
                 tmp_path,
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
                 deny_all_but_dns(name),
+                pod(name, "web", {"app": "web"}),
             )
             await relay.start()
 
@@ -309,10 +322,19 @@ async def test_an_apiserver_away_at_start_and_later_leaves_the_pools_serving_and
             )
             assert [r.getMessage() for r in caplog.records].count("k8s.api.back") == 1
 
-            # Away again, later: the pools still serve; changes meanwhile are caught up.
+            # Away again, later: the pools still serve, a known pod's port is decided from the
+            # cache (its groups as last seen); changes meanwhile are caught up.
             await relay.stop()
             status, vif = await request_vif(http, controller_url(controller), node, body(network))
             assert status == 200, vif
+            web_ref = vif_body("k3:eth0", network)
+            web_ref["pod"] = {"namespace": name, "name": "web", "uid": ""}
+            status, vif = await request_vif(http, controller_url(controller), node, web_ref)
+            assert status == 200, vif
+            ids = await asyncio.to_thread(group_ids, neutron, project, tag)
+            assert ids[first] in vif["vif"]["security_groups"], vif
+            # Its port is deleted: a group ports carry is not deleted (test below).
+            neutron.network.delete_port(vif["vif"]["port_id"])
             kubectl(kube_stack, "delete", "networkpolicy", "-n", name, "dns")
             web = deny_all_but_dns(name)
             web["metadata"]["name"] = "web"
@@ -341,7 +363,123 @@ def controller_url(controller: Controller) -> str:
 
 
 def body(network: Any) -> dict[str, Any]:
-    return vif_body("k1:eth0", network)
+    """A request of no pod (a VM's, an attachment made without Kubernetes)."""
+    request = vif_body("k1:eth0", network)
+    del request["pod"]
+    return request
+
+
+def group_ids(neutron: Any, project: str, deployment_tag: str) -> dict[str, str]:
+    objects = NetpolObjects(neutron, project, deployment_tag, NETPOL_NAME_PREFIX)
+    return {g.name: g.id for g in objects.groups()}
+
+
+def uid_of(kube_stack: dict[str, Any], namespace: str, name: str) -> str:
+    done = kubectl(kube_stack, "get", "pod", "-n", namespace, name, "-o=jsonpath={.metadata.uid}")
+    assert done.returncode == 0 and done.stdout, done.stderr
+    return done.stdout
+
+
+async def test_a_pods_port_carries_its_policies_groups_decided_before_it_is_handed_out(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,
+    project: str,
+    start: Start,
+    tmp_path: Path,
+) -> None:
+    """Through the VIF API, as an agent's ADD asks: a pod a policy selects for ingress gets
+    that policy's group and the open egress group, an unselected pod both open groups, and
+    the port in Neutron carries exactly those; a policy made just before a new pod's request
+    is in that pod's port (the request waits for its group); a pod the API does not know is
+    refused as retryable, naming it."""
+    node = await scripted.add()
+    neutron = neutron_connection(kube_stack["neutron"])
+    network = make_network(neutron, project, "pw-k8s", "10.79.0.0/24")
+    controller = await start(settings(kube_stack, [node], project, kube_stack["kubeconfig"]))
+    tag = controller.settings.deployment.tag
+    url = controller_url(controller)
+    name = f"np-{uuid.uuid4().hex[:8]}"
+    web_in = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "web-in", "namespace": name},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "db"}}}]}],
+        },
+    }
+
+    def ref(pod_name: str, attachment: str) -> dict[str, Any]:
+        request = vif_body(attachment, network)
+        uid = uid_of(kube_stack, name, pod_name)
+        request["pod"] = {"namespace": name, "name": pod_name, "uid": uid}
+        return request
+
+    try:
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            pod(name, "web", {"app": "web"}),
+            pod(name, "db", {"app": "db"}),
+            web_in,
+        )
+        async with aiohttp.ClientSession() as http:
+            status, web = await request_vif(http, url, node, ref("web", "w1:eth0"))
+            assert status == 200, web
+            status, db = await request_vif(http, url, node, ref("db", "d1:eth0"))
+            assert status == 200, db
+            ids = await asyncio.to_thread(group_ids, neutron, project, tag)
+            policy = ids[group_name(ObjectKey(name, "web-in"))]
+            assert web["vif"]["security_groups"] == sorted([policy, ids[OPEN_EGRESS]])
+            assert db["vif"]["security_groups"] == sorted([ids[OPEN_INGRESS], ids[OPEN_EGRESS]])
+            for answer in (web, db):
+                port = neutron.network.get_port(answer["vif"]["port_id"])
+                assert sorted(port.security_group_ids) == answer["vif"]["security_groups"]
+
+            # A pod made as soon as the controller knows a new policy, before the policy's
+            # group is in Neutron: its request waits for the group. (A policy without
+            # policyTypes and with egress rules isolates both ways: its group alone.)
+            db_out = copy.deepcopy(web_in)
+            db_out["metadata"]["name"] = "db-out"
+            db_out["spec"] = {"podSelector": {"matchLabels": {"app": "db"}}, "egress": [{}]}
+            await apply(kube_stack, tmp_path, db_out)
+            watcher = controller.kubernetes.watcher if controller.kubernetes else None
+            assert watcher is not None
+
+            async def known() -> bool:
+                return ObjectKey(name, "db-out") in watcher.policies.objects
+
+            await eventually(known, "the new policy in the controller's cache")
+            await apply(kube_stack, tmp_path, pod(name, "db2", {"app": "db"}))
+            status, db2 = await request_vif(http, url, node, ref("db2", "d2:eth0"))
+            assert status == 200, db2
+            ids = await asyncio.to_thread(group_ids, neutron, project, tag)
+            assert db2["vif"]["security_groups"] == [ids[group_name(ObjectKey(name, "db-out"))]]
+
+            unknown = vif_body("u1:eth0", network)
+            unknown["pod"] = {"namespace": name, "name": "nobody", "uid": str(uuid.uuid4())}
+            status, refused = await request_vif(http, url, node, unknown)
+            assert (status, refused["cause"]) == (503, "policy_not_ready"), refused
+            assert f"pod {name}/nobody" in refused["error"], refused
+            assert "no such pod" in refused["error"], refused
+
+            # A policy deleted while a port carries its group: the group stays (its ports are
+            # not moved yet), and the passes go on: a policy made afterwards is enforced.
+            kubectl(kube_stack, "delete", "networkpolicy", "-n", name, "web-in")
+            late = copy.deepcopy(db_out)
+            late["metadata"]["name"] = "late"
+            await apply(kube_stack, tmp_path, late)
+            late_group = group_name(ObjectKey(name, "late"))
+
+            async def late_there() -> bool:
+                return late_group in await asyncio.to_thread(group_ids, neutron, project, tag)
+
+            await eventually(late_there, "a policy made after a group in use", timeout=30)
+            ids = await asyncio.to_thread(group_ids, neutron, project, tag)
+            assert ids[group_name(ObjectKey(name, "web-in"))] == policy
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
 
 
 async def _in_step(http: aiohttp.ClientSession, controller: Controller) -> bool:

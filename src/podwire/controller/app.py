@@ -163,7 +163,10 @@ class Controller:
             self.settings.deployment.tag,
             NETPOL_NAME_PREFIX,
         )
-        self.kubernetes = KubernetesSide(api, objects, self.term.check, self.metrics)
+        self.kubernetes = KubernetesSide(
+            api, objects, self.term.check, self.metrics, kubernetes.project_id
+        )
+        self.broker.pod_groups = self.kubernetes.pod_groups
         log.info("controller.kubernetes.configured", kubeconfig=str(path), server=api.server)
 
     async def _term(self, _lease: Lease) -> None:

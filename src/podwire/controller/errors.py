@@ -17,6 +17,14 @@ class PoolNotReady(RetryableError):
     cause = "pool_empty"
 
 
+class PolicyNotReady(RetryableError):
+    """The NetworkPolicy groups of the request's pod cannot be decided yet (the apiserver not
+    read yet, the pod not known to it, its policies' groups not in Neutron yet): a port
+    handed out without them would let traffic through that a policy denies."""
+
+    cause = "policy_not_ready"
+
+
 class NotServing(RetryableError):
     """This controller is not the leader or has not finished recovery."""
 

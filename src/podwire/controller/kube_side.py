@@ -15,16 +15,25 @@ import asyncio
 from collections.abc import Callable
 
 from podwire.backoff import Supervised
+from podwire.controller.errors import PolicyNotReady
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netpol_sync import NetpolReconciler
+from podwire.errors import KubeApiError, ValidationError
 from podwire.k8s.api import KubeApi
+from podwire.k8s.compile import pod_policies
 from podwire.k8s.informer import WATCH_SECONDS
+from podwire.k8s.objects import K8sPod, ObjectKey, read_pod
 from podwire.k8s.reach import ApiReach
 from podwire.k8s.watcher import KubeWatcher
 from podwire.log import get_logger
 from podwire.neutron.netpol import NetpolObjects
+from podwire.schema.vif import PodRef
 
 log = get_logger(__name__)
+
+# Seconds a pod's request waits for what its groups need (this term's first lists, its
+# policies' groups in Neutron) before it is refused as retryable: kubelet asks again.
+POD_GROUPS_WAIT = 10.0
 
 
 class KubernetesSide:
@@ -34,9 +43,12 @@ class KubernetesSide:
         objects: NetpolObjects,
         fence: Callable[[str], None],
         metrics: ControllerMetrics,
+        project_id: str,
         watch_seconds: int = WATCH_SECONDS,
     ) -> None:
+        """``project_id``: where the groups are made, so the one project whose pods get them."""
         self.api = api
+        self.project_id = project_id
         self._objects = objects
         self._fence = fence
         self._metrics = metrics
@@ -90,3 +102,53 @@ class KubernetesSide:
             )
             watcher.changed.set()
             tasks.create_task(reconciler.run(watcher.changed), name="netpol-reconciler")
+
+    async def pod_groups(self, pod: PodRef, project_id: str) -> tuple[str, ...]:
+        """The Neutron ids of the groups a pod's port must carry (its policies', and the open
+        group of each direction none selects it in), decided before its port is handed out
+        so that it is isolated from its first packet. Waits up to ``POD_GROUPS_WAIT`` for what
+        it lacks (this term's first lists, a new policy's group), then refuses as retryable
+        rather than hand out a port its policies would not allow. Ports of other projects
+        carry no policy group (a port takes only groups of its own project)."""
+        if project_id != self.project_id:
+            return ()
+        lacking = [f"the Kubernetes API at {self.api.server} has not been read yet"]
+        try:
+            async with asyncio.timeout(POD_GROUPS_WAIT):
+                while not self.synced or self.watcher is None or self.reconciler is None:
+                    if self.reach.problem is not None:
+                        lacking[0] = f"the Kubernetes API is not answering: {self.reach.problem}"
+                    await asyncio.sleep(0.05)
+                watcher, reconciler = self.watcher, self.reconciler
+                found = await self._pod(watcher, pod)
+                names = pod_policies(watcher.policies.objects.values(), found).groups
+                while missing := names - reconciler.group_ids.keys():
+                    cause = f"; the last pass: {reconciler.problem}" if reconciler.problem else ""
+                    lacking[0] = f"groups {sorted(missing)} are not in Neutron yet{cause}"
+                    await reconciler.next_pass()
+                return tuple(sorted(reconciler.group_ids[name] for name in names))
+        except TimeoutError as exc:
+            raise PolicyNotReady(
+                f"NetworkPolicy groups of pod {pod.namespace}/{pod.name} not decided after"
+                f" {POD_GROUPS_WAIT:.0f} s: {lacking[0]}; retry"
+            ) from exc
+
+    async def _pod(self, watcher: KubeWatcher, ref: PodRef) -> K8sPod:
+        """The cached pod, or the API's when the cache does not hold it (yet) or holds an
+        earlier pod of the same name."""
+        cached = watcher.pods.objects.get(ObjectKey(ref.namespace, ref.name))
+        if cached is not None and (not ref.uid or cached.meta.uid == ref.uid):
+            return cached
+        what = f"pod {ref.namespace}/{ref.name}"
+        try:
+            raw = await self.api.pod(ref.namespace, ref.name)
+            found = None if raw is None else read_pod(raw)
+        except (KubeApiError, ValidationError) as exc:
+            raise PolicyNotReady(f"NetworkPolicy groups of {what}: {exc}; retry") from exc
+        if found is None or (ref.uid and found.meta.uid != ref.uid):
+            raise PolicyNotReady(
+                f"NetworkPolicy groups of {what}: the Kubernetes API has no such pod"
+                + (f" with uid {ref.uid}" if ref.uid else "")
+                + "; retry"
+            )
+        return found

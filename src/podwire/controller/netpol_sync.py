@@ -17,6 +17,7 @@ from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import SgRule
 from podwire.k8s.plan import Plan, plan, rule_changes
 from podwire.log import get_logger
+from podwire.neutron.client import NeutronInUse
 from podwire.neutron.netpol import NetpolObjects, RuleBody
 
 log = get_logger(__name__)
@@ -40,6 +41,10 @@ class NetpolReconciler:
         self._fence = fence or (lambda _what: None)
         self._metrics = metrics
         self.problem: str | None = None  # the last pass's failure, until a pass succeeds
+        # The marked groups' Neutron ids by name as the last successful pass left them: what
+        # a pod's port may be given (a group not here yet is not in Neutron yet).
+        self.group_ids: dict[str, str] = {}
+        self._passed = asyncio.Event()  # set (and replaced) when a pass succeeds
 
     async def run(self, changed: asyncio.Event) -> None:
         """A pass after every change; a pass that failed is repeated after a backoff, a
@@ -53,6 +58,8 @@ class NetpolReconciler:
                 self._backoff.reset()
                 self.problem = None
                 self._count("ok")
+                passed, self._passed = self._passed, asyncio.Event()
+                passed.set()
             except PodwireError as exc:
                 self.problem = str(exc)
                 self._count("failed")
@@ -60,6 +67,10 @@ class NetpolReconciler:
                 log.warning("netpol.sync.retry", error=str(exc), delay=delay)
                 await asyncio.sleep(delay)
                 changed.set()
+
+    async def next_pass(self) -> None:
+        """Until the next pass has succeeded (one that starts after this call or is running)."""
+        await self._passed.wait()
 
     def _count(self, result: str) -> None:
         if self._metrics is not None:
@@ -72,13 +83,19 @@ class NetpolReconciler:
     def _sync(self) -> Plan:
         desired = compile_policies(self._cluster())
         address_groups = self._objects.address_groups()
-        steps = plan(desired, self._objects.groups(), address_groups)
+        observed = self._objects.groups()
+        steps = plan(desired, observed, address_groups)
+        group_ids = {group.name: group.id for group in observed}
         if not steps.empty:
-            self._apply(steps, {group.name: group.id for group in address_groups})
+            self._apply(steps, {group.name: group.id for group in address_groups}, group_ids)
             log.info("netpol.synced", **_counts(steps))
+        self.group_ids = group_ids
         return steps
 
-    def _apply(self, steps: Plan, address_group_ids: dict[str, str]) -> None:
+    def _apply(
+        self, steps: Plan, address_group_ids: dict[str, str], group_ids: dict[str, str]
+    ) -> None:
+        """``group_ids`` (by name) follows the groups created and deleted."""
         objects, fence = self._objects, self._fence
         for wanted in steps.create_address_groups:
             fence("Neutron create_address_group")
@@ -92,6 +109,7 @@ class NetpolReconciler:
         for group in steps.create_groups:
             fence("Neutron create_security_group")
             created = objects.create_group(group.name, group.description)
+            group_ids[group.name] = created.id
             # Neutron's default rules (all egress) go first: a new group is never wider than
             # its policy, only narrower until its rules are in.
             add, delete = rule_changes(group, created, {})
@@ -106,11 +124,24 @@ class NetpolReconciler:
             fence("Neutron delete_security_group_rule")
             objects.delete_rule(rule_id)
         for group_id in steps.delete_groups:
+            names = [name for name, known in group_ids.items() if known == group_id]
             fence("Neutron delete_security_group")
-            objects.delete_group(group_id)
+            try:
+                objects.delete_group(group_id)
+            except NeutronInUse:
+                # Ports still carry it (pods the deleted policy selected: their ports are not
+                # moved to their new groups yet); tried again by every later pass, and the
+                # rest of this pass goes on.
+                log.warning("netpol.group_in_use", group=group_id, names=names)
+                continue
+            for name in names:
+                del group_ids[name]
         for group_id in steps.delete_address_groups:
             fence("Neutron delete_address_group")
-            objects.delete_address_group(group_id)
+            try:
+                objects.delete_address_group(group_id)
+            except NeutronInUse:  # named by the rules of a group kept above: later
+                log.warning("netpol.address_group_in_use", address_group=group_id)
 
 
 def _body(rule: SgRule, address_group_ids: dict[str, str]) -> RuleBody:

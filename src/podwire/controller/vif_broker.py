@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 from podwire.controller.drivers import PortDriver
@@ -19,7 +19,7 @@ from podwire.controller.errors import BindingFailed, PoolNotReady, SubnetFull
 from podwire.controller.inuse import InUse
 from podwire.controller.liveness import no_agent
 from podwire.controller.pool_admin import PoolAdmin
-from podwire.controller.pools import PoolKey, SgKey, Taken, Waiter, with_sgs
+from podwire.controller.pools import PoolKey, SgKey, Taken, Waiter, sg_key, with_sgs
 from podwire.controller.service import PoolDeps, PoolService
 from podwire.errors import PodwireError
 from podwire.log import get_logger
@@ -33,6 +33,9 @@ log = get_logger(__name__)
 # once its refill is done: the forwarder writes within milliseconds while it runs.
 UNSEEN_WAIT = 5.0
 
+# A pod's NetworkPolicy groups (their Neutron ids) for a port of the given project.
+PodGroups = Callable[[PodRef, str], Awaitable[tuple[str, ...]]]
+
 
 class VifBroker:
     def __init__(self, service: PoolService, admin: PoolAdmin, deps: PoolDeps) -> None:
@@ -45,6 +48,8 @@ class VifBroker:
         # arrival order (asyncio's locks are first come, first served).
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._lock_users: dict[tuple[str, str], int] = {}
+        # With [kubernetes]: the groups a pod's policies give its port, added to the request's.
+        self.pod_groups: PodGroups | None = None
 
     async def request(self, node: str, req: VifRequest) -> Vif:
         """The attachment's VIF. Requests and releases of one attachment are served one at a
@@ -78,12 +83,16 @@ class VifBroker:
         network = await self._deps.neutron.network(req.network, req.project_id)
         project = req.project_id or network.project_id
         await self._deps.neutron.check_security_groups(req.security_groups, project)
+        wanted = req.security_groups
+        if self.pod_groups is not None and req.pod is not None:
+            # Decided before a port is taken: the pod is isolated from its first packet.
+            wanted = sg_key((*wanted, *await self.pod_groups(req.pod, project)))
         key = PoolKey(node, project, network.id)
         driver = await self._deps.drivers.for_node(node)
         if driver.pooled:
-            vif = await self._from_pool(key, req.security_groups, driver, network)
+            vif = await self._from_pool(key, wanted, driver, network)
         else:
-            vif = await self._create_one(key, req.security_groups, driver, network)
+            vif = await self._create_one(key, wanted, driver, network)
         record = InUse(node, req.attachment, key, vif)
         try:
             # Over a vanished port's record, when it replaces one.

@@ -26,6 +26,7 @@ LIST_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 MAX_LINE = 16 << 20  # an event carries one object: the apiserver stores up to 1.5 MiB each
 GONE = 410
+NOT_FOUND = 404
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,21 @@ class KubeApi:
             raise KubeApiError(f"list of {kind}: no items or resourceVersion in the answer")
         token = meta.get("continue")
         return ListPage(items, version, token if isinstance(token, str) and token else None)
+
+    async def pod(self, namespace: str, name: str) -> Any | None:
+        """One pod as raw JSON, None when the API has no such pod: for a pod the informer's
+        cache does not hold yet when its port is asked for."""
+        async with _translated("pods", "get"):
+            response: Any = await self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=LIST_TIMEOUT
+            )
+            try:
+                status, raw = response.status, await response.read()
+            finally:
+                response.release()
+        if status == NOT_FOUND:
+            return None
+        return _checked("pods", status, raw)
 
     async def watch(
         self,

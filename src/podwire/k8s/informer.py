@@ -9,7 +9,6 @@ list, the apiserver's events are the only traffic."""
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
 from typing import Any, Generic
 
@@ -93,14 +92,21 @@ class Informer(Generic[T]):
         self.version = answer.resource_version
         self.lists += 1
         self.listed.set()
-        self._reach.answered(self.kind)
+        self._answered()
         log.info("k8s.listed", kind=self.kind, objects=len(found), version=self.version)
 
     async def watch_once(self) -> None:
         assert self.version is not None
-        opened = functools.partial(self._reach.answered, self.kind)
-        async for line in self._api.watch(self.kind, self.version, self._watch_seconds, opened):
+        async for line in self._api.watch(
+            self.kind, self.version, self._watch_seconds, self._answered
+        ):
             self._event(line)
+
+    def _answered(self) -> None:
+        """The apiserver took a list or a watch: the next failure is a new outage, retried
+        after the shortest delay again, not after the one the last outage had reached."""
+        self._backoff.reset()
+        self._reach.answered(self.kind)
 
     def _event(self, line: bytes) -> None:
         try:

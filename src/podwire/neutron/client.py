@@ -54,8 +54,20 @@ class NeutronAddressesExhausted(NeutronRequestError):
     cause = "subnet_full"
 
 
+class NeutronInUse(NeutronRequestError):
+    """A security group still carried by ports, or an address group still named by rules,
+    cannot be deleted (Neutron's SecurityGroupInUse, AddressGroupInUse: 409s that repeating
+    does not fix until the ports or rules go)."""
+
+    cause = "in_use"
+
+
 # Neutron's 409s that are about the request, not a race a retry resolves.
-_PERMANENT_CONFLICTS = {"IpAddressGenerationFailure": NeutronAddressesExhausted}
+_PERMANENT_CONFLICTS: dict[str, type[NeutronRequestError]] = {
+    "IpAddressGenerationFailure": NeutronAddressesExhausted,
+    "SecurityGroupInUse": NeutronInUse,
+    "AddressGroupInUse": NeutronInUse,
+}
 
 
 def _translated(what: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
