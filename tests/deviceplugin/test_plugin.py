@@ -17,6 +17,7 @@ from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.api import dp
 from podwire.deviceplugin.checkpoint import CheckpointIncompatible
 from podwire.deviceplugin.model import PodName
+from podwire.deviceplugin.podresources import PodResourcesNotSynced
 from podwire.deviceplugin.registration import RegistrationRejected
 from podwire.errors import ConfigError, ValidationError
 from tests.kubelet_peer import KubeletPeer, allocate_request
@@ -241,6 +242,22 @@ async def test_plugin_restart_keeps_live_grants_and_cleans_the_rest(
     # The new process serves on: the kept grant is untouched by a new one.
     await kubelet.stub.Allocate(allocate_request(["memif-2"]))
     assert Path(live.mounts[0].host_path).is_dir()
+
+
+async def test_a_kubelet_listing_no_pod_at_all_costs_no_grant(
+    kubelet: KubeletPeer, start_plugin: StartPlugin
+) -> None:
+    """A kubelet that has just started lists no pod until it has them from the apiserver
+    (tests/kube: about 1 s): that is no proof that the pods holding grants are gone."""
+    plugin = (await start_plugin(reconcile_grace=0.0)).plugin
+    assert (await plugin.reconcile()).release == ()  # nothing held: an empty list is fine
+    held = (await kubelet.stub.Allocate(allocate_request(["memif-0"]))).container_responses[0]
+    with pytest.raises(PodResourcesNotSynced, match=r"no pod at all .* the 1 grants are kept"):
+        await plugin.reconcile()
+    assert Path(held.mounts[0].host_path).is_dir()
+    kubelet.pods = {PodName("ns", "other"): []}  # kubelet lists pods, none holds memif-0
+    assert len((await plugin.reconcile()).release) == 1
+    assert not Path(held.mounts[0].host_path).exists()
 
 
 async def test_kubelet_restart_reregisters_without_losing_grants(

@@ -4,7 +4,8 @@ Node's capacity and allocatable; a pod asking for one gets kubelet's Allocate an
 socket dir mounted, the environment set); after a kubelet restart the plugin registers again
 (a second pod is allocated) and the first pod keeps its grant. On a node of 4 devices: a pod
 asking for 5 is refused by kubelet (and by the scheduler) with no grant made; a deleted pod's
-grant is released by the agent's pass over kubelet's PodResources API, a running pod's kept."""
+grant is released by the agent's pass over kubelet's PodResources API, a running pod's kept,
+also by passes while kubelet restarts (and lists no pod at all for a moment)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from podwire.config import DevicePluginSettings
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.checkpoint import CheckpointStore
 from podwire.deviceplugin.model import Allocation
+from podwire.deviceplugin.podresources import PodResourcesClient
+from podwire.errors import PodwireError
 from podwire.kube.node import node_dir
 from podwire.schema.checkpoints import memif_entry
 from podwire.stack import procs
@@ -252,3 +255,41 @@ async def test_kubelets_pod_resources_drive_the_release_of_a_deleted_pods_grant(
         plugin.reconcile_grace = grace
         for pod in ("pg1", "pg2"):
             await cluster.delete_pod(pod, "--grace-period=0", "--force", "--ignore-not-found")
+
+
+async def test_a_running_pods_grant_survives_passes_during_a_kubelet_restart(
+    cluster: Cluster, memif_node: MemifNode
+) -> None:
+    """A kubelet that has just started answers PodResources ``List`` with no pod at all until
+    it has its pods from the apiserver (here for about 1 s): a pass then must not take that for
+    every pod gone."""
+    host, plugin = memif_node.host, memif_node.plugin()
+    grace, before = plugin.reconcile_grace, memif_node.grants()
+    config = node_dir(Path(cluster.info["data_dir"]), host) / "kubelet-config.json"
+    try:
+        await _memif_pod(cluster, "pk", host)
+        (grant,) = [a for a in memif_node.grants().values() if a.id not in before]
+        plugin.reconcile_grace = 0.0
+        (old,) = procs.pids_marked(str(config))
+        os.kill(old, signal.SIGKILL)
+        seen: dict[str, int] = {}
+        kubelet = PodResourcesClient(memif_node.settings.pod_resources_socket)
+
+        async def listed_again() -> bool:  # a pass per poll, until kubelet lists pk's device
+            try:
+                decided = await plugin.reconcile()
+            except PodwireError as exc:  # kubelet not serving yet, or not synced
+                seen[type(exc).__name__] = seen.get(type(exc).__name__, 0) + 1
+                return False
+            seen["passes"] = seen.get("passes", 0) + 1
+            seen["released"] = seen.get("released", 0) + len(decided.release)
+            return set(grant.devices) <= set(await kubelet.assignments(RESOURCE))
+
+        await eventually(listed_again, "the restarted kubelet listing pk's device", 60)
+        print(f"passes while kubelet restarted: {seen}")
+        assert [old] != procs.pids_marked(str(config))
+        assert grant.id in memif_node.grants() and grant.id in memif_node.host_dirs()
+        assert "memif.sock" in await cluster.exec("pk", "ls", "/run/vpp")
+    finally:
+        plugin.reconcile_grace = grace
+        await cluster.delete_pod("pk", "--grace-period=0", "--force", "--ignore-not-found")

@@ -227,7 +227,9 @@ class DevicePlugin:
     async def reconcile(self) -> ReconcilePlan:
         """Release grants kubelet no longer assigns to a running pod; learn pods of the rest."""
         try:
-            assigned = await self._podresources.assignments(self.settings.resource_name)
+            assigned = await self._podresources.assignments(
+                self.settings.resource_name, holding=len(self.allocator.allocations())
+            )
             decided = await self.allocator.reconcile(assigned, self.reconcile_grace)
         except PodwireError:
             self._stats.inc("reconcile_failures")

@@ -25,6 +25,12 @@ class PodResourcesUnavailable(RetryableError):
     """Kubelet's PodResources socket is absent or failing; nothing can be concluded."""
 
 
+class PodResourcesNotSynced(PodResourcesUnavailable):
+    """Kubelet listed no pod at all while grants are held: a kubelet that has just started
+    lists nothing until it has its pods from the apiserver (about 1 s after a restart here; as
+    long as the apiserver is unreachable), so the list proves no pod gone."""
+
+
 class PodResourcesError(PermanentError):
     """Kubelet answered the call with an error (unknown pod, method disabled, ...)."""
 
@@ -34,11 +40,19 @@ class PodResourcesClient:
         self.socket_path = socket_path
         self.timeout = timeout
 
-    async def assignments(self, resource_name: str) -> dict[str, PodName]:
-        """Device id -> pod, for every running pod kubelet reports."""
+    async def assignments(self, resource_name: str, *, holding: int = 0) -> dict[str, PodName]:
+        """Device id -> pod, for every running pod kubelet reports. ``holding``: how many
+        grants the caller holds; if any, a list without a single pod raises
+        ``PodResourcesNotSynced`` instead of saying that none of them is assigned."""
         response = await self._call("List", pr.ListPodResourcesRequest())
         if not isinstance(response, pr.ListPodResourcesResponse):
             raise PodResourcesError(f"kubelet List answered with {type(response).__name__}")
+        if holding and not response.pod_resources:
+            raise PodResourcesNotSynced(
+                f"kubelet pod resources List at {self.socket_path}: no pod at all (a kubelet"
+                " that has just started, or cannot reach the apiserver, has not learned its pods"
+                f" yet); the {holding} grants are kept until it lists pods"
+            )
         assigned: dict[str, PodName] = {}
         for pod in response.pod_resources:
             ref = _pod_name(pod)
