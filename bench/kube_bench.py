@@ -12,6 +12,13 @@ cri_bench), and every sandbox of the previous round is stopped (its CNI DEL done
 A pod is created with ``kubectl apply`` (nodeName set: no scheduler) and timed until its phase
 is Running (``kubectl wait``, a watch) and, for podwire, its Neutron port is ACTIVE.
 Rows: one pod at a time; 30 pods in one ``kubectl apply`` until all Running (wall).
+
+Then the agent's memif device plugin (configured for that kubelet) and the real kubelet:
+kubelet is killed (kube-node starts it again) and the time from its new registration socket
+(``device-plugins/kubelet.sock``, polled every 2 ms) to the plugin's next registration (the
+agent's ``podwire_deviceplugin_registrations_total``, polled every 5 ms) is recorded; the
+kubelet's own way back (kill -> that socket) beside it. 11 s between kills: kube-node's
+restart pause starts again from 0.5 s only once kubelet ran 10 s.
 """
 
 from __future__ import annotations
@@ -19,11 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,16 +44,21 @@ import grpc
 from bench.cri_bench import BURST, POOL, PodwireNode, _reference, private_network
 from bench.stats import row
 from podwire.cni.install import conflist
+from podwire.demo.cnf import settings_toml
 from podwire.errors import StackError
 from podwire.kube.containerd import Containerd
 from podwire.kube.images import TOOLBOX_IMAGE
 from podwire.kube.node import node_dir
 from podwire.stack import procs
+from podwire.stack.netutil import free_port
 from tests.agent.netenv import NetEnv
 from tests.cri.cri import Cri
 
 BURST_ROUNDS = 3
 SINGLES_MAX = 20
+RESTARTS_MAX = 10
+RESTART_CALM = 11.0  # kube-node's pause before a kubelet restart is back at 0.5 s after 10 s
+REGISTRATIONS = "podwire_deviceplugin_registrations_total "
 
 
 class Kube:
@@ -120,15 +135,19 @@ class KubePodwireNode(PodwireNode):
     """cri_bench's node, its agent's VTEP the simulated host's underlay address (kube-node
     routes to the apiserver from it)."""
 
-    def start_at(self, vtep: str) -> None:
+    def start_at(self, vtep: str, kubelet_root: Path) -> str:
+        """Returns the agent's metrics URL (its memif device plugin serves that kubelet)."""
         self.network = private_network(self.conn, self.project, "pwb-kube", "10.79.0.0/24")
         self.group = self.conn.network.create_security_group(
             name="pwb-kube", project_id=self.project
         )
         self.services.start_controller([self.host])
-        self.socket = self.services.start_agent(self.host, self.host_ns, vtep)
+        ops = f"127.0.0.1:{free_port()}"
+        plugin = f'ops_listen = "{ops}"\n' + settings_toml(kubelet_root, self.services.work)
+        self.socket = self.services.start_agent(self.host, self.host_ns, vtep, plugin)
         self.services.admin("POST", "/v1/pools/populate", self._pool_body(POOL))
         self.settle()
+        return f"http://{ops}/metrics"
 
 
 async def _ready(cri: Cri, sandbox: str) -> bool:
@@ -251,6 +270,61 @@ class Bench:
         ]
 
 
+def _registrations(metrics: str) -> float:
+    with urllib.request.urlopen(metrics, timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.split()[1]) for line in lines if line.startswith(REGISTRATIONS))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A file's inode and change time: a socket made again may reuse the old one's inode."""
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_ino, found.st_ctime_ns
+
+
+def _until(check: Any, what: str, poll: float, timeout: float = 60.0) -> float:
+    """The monotonic time ``check`` first held."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise StackError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(poll)
+    return time.monotonic()
+
+
+def _restart_once(config: str, socket: Path, metrics: str) -> tuple[float, float]:
+    """ms from the kill to kubelet's new socket, and from that socket to the registration."""
+    before, old = _registrations(metrics), _identity(socket)
+    (pid,) = procs.pids_marked(config)
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    up = _until(lambda: _identity(socket) not in (None, old), "kubelet's new socket", 0.002)
+    again = _until(lambda: _registrations(metrics) > before, "registered again", 0.005)
+    return (up - killed) * 1000, (again - up) * 1000
+
+
+def reregistrations(top: Path, metrics: str, count: int) -> list[dict[str, Any]]:
+    """Kill the node's kubelet ``count`` times: its way back, and the plugin's after it."""
+    config = str(top / "kubelet-config.json")
+    socket = top / "kubelet" / "device-plugins" / "kubelet.sock"
+    _until(lambda: _registrations(metrics) >= 1, "the device plugin registered", 0.1)
+    back: list[float] = []
+    registered: list[float] = []
+    for _ in range(count):
+        time.sleep(RESTART_CALM)
+        kubelet_back, plugin_back = _restart_once(config, socket, metrics)
+        back.append(kubelet_back)
+        registered.append(plugin_back)
+    return [
+        row("deviceplugin registered again, real kubelet (its new kubelet.sock -> registered)",
+            registered),
+        row("kubelet killed -> kube-node's new kubelet listening (kubelet.sock)", back),
+    ]  # fmt: skip
+
+
 @contextlib.contextmanager
 def _kube_node(stack: dict[str, Any], node: PodwireNode, log: Path) -> Iterator[Any]:
     argv = [
@@ -283,15 +357,16 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         host_ns, vtep = netenv.host(random.randrange(0, 236, 8) + 1)
         host = f"{netenv.tag}-h1"
         node = KubePodwireNode(stack, work, host, host_ns)
+        top = node_dir(Path(stack["data_dir"]).resolve(), host)
         try:
-            node.start_at(vtep)
+            metrics = node.start_at(vtep, top / "kubelet")
             kube.create_namespace()
             with _kube_node(stack, node, work / "kube-node.log"):
-                top = node_dir(Path(stack["data_dir"]).resolve(), host)
                 containerd = Containerd(top / "containerd", netns=host_ns)
                 bench = Bench(kube, node, containerd, host)
                 asyncio.run(bench.measure(max(1, min(samples, SINGLES_MAX))))
-                return bench.rows()
+                restarts = reregistrations(top, metrics, max(1, min(samples, RESTARTS_MAX)))
+                return bench.rows() + restarts
         finally:
             kube.run("delete", "namespace", kube.namespace, "--wait=false", check=False)
             kube.run("delete", "node", host, "--ignore-not-found", check=False)
