@@ -31,6 +31,7 @@ from podwire.neutron.client import neutron_connection
 from podwire.schema.ports import FixedIp
 from podwire.schema.secgroups import SecurityGroup
 from podwire.schema.vif import Vif
+from tests.etcd_tools import delete_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / ".venv" / "bin" / "podwire-cni"
@@ -271,8 +272,8 @@ async def _unpublish(stack: dict[str, Any], host: str, group: SecurityGroup | No
     try:
         if group is not None:
             await etcd.delete(keys.secgroup(group.sg_id))
-        await etcd.delete_prefix(keys.node_ports_prefix(host))
-        await etcd.delete_prefix(keys.state_node_prefix(host))
+        await delete_prefix(etcd, keys.node_ports_prefix(host))
+        await delete_prefix(etcd, keys.state_node_prefix(host))
     finally:
         await etcd.close()
 

@@ -21,6 +21,7 @@ from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect, neutron_connection
 from podwire.schema.vif import VifRequest
+from tests.etcd_tools import delete_prefix
 
 WARM_PORTS = 200
 
@@ -45,8 +46,8 @@ async def _run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         return await _warm_and_pods(stack, etcd, net, nodes, max(3, min(samples, 20)))
     finally:
         for node in nodes:
-            await etcd.delete_prefix(keys.state_node_prefix(node))
-            await etcd.delete_prefix(keys.vifs_prefix(node))
+            await delete_prefix(etcd, keys.state_node_prefix(node))
+            await delete_prefix(etcd, keys.vifs_prefix(node))
         await etcd.close()
 
 

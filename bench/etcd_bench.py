@@ -13,6 +13,7 @@ from bench.stats import row
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
+from tests.etcd_tools import delete_prefix
 
 
 async def _put_latencies(client: EtcdClient, prefix: str, count: int) -> list[float]:
@@ -55,7 +56,7 @@ async def _run(url: str, samples: int) -> list[dict[str, Any]]:
         ours = await _put_latencies(client, prefix + "p/", samples)
         reference = await _aetcd_put_latencies(url, prefix + "r/", samples)
         watch = await _watch_latencies(client, prefix, samples)
-        await client.delete_prefix(prefix)
+        await delete_prefix(client, prefix)
     return [
         row("etcd put (podwire client)", ours, "aetcd.Client.put", reference),
         row("etcd put -> watcher event", watch, "aetcd.Client.put", reference),

@@ -25,6 +25,7 @@ from podwire.config import (
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from tests.etcd_tools import delete_prefix
 
 ADMIN = "bench-admin"
 
@@ -98,8 +99,8 @@ class Fleet:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for host in self.hosts:
-            await self.etcd.delete_prefix(keys.state_node_prefix(host))
-            await self.etcd.delete_prefix(keys.vifs_prefix(host))
+            await delete_prefix(self.etcd, keys.state_node_prefix(host))
+            await delete_prefix(self.etcd, keys.vifs_prefix(host))
         await self.etcd.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -35,6 +35,7 @@ from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort, parse_desired_port
 from tests.agent.desired_keys import desired_value
 from tests.agent.netenv import in_ns, sh
+from tests.etcd_tools import delete_prefix
 
 POLL = 0.005
 FLOOD = 5000
@@ -76,11 +77,11 @@ async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         flood = await _flood(etcd, agent.pid, host_ns, (flooder, peer), network)
     finally:
         await lease.revoke()
-        await etcd.delete_prefix(keys.state_node_prefix(peer))
-        await etcd.delete_prefix(keys.state_node_prefix(flooder))
-        await etcd.delete_prefix(keys.node_prefix(host))
+        await delete_prefix(etcd, keys.state_node_prefix(peer))
+        await delete_prefix(etcd, keys.state_node_prefix(flooder))
+        await delete_prefix(etcd, keys.node_prefix(host))
         await asyncio.to_thread(agent.stop)
-        await etcd.delete_prefix(keys.state_node_prefix(host))
+        await delete_prefix(etcd, keys.state_node_prefix(host))
         await etcd.close()
         sh("ip", "netns", "del", host_ns, check=False)
     return [
@@ -183,8 +184,8 @@ async def _flood(
     )
     await _until(lambda: _forwarded(host_ns, network, legit.mac_address), 10)
     reachable = (time.perf_counter() - began) * 1000
-    await etcd.delete_prefix(keys.state_ports_prefix(flooder))
-    await etcd.delete_prefix(keys.state_ports_prefix(peer))
+    await delete_prefix(etcd, keys.state_ports_prefix(flooder))
+    await delete_prefix(etcd, keys.state_ports_prefix(peer))
     note = (
         f"{FLOOD} claims in {flood_seconds:.1f} s; agent CPU {idle_before:.2f} cores before,"
         f" {cpu_during:.2f} during"

@@ -39,6 +39,7 @@ from podwire.neutron.client import neutron_connection
 from tests.agent.harness import cni_pod
 from tests.agent.netenv import NetEnv, in_ns
 from tests.conftest import delete_project_resources
+from tests.etcd_tools import delete_prefix
 from tests.neutron_agents.agents import NeutronAgentRun
 from tests.neutron_agents.conftest import L3_AGENT
 from tests.neutron_agents.routing import WEB_PORT, Site, answer, build_site, pod
@@ -188,7 +189,7 @@ async def _forget(settings: EtcdSettings, hosts: list[str]) -> None:
     etcd = await EtcdClient.connect(settings)
     try:
         for host in hosts:
-            await etcd.delete_prefix(keys.node_prefix(host))
-            await etcd.delete_prefix(keys.state_node_prefix(host))
+            await delete_prefix(etcd, keys.node_prefix(host))
+            await delete_prefix(etcd, keys.state_node_prefix(host))
     finally:
         await etcd.close()

@@ -23,10 +23,12 @@ from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings
-from podwire.ml2.journal import SqlJournal, copy_table
+from podwire.ml2.journal import SqlJournal
 from podwire.neutron.client import neutron_connection
 from podwire.schema import nodes as values
 from podwire.stack.mariadb import MariaDB
+from tests.etcd_tools import delete_prefix
+from tests.ml2.journal_copy import copy_table, drop_table
 
 FORWARDER_ROWS = 1000
 FORWARDER_ROUNDS = 5
@@ -51,8 +53,8 @@ async def _instant_agent(url: str, host: str, ready: threading.Event, stop: asyn
                         await client.put(keys.state_port(host, port_id), raw)
         finally:
             await lease.revoke()
-            await client.delete_prefix(keys.state_node_prefix(host))
-            await client.delete_prefix(keys.node_ports_prefix(host))
+            await delete_prefix(client, keys.state_node_prefix(host))
+            await delete_prefix(client, keys.node_ports_prefix(host))
 
 
 def _bind_to_active(stack: dict[str, Any], samples: int) -> list[float]:
@@ -102,7 +104,8 @@ async def _throughput(stack: dict[str, Any]) -> tuple[list[float], list[float]]:
     async with await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]])) as client:
         for _ in range(FORWARDER_ROUNDS):
             prefix = f"/podwire-bench/{uuid.uuid4().hex}/"
-            journal = SqlJournal(url, copy_table(f"pwb_{uuid.uuid4().hex[:12]}"))
+            table = copy_table(f"pwb_{uuid.uuid4().hex[:12]}")
+            journal = SqlJournal(url, table)
             journal.create_table()
             try:
                 for index in range(FORWARDER_ROWS):
@@ -124,9 +127,9 @@ async def _throughput(stack: dict[str, Any]) -> tuple[list[float], list[float]]:
                     await client.put(f"{prefix}d/{index}", b'{"v":1}')
                 direct.append((time.perf_counter() - started) * 1000 / FORWARDER_ROWS)
             finally:
-                journal.drop_table()
                 journal.close()
-                await client.delete_prefix(prefix)
+                drop_table(url, table)
+                await delete_prefix(client, prefix)
     return forwarded, direct
 
 

@@ -21,6 +21,7 @@ from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.schema.vif import VifRequest
+from tests.etcd_tools import delete_prefix
 
 PODS = 110
 WARM = 10  # free pool ports the node also holds
@@ -68,8 +69,8 @@ async def _one_node(
         async with serving_controller(_settings(stack, node), etcd) as ctl:
             return await _release(ctl, conn, etcd, node, network_id, project)
     finally:
-        await etcd.delete_prefix(keys.state_node_prefix(node))
-        await etcd.delete_prefix(keys.vifs_prefix(node))
+        await delete_prefix(etcd, keys.state_node_prefix(node))
+        await delete_prefix(etcd, keys.vifs_prefix(node))
 
 
 async def _release(

@@ -30,6 +30,7 @@ from podwire.neutron.client import neutron_connection
 from podwire.schema import nodes as values
 from podwire.schema.ports import parse_desired_port
 from podwire.schema.secgroups import parse_security_group
+from tests.etcd_tools import delete_prefix
 
 TIMEOUT = 30.0
 
@@ -134,8 +135,8 @@ async def _measure(stack: dict[str, Any], samples: int) -> dict[str, list[Sample
             await asyncio.gather(*followers, return_exceptions=True)
             await asyncio.to_thread(_cleanup, neutron, project)
             await lease.revoke()
-            await client.delete_prefix(keys.state_node_prefix(host))
-            await client.delete_prefix(keys.node_ports_prefix(host))
+            await delete_prefix(client, keys.state_node_prefix(host))
+            await delete_prefix(client, keys.node_ports_prefix(host))
     return results
 
 

@@ -21,6 +21,7 @@ from podwire.controller.app import Controller
 from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
+from tests.etcd_tools import delete_prefix
 
 POLL = 0.001
 GIVE_UP = 30.0
@@ -47,8 +48,8 @@ async def _run(stack: dict[str, Any], count: int) -> list[dict[str, Any]]:
             finally:
                 await ctl.admin.free_nodes([node])
     finally:
-        await etcd.delete_prefix(keys.state_node_prefix(node))
-        await etcd.delete_prefix(keys.vifs_prefix(node))
+        await delete_prefix(etcd, keys.state_node_prefix(node))
+        await delete_prefix(etcd, keys.vifs_prefix(node))
         await etcd.close()
         for port in list(conn.network.ports(project_id=project)):
             conn.network.delete_port(port)

@@ -35,7 +35,8 @@ from podwire.netfilter import Nftables
 from podwire.neutron.client import neutron_connection
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
 from tests.agent.netenv import NetEnv, in_ns
-from tests.agent.sgnet import SgHost, SgPod, numbered_ports
+from tests.agent.sgnet import SgHost, SgPod, numbered_ports, wait_applied
+from tests.etcd_tools import delete_prefix
 
 PORTS = 500
 
@@ -104,8 +105,8 @@ async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, An
         nft.close()
         for group in groups:
             await etcd.delete(keys.secgroup(group.sg_id))
-            await etcd.delete_prefix(keys.remote_groups_prefix(group.sg_id))
-        await etcd.delete_prefix(keys.state_node_prefix(host))
+            await delete_prefix(etcd, keys.remote_groups_prefix(group.sg_id))
+        await delete_prefix(etcd, keys.state_node_prefix(host))
         await etcd.close()
         env.cleanup()
     where = f"{PORTS} ports, 3 groups x 20 rules"
@@ -191,13 +192,13 @@ async def _changes(
         value = SecurityGroup(group.sg_id, rules, revision=i).encode().encode()
         revision = await etcd.put(keys.secgroup(group.sg_id), value)
         started = time.perf_counter()
-        await enforcer.wait_applied(revision)
+        await wait_applied(enforcer, revision)
         change.append((time.perf_counter() - started) * 1000)
         added = GroupMember(str(uuid.uuid4()), (f"10.200.{i // 250}.{i % 250}/32",))
         key = keys.remote_group_member(group.sg_id, added.port_id)
         revision = await etcd.put(key, added.encode().encode())
         started = time.perf_counter()
-        await enforcer.wait_applied(revision)
+        await wait_applied(enforcer, revision)
         member.append((time.perf_counter() - started) * 1000)
     return change, member
 
@@ -302,7 +303,7 @@ async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, A
             )
             returned = time.perf_counter()
             await _until(lambda rule_id=rule.id: rule_id in _rule_ids(enforcer, sg.id))
-            await enforcer.wait_applied(enforcer.watcher.revision)
+            await wait_applied(enforcer, enforcer.watcher.revision)
             rule_ms.append((time.perf_counter() - returned) * 1000)
             rule_api.append((returned - started) * 1000)
             started = time.perf_counter()
@@ -312,7 +313,7 @@ async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, A
             returned = time.perf_counter()
             address = f"{port.fixed_ips[0]['ip_address']}/32"
             await _until(lambda found=address: found in _member_addresses(enforcer, sg.id))
-            await enforcer.wait_applied(enforcer.watcher.revision)
+            await wait_applied(enforcer, enforcer.watcher.revision)
             member_ms.append((time.perf_counter() - returned) * 1000)
             member_api.append((returned - started) * 1000)
     finally:
@@ -323,7 +324,7 @@ async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, A
             conn.network.delete_port(port)
         conn.network.delete_network(network)
         conn.network.delete_security_group(sg)
-        await etcd.delete_prefix(keys.state_node_prefix(f"{env.tag}-sgn"))
+        await delete_prefix(etcd, keys.state_node_prefix(f"{env.tag}-sgn"))
         await etcd.close()
         env.cleanup()
     return [

@@ -34,6 +34,7 @@ from podwire.etcd import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.schema.ports import tap_name
 from tests.agent.netenv import in_ns, sh
+from tests.etcd_tools import delete_prefix
 from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port
 
 BUSYBOX = "/bin/busybox"
@@ -115,8 +116,8 @@ class _Node:
         return path
 
     async def _forget_host(self) -> None:
-        await self.etcd.delete_prefix(keys.node_prefix(self.host))
-        await self.etcd.delete_prefix(keys.state_node_prefix(self.host))
+        await delete_prefix(self.etcd, keys.node_prefix(self.host))
+        await delete_prefix(self.etcd, keys.state_node_prefix(self.host))
 
     @staticmethod
     def _wait(ready: Any, timeout: float = 120.0) -> Any:

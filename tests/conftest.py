@@ -26,6 +26,7 @@ from podwire.neutron.routers import delete_routers
 from podwire.stack import kube_control
 from podwire.stack.client import start_background, stop_background
 from tests.agent.netenv import NetEnv
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import agents  # noqa: F401  (a fixture every suite may use)
 
 PODWIRE = [sys.executable, "-m", "podwire.cli.main"]
@@ -130,7 +131,7 @@ async def prefix(etcd: EtcdClient) -> AsyncIterator[str]:
     """A key prefix of this test's own, emptied afterwards."""
     value = f"/podwire-test/{uuid.uuid4().hex}/"
     yield value
-    await etcd.delete_prefix(value)
+    await delete_prefix(etcd, value)
 
 
 @pytest.fixture(scope="session")

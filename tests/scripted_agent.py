@@ -18,6 +18,7 @@ from podwire import keys
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.schema import nodes as values
 from podwire.schema.ports import parse_desired_port
+from tests.etcd_tools import delete_prefix
 
 T = TypeVar("T")
 
@@ -86,8 +87,8 @@ class ScriptedAgent:
 
     async def cleanup(self) -> None:
         await self.die()
-        await self.etcd.delete_prefix(keys.state_node_prefix(self.host))
-        await self.etcd.delete_prefix(keys.node_ports_prefix(self.host))
+        await delete_prefix(self.etcd, keys.state_node_prefix(self.host))
+        await delete_prefix(self.etcd, keys.node_ports_prefix(self.host))
 
 
 @pytest.fixture

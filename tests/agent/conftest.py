@@ -13,6 +13,7 @@ from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from tests.agent.harness import HostAgent, plugin_binary
 from tests.agent.netenv import NetEnv
+from tests.etcd_tools import delete_prefix
 
 
 @pytest.fixture
@@ -21,8 +22,8 @@ async def hostnames(etcd: EtcdClient, netenv: NetEnv) -> AsyncIterator[list[str]
     names = [f"{netenv.tag}-h1", f"{netenv.tag}-h2"]
     yield names
     for name in names:
-        await etcd.delete_prefix(keys.node_ports_prefix(name))
-        await etcd.delete_prefix(keys.state_node_prefix(name))
+        await delete_prefix(etcd, keys.node_ports_prefix(name))
+        await delete_prefix(etcd, keys.state_node_prefix(name))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from podwire.agent.policy.compile import PortPolicy
+from podwire.agent.policy.enforcer import PolicyEnforcer
 from podwire.schema.ports import AddressPair, DesiredPort, FixedIp
 from tests.agent.netenv import NetEnv, in_ns
 
@@ -123,6 +124,13 @@ def numbered_ports(count: int, sgs: tuple[str, ...]) -> list[tuple[DesiredPort, 
         policy = pod.policy()
         out.append((policy.port, policy.ifname))
     return out
+
+
+async def wait_applied(enforcer: PolicyEnforcer, revision: int) -> None:
+    """Until the policy as of etcd ``revision`` is in force: the moment a measurement ends,
+    which the agent itself never waits for (an ADD waits for its own port's rules)."""
+    async with enforcer.changed:
+        await enforcer.changed.wait_for(lambda: enforcer.revision >= revision)
 
 
 def nft_shape(listing: str) -> str:

@@ -20,6 +20,7 @@ from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort, parse_desired_port
 from tests.agent.desired_keys import desired_value
 from tests.agent.netenv import NetEnv, in_ns, links_in
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.stack
@@ -144,7 +145,7 @@ async def test_peer_vteps_that_cannot_be_flood_entries_are_skipped(
     finally:
         await lease.revoke()
         for peer in peers:
-            await etcd.delete_prefix(keys.state_node_prefix(peer))
+            await delete_prefix(etcd, keys.state_node_prefix(peer))
         await etcd.delete(keys.state_vtep(peers[0] + "-junk"))
         await etcd.delete(keys.node_port(host, port))
 
@@ -331,8 +332,8 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
     finally:
         await lease.revoke()
         for peer in peers:
-            await etcd.delete_prefix(keys.state_node_prefix(f"{host}-{peer}"))
-            await etcd.delete_prefix(keys.node_prefix(f"{host}-{peer}"))
+            await delete_prefix(etcd, keys.state_node_prefix(f"{host}-{peer}"))
+            await delete_prefix(etcd, keys.node_prefix(f"{host}-{peer}"))
         await etcd.delete(keys.node_port(host, port))
 
 

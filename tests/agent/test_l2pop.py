@@ -27,6 +27,7 @@ from podwire.schema.ports import parse_desired_port
 from tests.agent.desired_keys import desired_value
 from tests.agent.harness import HostAgent, cni_pod
 from tests.agent.netenv import NetEnv, in_ns, ping_settles
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.stack
@@ -166,7 +167,7 @@ async def test_a_lying_node_cannot_take_a_pods_traffic(
     finally:
         await lease.revoke()
         for liar in liars:
-            await etcd.delete_prefix(keys.state_node_prefix(liar))
+            await delete_prefix(etcd, keys.state_node_prefix(liar))
 
 
 def _fixed(ip: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from podwire.schema import nodes as values
 from tests.agent.desired_keys import desired_value
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, ping_settles
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.stack
@@ -95,8 +96,8 @@ async def world(
     finally:
         await lease.revoke()
         for host in hostile:
-            await etcd.delete_prefix(keys.state_node_prefix(host))
-            await etcd.delete_prefix(keys.node_prefix(host))
+            await delete_prefix(etcd, keys.state_node_prefix(host))
+            await delete_prefix(etcd, keys.node_prefix(host))
         for pod in pods:
             await acni(plugin_binary("c", tmp_path), "DEL", pod.agent.conf(vxnet.id),
                        container_id=pod.cid, netns=f"/run/netns/{pod.ns}")  # fmt: skip

@@ -22,7 +22,8 @@ from podwire.netfilter import Nftables
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
 from tests.agent.netenv import NetEnv
-from tests.agent.sgnet import nft_shape, numbered_ports
+from tests.agent.sgnet import nft_shape, numbered_ports, wait_applied
+from tests.etcd_tools import delete_prefix
 
 PORTS = 200
 
@@ -62,7 +63,7 @@ async def published(etcd: EtcdClient) -> AsyncIterator[list[SecurityGroup]]:
     yield groups
     for group in groups:
         await etcd.delete(keys.secgroup(group.sg_id))
-        await etcd.delete_prefix(keys.remote_groups_prefix(group.sg_id))
+        await delete_prefix(etcd, keys.remote_groups_prefix(group.sg_id))
 
 
 @dataclass
@@ -79,7 +80,7 @@ async def node(etcd: EtcdClient, netenv: NetEnv) -> AsyncIterator[Node]:
     found = Node(Nftables(host), f"{netenv.tag}-sgn")
     yield found
     found.nft.close()
-    await etcd.delete_prefix(keys.state_node_prefix(found.host_name))
+    await delete_prefix(etcd, keys.state_node_prefix(found.host_name))
 
 
 async def _run_until_synced(
@@ -135,7 +136,7 @@ async def test_a_group_sets_chains_outlive_its_last_port_for_keep_seconds(
     try:
         await enforcer.enforce(port, ifname, 10)
         enforcer.forget(port.port_id)
-        await enforcer.wait_applied(0)
+        await wait_applied(enforcer, 0)
         await asyncio.sleep(0.2)  # the forget's apply is done well within this
         listing = await nft.query("list ruleset")
         assert "pol_" in listing and ifname not in listing  # the port is gone, its set is not

@@ -27,6 +27,7 @@ from podwire.neutron.client import connect
 from tests.agent.harness import HostAgent, acni
 from tests.agent.netenv import NetEnv, in_ns, links_in
 from tests.controller.conftest import Node, pooled_ports, request_vif, settings_for, vif_body
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.stack
@@ -81,7 +82,7 @@ async def controller_and_agent(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         await etcd.delete(ELECTION)
-        await etcd.delete_prefix(keys.vifs_prefix(node.name))
+        await delete_prefix(etcd, keys.vifs_prefix(node.name))
 
 
 async def _serving(controller: Controller, task: asyncio.Task[None]) -> bool:

@@ -20,6 +20,7 @@ from podwire.controller.app import Controller
 from podwire.controller.leader import ELECTION
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import eventually
 
 ADMIN = "admin-secret"
@@ -61,8 +62,8 @@ class ScriptedNodes:
         for lease in self.leases.values():
             await lease.revoke()
         for node in self.made:
-            await self.etcd.delete_prefix(keys.state_node_prefix(node.name))
-            await self.etcd.delete_prefix(keys.vifs_prefix(node.name))
+            await delete_prefix(self.etcd, keys.state_node_prefix(node.name))
+            await delete_prefix(self.etcd, keys.vifs_prefix(node.name))
 
 
 @pytest.fixture

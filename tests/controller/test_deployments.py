@@ -41,6 +41,7 @@ from tests.controller.conftest import (
     settings_for,
     vif_body,
 )
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import eventually
 
 pytestmark = pytest.mark.stack
@@ -274,7 +275,7 @@ async def test_a_host_alive_in_two_deployments_is_not_bound(
 
         await eventually(refused, "binding refused for a host in two deployments")
     finally:
-        await second.etcd.delete_prefix(keys.state_node_prefix(twin_node.name))
+        await delete_prefix(second.etcd, keys.state_node_prefix(twin_node.name))
         await twin.cleanup()
 
 

@@ -21,6 +21,7 @@ from tests.controller.conftest import (
     settings_for,
     vif_body,
 )
+from tests.etcd_tools import delete_prefix
 from tests.scripted_agent import eventually
 
 
@@ -97,7 +98,7 @@ async def test_a_mirror_value_that_does_not_parse_is_left_to_neutron(
         assert await mirror.bound_sgs({incomplete: key, garbage: key}) == {}
         assert mirror.vouched
     finally:
-        await etcd.delete_prefix(keys.node_ports_prefix(node.name))
+        await delete_prefix(etcd, keys.node_ports_prefix(node.name))
 
 
 async def _vouching(mirror: MirrorFacts, key: PoolKey) -> bool:

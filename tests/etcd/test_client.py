@@ -45,17 +45,6 @@ async def test_create_if_absent_only_once(etcd: EtcdClient, prefix: str) -> None
     assert results.count(True) == 1
 
 
-async def test_put_if_mod_revision(etcd: EtcdClient, prefix: str) -> None:
-    assert await etcd.put_if_mod_revision(prefix + "cas", b"first", 0)
-    assert not await etcd.put_if_mod_revision(prefix + "cas", b"again", 0)
-    kv = await etcd.get(prefix + "cas")
-    assert kv is not None
-    assert not await etcd.put_if_mod_revision(prefix + "cas", b"stale", kv.mod_revision - 1)
-    assert await etcd.put_if_mod_revision(prefix + "cas", b"second", kv.mod_revision)
-    latest = await etcd.get(prefix + "cas")
-    assert latest is not None and latest.value == b"second"
-
-
 async def test_txn_guard(etcd: EtcdClient, prefix: str) -> None:
     ok, _ = await etcd.txn([key_exists(prefix + "leader")], [put_op(prefix + "data", b"x")])
     assert not ok

@@ -11,6 +11,7 @@ import pytest
 
 from podwire.etcd.client import EtcdClient, key_absent, put_op
 from podwire.etcd.watch import PrefixWatcher
+from tests.etcd_tools import delete_prefix
 
 pytestmark = pytest.mark.stack
 
@@ -43,5 +44,5 @@ async def test_a_view_reads_writes_and_watches_only_its_namespace(etcd: EtcdClie
         await view.close()  # a view leaves the shared channels open
         assert await etcd.get(space + key + "/a") is not None
     finally:
-        await etcd.delete_prefix(space + "/")
-        await etcd.delete_prefix(key + "/")
+        await delete_prefix(etcd, space + "/")
+        await delete_prefix(etcd, key + "/")

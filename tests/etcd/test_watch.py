@@ -9,6 +9,7 @@ from podwire.config import EtcdSettings
 from podwire.errors import EtcdUnavailable
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchBatch
+from tests.etcd_tools import compact
 
 from .conftest import PrivateEtcd
 
@@ -86,7 +87,7 @@ async def test_compaction_relists_and_reports_difference(etcd: EtcdClient, prefi
     await etcd.put(prefix + "change", b"new")
     await etcd.delete(prefix + "remove")
     await etcd.put(prefix + "added", b"new")
-    await etcd.compact(await etcd.status())
+    await compact(etcd, await etcd.status())
 
     stream = watcher.batches()
     batch = await next_batch(stream)
@@ -156,7 +157,7 @@ async def test_restart_and_compaction_while_disconnected(private_etcd: PrivateEt
         private_etcd.start()
         await put_when_back(client, "/c/0", b"v2")
         await client.delete("/c/1")
-        await client.compact(await client.status())
+        await compact(client, await client.status())
         stream = watcher.batches()
         await collect_until(
             stream, view, {"/c/0": b"v2", "/c/2": b"v1", "/c/3": b"v1", "/c/4": b"v1"}

@@ -8,7 +8,8 @@ import sys
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings
-from podwire.ml2.journal import SqlJournal, copy_table
+from podwire.ml2.journal import SqlJournal
+from tests.ml2.journal_copy import copy_table
 
 
 async def main(etcd_url: str, db_url: str, table: str, election: str, kick: str) -> None:

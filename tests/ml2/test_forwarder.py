@@ -21,8 +21,9 @@ from podwire.errors import NotLeader
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchEvent
 from podwire.ml2.forwarder import Forwarder, ForwarderSettings
-from podwire.ml2.journal import SqlJournal, copy_table
+from podwire.ml2.journal import SqlJournal
 from podwire.stack.mariadb import MariaDB
+from tests.ml2.journal_copy import copy_table, drop_table
 from tests.ml2.test_stack_binding import bound_on, vxlan_network
 from tests.scripted_agent import ScriptedAgent, eventually
 
@@ -34,11 +35,12 @@ def own_journal(stack: dict[str, Any]) -> Iterator[tuple[SqlJournal, str, str]]:
     """A journal table of this test's own, so Neutron's forwarders leave its rows alone."""
     name = f"pwj_{uuid.uuid4().hex[:12]}"
     url = MariaDB(Path(stack["data_dir"])).url
-    journal = SqlJournal(url, copy_table(name))
+    table = copy_table(name)
+    journal = SqlJournal(url, table)
     journal.create_table()
     yield journal, url, name
-    journal.drop_table()
     journal.close()
+    drop_table(url, table)
 
 
 class Recorder:

@@ -10,6 +10,7 @@ import pytest
 
 from podwire.etcd.client import EtcdClient
 from podwire.ml2.journal import SqlJournal
+from tests.etcd_tools import compact
 from tests.ml2.conftest import status_is
 from tests.ml2.test_stack_binding import vxlan_network
 from tests.scripted_agent import ScriptedAgent, bound_on, eventually
@@ -116,7 +117,7 @@ async def test_compaction_while_feedback_is_behind(
         await node.wire(port.id)
         await node.unwire(port.id)
         await node.wire(port.id)
-        await etcd.compact(await etcd.status())
+        await compact(etcd, await etcd.status())
     for port in ports:
         await eventually(lambda port=port: status_is(neutron, port.id, "ACTIVE"), "ACTIVE")
 

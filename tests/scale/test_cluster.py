@@ -33,6 +33,7 @@ from podwire.etcd.watch import PrefixWatcher, WatchEvent
 from podwire.neutron.client import connect
 from podwire.schema.records import parse_leader
 from podwire.schema.vif import Vif, VifRequest
+from tests.etcd_tools import delete_prefix
 from tests.scale.cluster import Cluster
 from tests.scripted_agent import ScriptedAgent, eventually
 
@@ -100,13 +101,13 @@ async def test_watch_sees_every_change_once_in_order_across_a_member_loss(
             await eventually(caught_up, "every change through the watch", timeout=20)
         await asyncio.sleep(0.3)  # nothing more may come
         assert [(e.kind, e.key, e.value) for e in seen] == expected
-        assert watch_client.failovers >= 1
+        assert watch_client.endpoint.index != 0  # the watch left the lost member
     finally:
         follow.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await follow
         with contextlib.suppress(Exception):
-            await writer.delete_prefix(prefix)
+            await delete_prefix(writer, prefix)
         await writer.close()
         await watch_client.close()
         if fault == "kill":
@@ -241,8 +242,8 @@ async def test_pods_and_bindings_go_on_through_leader_and_member_loss(
                 await task
         cluster.heal()
         for host in hosts:
-            await cluster_etcd.delete_prefix(keys.state_node_prefix(host))
-            await cluster_etcd.delete_prefix(keys.vifs_prefix(host))
+            await delete_prefix(cluster_etcd, keys.state_node_prefix(host))
+            await delete_prefix(cluster_etcd, keys.vifs_prefix(host))
 
 
 # --- the forwarder moves to the other neutron-server --------------------------------------
@@ -331,4 +332,4 @@ async def test_in_use_writes_ride_out_a_leader_loss_without_an_error(
         items, _ = await cluster_etcd.get_prefix(keys.vifs_prefix(node))
         assert len(items) == 60
     finally:
-        await cluster_etcd.delete_prefix(keys.vifs_prefix(node))
+        await delete_prefix(cluster_etcd, keys.vifs_prefix(node))

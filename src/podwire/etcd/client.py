@@ -100,17 +100,6 @@ def key_absent(key: str) -> Compare:
     )
 
 
-def mod_revision_is(key: str, revision: int) -> Compare:
-    return Compare(
-        rpc.Compare(
-            key=key.encode(),
-            result=rpc.Compare.EQUAL,
-            target=rpc.Compare.MOD,
-            mod_revision=revision,
-        )
-    )
-
-
 def lease_is(key: str, lease_id: int) -> Compare:
     return Compare(
         rpc.Compare(
@@ -189,8 +178,6 @@ class EtcdClient:
         self._login = login
         self._metadata: Metadata = ()
         self._auth_lock = asyncio.Lock()
-        self.authentications = 0
-        self.failovers = 0
 
     @classmethod
     async def connect(
@@ -273,7 +260,6 @@ class EtcdClient:
         if len(self._endpoints) == 1 or endpoint.index != self._active:
             return
         self._active = (self._active + 1) % len(self._endpoints)
-        self.failovers += 1
         log.warning(
             "etcd.failover", left=endpoint.target, to=self.endpoint.target, error=error[:200]
         )
@@ -328,7 +314,6 @@ class EtcdClient:
                 if not isinstance(error, EtcdUnavailable) or attempt == len(self._endpoints) - 1:
                     raise error from exc
                 self.failed(endpoint, str(error))
-        self.authentications += 1
         log.info("etcd.authenticated", user=user)
         return (("token", str(response.token)),)
 
@@ -433,12 +418,6 @@ class EtcdClient:
         response = await self._call(lambda e: e.kv.DeleteRange, request, f"delete {key}")
         return bool(response.deleted)
 
-    async def delete_prefix(self, prefix: str) -> int:
-        start, end = self.raw_range(prefix)
-        request = rpc.DeleteRangeRequest(key=start, range_end=end)
-        response = await self._call(lambda e: e.kv.DeleteRange, request, f"delete {prefix}*")
-        return int(response.deleted)
-
     async def txn(
         self,
         compare: Sequence[Compare],
@@ -467,16 +446,6 @@ class EtcdClient:
         """Put ``key`` only if it does not exist; True if this call created it."""
         created, _ = await self.txn([key_absent(key)], [put_op(key, value, lease)])
         return created
-
-    async def put_if_mod_revision(self, key: str, value: bytes, mod_revision: int) -> bool:
-        """Compare-and-swap on the key's mod revision (0 means "must not exist")."""
-        guard = key_absent(key) if mod_revision == 0 else mod_revision_is(key, mod_revision)
-        swapped, _ = await self.txn([guard], [put_op(key, value)])
-        return swapped
-
-    async def compact(self, revision: int) -> None:
-        request = rpc.CompactionRequest(revision=revision, physical=True)
-        await self._call(lambda e: e.kv.Compact, request, "compact")
 
     async def grant_lease(self, ttl: int) -> Lease:
         response = await self._call(

@@ -45,12 +45,6 @@ class Entry:
     value: str | None
 
 
-def copy_table(name: str) -> sa.Table:
-    """A table shaped like the journal, for exercising a forwarder beside Neutron's own."""
-    table: sa.Table = JournalRow.__table__.to_metadata(sa.MetaData(), name=name)
-    return table
-
-
 def add(session: Any, key: str, value: str | None) -> None:
     """Queue one change in the caller's (ML2's) transaction.
 
@@ -137,9 +131,6 @@ class SqlJournal:
 
     def create_table(self) -> None:
         self._table.create(self._engine, checkfirst=True)
-
-    def drop_table(self) -> None:
-        self._table.drop(self._engine, checkfirst=True)
 
     def count(self) -> int:
         try:

@@ -114,7 +114,9 @@ class PolicyEnforcer:
         self.enforced = 0
         self._problems: set[str] = set()
         self._dirty = asyncio.Event()
-        self._changed = asyncio.Condition()
+        # Notified when the groups known or the policy in force change: ADDs wait on it here,
+        # and a test or benchmark can wait on it for ``revision`` from outside.
+        self.changed = asyncio.Condition()
         self._listed = asyncio.Event()
         self._adopted = asyncio.Event()
         self.synced = asyncio.Event()
@@ -138,8 +140,8 @@ class PolicyEnforcer:
                 if any(changed) or not self._listed.is_set():
                     self._request()
                 self._listed.set()
-                async with self._changed:
-                    self._changed.notify_all()  # ADDs waiting for a group
+                async with self.changed:
+                    self.changed.notify_all()  # ADDs waiting for a group
 
     def adopt(self, ports: list[tuple[DesiredPort, str]]) -> None:
         """The ports already plugged when the agent starts (from its checkpoint); the first
@@ -158,12 +160,10 @@ class PolicyEnforcer:
         await self._wait_groups(port, min(self._settings.group_wait, within))
         self._put(port, ifname)
         generation = self._request()
-        async with self._changed:
+        async with self.changed:
             try:
                 async with asyncio.timeout_at(deadline):
-                    await self._changed.wait_for(
-                        lambda: max(self._done, self._failed) >= generation
-                    )
+                    await self.changed.wait_for(lambda: max(self._done, self._failed) >= generation)
             except TimeoutError as exc:
                 raise PolicyNotApplied(
                     f"security groups of port {port.port_id} not in force after {within:.0f} s"
@@ -177,10 +177,10 @@ class PolicyEnforcer:
                 sg in self.store.groups for sg in port.security_groups
             )
 
-        async with self._changed:
+        async with self.changed:
             try:
                 async with asyncio.timeout(within):
-                    await self._changed.wait_for(known)
+                    await self.changed.wait_for(known)
             except TimeoutError:
                 missing = sorted(set(port.security_groups) - set(self.store.groups))
                 log.warning(
@@ -189,11 +189,6 @@ class PolicyEnforcer:
                     groups=missing,
                     effect="enforced without them: what they would allow is dropped",
                 )
-
-    async def wait_applied(self, revision: int) -> None:
-        """Until the policy as of etcd ``revision`` is in force (benchmarks, tests)."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.revision >= revision)
 
     def port_changed(self, port_id: str, port: DesiredPort) -> None:
         """The desired value of a port changed (new security groups, pairs, port security)."""
@@ -259,16 +254,16 @@ class PolicyEnforcer:
                 self._failure, self._failed = str(exc), generation
                 log.error("agent.policy.apply_failed", error=str(exc))
                 self._metrics.policy_applies.labels("failed").inc()
-                async with self._changed:
-                    self._changed.notify_all()
+                async with self.changed:
+                    self.changed.notify_all()
                 await asyncio.sleep(1.0)
                 self._dirty.set()
                 continue
             self._failure = None
             self.revision = revision
-            async with self._changed:
+            async with self.changed:
                 self._done = generation
-                self._changed.notify_all()
+                self.changed.notify_all()
             self.synced.set()
             if not self._dirty.is_set():  # off the ADD's path: it was answered above
                 await self._take_baseline()
