@@ -1,8 +1,13 @@
-"""Fixtures of the agent suite: per-test host names and agents (namespaces: tests/conftest.py)."""
+"""Fixtures of the agent suite: per-test host names and agents (namespaces: tests/conftest.py).
+
+The two-agent set-up is written once, ``two_agents``; the fixtures ``agents`` and
+``enforcing_agents`` and the suites that need more around it (memif's kubelet) all use it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,40 @@ def vxnet(neutron: Any, project_id: str) -> Any:
     return network
 
 
+@contextlib.asynccontextmanager
+async def two_agents(
+    netenv: NetEnv,
+    hostnames: list[str],
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
+    security_groups: str | None = None,
+    extra: Callable[[int], dict[str, Any]] = lambda _index: {},
+) -> AsyncIterator[list[HostAgent]]:
+    """An agent on each simulated host (namespaces on one underlay), Neutron VIF source,
+    started in order and all stopped however the test ends.
+
+    What each host must wire reaches it the real way: the stack's Neutron binds the port to
+    the agent's (alive, VTEP-reporting) host and the ml2 forwarder writes the desired key.
+    ``security_groups``: the agents' mode (the harness's default when None); ``extra``: more
+    ``HostAgent`` arguments for the host of that index (from 1).
+    """
+    running = []
+    for index, host in enumerate(hostnames, start=1):
+        ns, vtep = netenv.host(index)
+        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint, **extra(index))
+        if security_groups is not None:
+            agent.security_groups = security_groups
+        running.append(agent)
+    try:
+        for agent in running:
+            await agent.start()
+        yield running
+    finally:
+        for agent in running:
+            await agent.stop()
+
+
 @pytest.fixture
 async def agents(
     netenv: NetEnv,
@@ -48,22 +87,25 @@ async def agents(
     neutron_endpoint: str,
     tmp_path: Path,
 ) -> AsyncIterator[list[HostAgent]]:
-    """Two agents on two simulated hosts (namespaces on one underlay), Neutron VIF source.
-
-    What each host must wire reaches it the real way: the stack's Neutron binds the port to
-    the agent's (alive, VTEP-reporting) host and the ml2 forwarder writes the desired key.
-    """
-    running = []
-    for index, host in enumerate(hostnames, start=1):
-        ns, vtep = netenv.host(index)
-        running.append(HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint))
-    try:
-        for agent in running:
-            await agent.start()
+    """Two agents with the harness's default security-group mode."""
+    args = (netenv, hostnames, etcd_settings, neutron_endpoint, tmp_path)
+    async with two_agents(*args) as running:
         yield running
-    finally:
-        for agent in running:
-            await agent.stop()
+
+
+@pytest.fixture
+async def enforcing_agents(
+    netenv: NetEnv,
+    hostnames: list[str],
+    etcd_settings: EtcdSettings,
+    neutron_endpoint: str,
+    tmp_path: Path,
+) -> AsyncIterator[list[HostAgent]]:
+    """Two agents enforcing security groups; the policy reaches them only through the real
+    ml2 forwarder."""
+    args = (netenv, hostnames, etcd_settings, neutron_endpoint, tmp_path)
+    async with two_agents(*args, security_groups="enforce") as running:
+        yield running
 
 
 @pytest.fixture(params=["c", "python"])

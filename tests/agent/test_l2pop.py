@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import pytest
 
 from podwire import keys
 from podwire.agent import naming
-from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.schema import nodes as values
 from podwire.schema.ports import parse_desired_port
@@ -33,29 +31,6 @@ from tests.scripted_agent import eventually
 pytestmark = pytest.mark.stack
 
 HOSTILE_VTEPS = ["127.0.0.1", "169.254.7.7", "224.0.0.9", "255.255.255.255", "0.0.0.0"]
-
-
-@pytest.fixture
-async def enforcing(
-    netenv: NetEnv,
-    hostnames: list[str],
-    etcd_settings: EtcdSettings,
-    neutron_endpoint: str,
-    tmp_path: Path,
-) -> AsyncIterator[list[HostAgent]]:
-    running = []
-    for index, host in enumerate(hostnames, start=1):
-        ns, vtep = netenv.host(index)
-        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
-        agent.security_groups = "enforce"
-        running.append(agent)
-    try:
-        for agent in running:
-            await agent.start()
-        yield running
-    finally:
-        for agent in running:
-            await agent.stop()
 
 
 @pytest.fixture
@@ -98,7 +73,7 @@ def _fdb(agent: HostAgent, device: str) -> str:
 
 
 async def test_a_lying_node_cannot_take_a_pods_traffic(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     neutron: Any,
@@ -106,7 +81,7 @@ async def test_a_lying_node_cannot_take_a_pods_traffic(
     etcd: EtcdClient,
     tmp_path: Path,
 ) -> None:
-    h1, h2 = enforcing
+    h1, h2 = enforcing_agents
     victim = await cni_pod(h1, netenv, vxnet.id, open_group.id, tmp_path)
     client = await cni_pod(h2, netenv, vxnet.id, open_group.id, tmp_path)
     assert await ping_settles(client["ns"], victim["ip"])

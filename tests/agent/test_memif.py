@@ -32,6 +32,7 @@ from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
 from podwire.schema import nodes
 from podwire.schema.checkpoints import MemifEntry, memif_entry
+from tests.agent.conftest import two_agents
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, links_in, ping_settles, pings
 from tests.deviceplugin.conftest import make_settings
@@ -106,23 +107,16 @@ async def _memif_hosts(
     kubelet = KubeletPeer(root, "podwire.io/memif")
     await kubelet.start()
     await kubelet.start_pod_resources()
-    agents = []
-    for index, host in enumerate(hostnames, start=1):
-        ns, vtep = netenv.host(index)
-        extra: dict[str, Any] = (
-            {"deviceplugin": make_settings(root, devices=4)} if index == 1 else {}
-        )
-        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint, **extra)
-        agent.security_groups = security_groups
-        agents.append(agent)
+    args = (netenv, hostnames, etcd_settings, neutron_endpoint, tmp_path, security_groups)
+
+    def extra(index: int) -> dict[str, Any]:  # the device plugin on the first host only
+        return {"deviceplugin": make_settings(root, devices=4)} if index == 1 else {}
+
     try:
-        for agent in agents:
-            await agent.start()
-        await kubelet.register_events.get()
-        yield MemifHosts(kubelet, agents[0], agents[1], root)
+        async with two_agents(*args, extra) as agents:
+            await kubelet.register_events.get()
+            yield MemifHosts(kubelet, agents[0], agents[1], root)
     finally:
-        for agent in agents:
-            await agent.stop()
         _kill_masters(tmp_path)
         await kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -56,30 +56,6 @@ def plugin(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def forwarded_agents(
-    netenv: NetEnv,
-    hostnames: list[str],
-    etcd_settings: EtcdSettings,
-    neutron_endpoint: str,
-    tmp_path: Path,
-) -> AsyncIterator[list[HostAgent]]:
-    """Two enforcing agents; the policy reaches them only through the ml2 forwarder."""
-    running = []
-    for index, host in enumerate(hostnames, start=1):
-        ns, vtep = netenv.host(index)
-        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
-        agent.security_groups = "enforce"
-        running.append(agent)
-    try:
-        for agent in running:
-            await agent.start()
-        yield running
-    finally:
-        for agent in running:
-            await agent.stop()
-
-
-@pytest.fixture
 def groups(neutron: Any, project_id: str) -> Iterator[list[Any]]:
     """Two Neutron groups of this test's project (Neutron gives each its egress rules)."""
     net = neutron.network
@@ -142,7 +118,7 @@ async def _eventually(check: Any, expected: bool, within: float = 5.0) -> bool:
 
 
 async def test_remote_group_spoofing_and_restart_with_live_flows(
-    forwarded_agents: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
@@ -151,7 +127,7 @@ async def test_remote_group_spoofing_and_restart_with_live_flows(
     groups: list[Any],
     project_id: str,
 ) -> None:
-    h1, h2 = forwarded_agents
+    h1, h2 = enforcing_agents
     web, other = groups
     net = neutron.network
     _rule(net, web.id, protocol="icmp", remote_group_id=web.id)  # ping from members only
@@ -268,14 +244,14 @@ async def test_pooled_port_moved_to_other_groups_is_filtered_by_the_new_ones(
 
 
 async def test_neutron_rules_and_members_are_enforced_end_to_end(
-    forwarded_agents: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
     neutron: Any,
     project_id: str,
 ) -> None:
-    h1, h2 = forwarded_agents
+    h1, h2 = enforcing_agents
     net = neutron.network
     web = net.create_security_group(name="pw-web", project_id=project_id)
     other = net.create_security_group(name="pw-other", project_id=project_id)
@@ -326,7 +302,7 @@ async def test_neutron_rules_and_members_are_enforced_end_to_end(
 
 
 async def test_tables_changed_behind_the_agent_are_repaired_and_counted(
-    forwarded_agents: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
@@ -335,7 +311,7 @@ async def test_tables_changed_behind_the_agent_are_repaired_and_counted(
 ) -> None:
     """#39 drift: podwire's tables flushed or a rule deleted by hand let through what the
     groups deny, until the agent's read-back finds the change and puts the ruleset back."""
-    h1, h2 = forwarded_agents
+    h1, h2 = enforcing_agents
     net = neutron.network
     web = net.create_security_group(name="pw-drift", project_id=project_id)
     try:

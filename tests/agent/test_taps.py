@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from openstack.exceptions import ConflictException
 
-from podwire.config import EtcdSettings
 from podwire.schema.ports import tap_name
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, ping_settles
@@ -31,30 +30,6 @@ pytestmark = pytest.mark.stack
 @pytest.fixture
 def plugin(tmp_path: Path) -> Path:
     return plugin_binary("c", tmp_path)
-
-
-@pytest.fixture
-async def enforcing(
-    netenv: NetEnv,
-    hostnames: list[str],
-    etcd_settings: EtcdSettings,
-    neutron_endpoint: str,
-    tmp_path: Path,
-) -> AsyncIterator[list[HostAgent]]:
-    """Two agents enforcing security groups (published by the real ml2 forwarder)."""
-    running = []
-    for index, host in enumerate(hostnames, start=1):
-        ns, vtep = netenv.host(index)
-        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
-        agent.security_groups = "enforce"
-        running.append(agent)
-    try:
-        for agent in running:
-            await agent.start()
-        yield running
-    finally:
-        for agent in running:
-            await agent.stop()
 
 
 @pytest.fixture
@@ -133,7 +108,7 @@ async def _pod(
 
 
 async def test_vm_port_adopted_filtered_down_when_gone_and_back(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
@@ -141,7 +116,7 @@ async def test_vm_port_adopted_filtered_down_when_gone_and_back(
     project_id: str,
     web: Any,
 ) -> None:
-    h1, h2 = enforcing
+    h1, h2 = enforcing_agents
     port = _vm_port(neutron, vxnet, project_id, h1.host, [web.id])
     assert port.binding_vif_type == "tap", port.binding_vif_type
     pod_ns, pod_ip = await _pod(plugin, h2, netenv, vxnet.id, web.id)
@@ -176,7 +151,7 @@ async def test_vm_port_adopted_filtered_down_when_gone_and_back(
 
 
 async def test_security_group_rule_admits_vm_traffic(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
@@ -184,7 +159,7 @@ async def test_security_group_rule_admits_vm_traffic(
     project_id: str,
     web: Any,
 ) -> None:
-    h1, h2 = enforcing
+    h1, h2 = enforcing_agents
     net = neutron.network
     closed = net.create_security_group(name="pw-tap-closed", project_id=project_id)
     try:
@@ -205,7 +180,7 @@ async def test_security_group_rule_admits_vm_traffic(
 
 
 async def test_agent_restart_keeps_adopted_traffic_flowing(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
@@ -213,7 +188,7 @@ async def test_agent_restart_keeps_adopted_traffic_flowing(
     project_id: str,
     web: Any,
 ) -> None:
-    h1, h2 = enforcing
+    h1, h2 = enforcing_agents
     port = _vm_port(neutron, vxnet, project_id, h1.host, [web.id])
     nic = Nic(netenv, h1.netns, port, "vm")
     nic.plug()
@@ -245,14 +220,14 @@ async def test_agent_restart_keeps_adopted_traffic_flowing(
 
 
 async def test_foreign_taps_left_alone_and_early_taps_adopted(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     neutron: Any,
     project_id: str,
     web: Any,
 ) -> None:
-    h1, h2 = enforcing
+    h1, h2 = enforcing_agents
 
     unbound = SimpleNamespace(id=str(uuid.uuid4()), mac_address="fa:16:3e:12:34:56", fixed_ips=[])
     stray = Nic(netenv, h1.netns, unbound, "st")  # a tap-named device of no port at all
@@ -273,7 +248,7 @@ async def test_foreign_taps_left_alone_and_early_taps_adopted(
 
 
 async def test_device_churn_ends_in_the_state_of_the_last_event(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     neutron: Any,
@@ -282,7 +257,7 @@ async def test_device_churn_ends_in_the_state_of_the_last_event(
 ) -> None:
     """A device deleted and made again while it is being adopted (the rules take a few
     milliseconds): however the events interleave, the last one decides."""
-    h1, _ = enforcing
+    h1, _ = enforcing_agents
     port = _vm_port(neutron, vxnet, project_id, h1.host, [web.id])
     nic = Nic(netenv, h1.netns, port, "vm")
     for _ in range(10):
@@ -297,7 +272,7 @@ async def test_device_churn_ends_in_the_state_of_the_last_event(
 
 
 async def test_neutron_agent_ports_are_trusted(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
@@ -307,7 +282,7 @@ async def test_neutron_agent_ports_are_trusted(
 ) -> None:
     """A router or DHCP port (``network:*``) gets no security groups and no anti-spoofing,
     as Neutron's firewall drivers treat them: a router forwards other ports' addresses."""
-    h1, h2 = enforcing
+    h1, h2 = enforcing_agents
     port = _vm_port(
         neutron, vxnet, project_id, h1.host, [], device_owner="network:router_interface"
     )
@@ -322,7 +297,7 @@ async def test_neutron_agent_ports_are_trusted(
 
 
 async def test_mac_changed_through_neutron_is_enforced_on_the_running_device(
-    enforcing: list[HostAgent],
+    enforcing_agents: list[HostAgent],
     netenv: NetEnv,
     vxnet: Any,
     plugin: Path,
@@ -333,7 +308,7 @@ async def test_mac_changed_through_neutron_is_enforced_on_the_running_device(
     """Neutron refuses a new MAC on a bound port (nothing changes on the node); unbound,
     changed and bound again, the running device is adopted again and port security follows
     the new MAC: the guest still sending from the old one is dropped, the new one passes."""
-    h1, h2 = enforcing
+    h1, h2 = enforcing_agents
     port = _vm_port(neutron, vxnet, project_id, h1.host, [web.id])
     nic = Nic(netenv, h1.netns, port, "vm")
     nic.plug()

@@ -11,16 +11,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from podwire.config import EtcdSettings
 from podwire.schema.ports import tap_name
 from podwire.vm import image, launcher
-from tests.agent.conftest import hostnames  # noqa: F401
+from tests.agent.conftest import enforcing_agents, hostnames  # noqa: F401
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, ping_settles
 from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port
@@ -30,29 +29,6 @@ from tests.scripted_agent import eventually
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 CIDR = "10.79.0.0/24"
-
-
-@pytest.fixture
-async def nodes(
-    netenv: NetEnv,
-    hostnames: list[str],  # noqa: F811
-    etcd_settings: EtcdSettings,
-    neutron_endpoint: str,
-    tmp_path: Path,
-) -> AsyncIterator[list[HostAgent]]:
-    running = []
-    for index, host in enumerate(hostnames, start=1):
-        ns, vtep = netenv.host(index)
-        agent = HostAgent(host, ns, vtep, tmp_path, etcd_settings, neutron_endpoint)
-        agent.security_groups = "enforce"
-        running.append(agent)
-    try:
-        for agent in running:
-            await agent.start()
-        yield running
-    finally:
-        for agent in running:
-            await agent.stop()
 
 
 async def _status(neutron: Any, port_id: str, wanted: str, timeout: float = 60) -> float:
@@ -85,7 +61,7 @@ def _udhcpc(ns: str) -> str:
 
 @pytest.mark.skipif(launcher.unavailable() is not None, reason=str(launcher.unavailable()))
 async def test_vm_gets_its_lease_is_filtered_and_survives_restarts(
-    nodes: list[HostAgent],
+    enforcing_agents: list[HostAgent],  # noqa: F811
     netenv: NetEnv,
     neutron: Any,
     project_id: str,
@@ -95,7 +71,7 @@ async def test_vm_gets_its_lease_is_filtered_and_survives_restarts(
     vms: list[launcher.Vm],
     tmp_path: Path,
 ) -> None:
-    h1, h2 = nodes
+    h1, h2 = enforcing_agents
     net = neutron.network
     dhcp = dhcp_agents(h1.host, h1.netns)
     await alive_in_neutron(neutron, h1.host)
