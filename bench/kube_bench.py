@@ -55,7 +55,7 @@ from tests.agent.netenv import NetEnv
 from tests.cri.cri import Cri
 
 BURST_ROUNDS = 3
-SINGLES_MAX = 20
+SINGLES_MAX = 40
 RESTARTS_MAX = 10
 RESTART_CALM = 11.0  # kube-node's pause before a kubelet restart is back at 0.5 s after 10 s
 REGISTRATIONS = "podwire_deviceplugin_registrations_total "

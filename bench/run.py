@@ -39,7 +39,7 @@ SECTIONS = [
     "memif_bench",
     "vm_bench",  # samples capped at 5 boots per variant
     "scale_bench",  # samples = pod create/delete cycles per mode (adaptive, fixed min=5)
-    "kube_bench",  # the stack gets --kubernetes; samples capped at 20 pods one at a time
+    "kube_bench",  # the stack gets --kubernetes; samples capped at 40 pods one at a time
 ]
 
 
