@@ -63,9 +63,5 @@ _.neutron_call_count  # controller/metrics.py
 _.calls  # controller/neutron_ops.py NeutronOps.calls
 _.cached_network  # controller/neutron_ops.py
 _.verified  # controller/recovery.py
-_.stop_agent  # demo/services.py
-_.memif_client  # demo/testpmd.py
 _.checkpoint_problem  # deviceplugin/plugin.py
 _.lists  # k8s/informer.py
-_.restart  # kube/containerd.py Containerd.restart
-_.write_conflist  # kube/containerd.py

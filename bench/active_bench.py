@@ -108,7 +108,7 @@ async def _timed_pods(node: Node, cri: Cri, tag: str, count: int, attempt: int =
 
 async def _retried_run(node: Node, cri: Cri, tag: str) -> list[float]:
     """The agent down during a RunPodSandbox; kubelet's retry once it is back."""
-    node.services.stop_agent(node.host)
+    node.services.stop_child(node.host)
     pod = Pod.new(tag)
     try:
         await cri.run(pod)
@@ -154,7 +154,7 @@ async def _nothing() -> None:
 
 
 async def _restart_agent(node: Node) -> None:
-    await asyncio.to_thread(node.services.stop_agent, node.host)
+    await asyncio.to_thread(node.services.stop_child, node.host)
     await asyncio.to_thread(node.start_agent)
 
 

@@ -39,7 +39,7 @@ from podwire.errors import StackError
 from podwire.kube.containerd import Containerd
 from podwire.neutron.client import neutron_connection
 from tests.conftest import delete_project_resources
-from tests.cri.cri import Cri, Pod
+from tests.cri.cri import Cri, Pod, write_conflist
 
 BURST = 30
 POOL = 32
@@ -98,7 +98,7 @@ async def _gone(cri: Cri, sandboxes: list[str]) -> float:
 async def _round(
     containerd: Containerd, cri: Cri, phase: Phase, settle: Callable[[], None], tag: str
 ) -> None:
-    containerd.write_conflist(phase.body)
+    write_conflist(containerd.conf_dir, phase.body)
     await cri.wait_loaded(phase.body)
     await asyncio.to_thread(settle)
     for i in range(phase.singles):

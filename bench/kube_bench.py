@@ -52,7 +52,7 @@ from podwire.kube.node import node_dir
 from podwire.stack import procs
 from podwire.stack.netutil import free_port
 from tests.agent.netenv import NetEnv
-from tests.cri.cri import Cri
+from tests.cri.cri import Cri, write_conflist
 
 BURST_ROUNDS = 3
 SINGLES_MAX = 40
@@ -214,7 +214,7 @@ class Bench:
 
     async def _switch(self, cri: Cri, body: dict[str, Any]) -> None:
         await self._sandboxes_stopped(cri)  # every DEL through the conflist that made it
-        self.containerd.write_conflist(body)
+        write_conflist(self.containerd.conf_dir, body)
         await cri.wait_loaded(body)
         await asyncio.to_thread(self.node.settle)
 

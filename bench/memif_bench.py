@@ -28,9 +28,9 @@ from typing import Any
 from bench.stats import row
 from podwire.agent import memif_master, naming
 from podwire.config import MemifSettings
-from podwire.demo.testpmd import Testpmd, available, memif_vdev
 from podwire.memif import build as memif_build
 from podwire.netlink import HostNetlink, Netlink
+from tests.testpmd import Testpmd, available, memif_vdev
 
 WINDOW = 0.5
 WARMUP = 2.0

@@ -25,18 +25,18 @@ import pytest
 from podwire import keys
 from podwire.agent.memif_master import PortStats, is_running
 from podwire.config import EtcdSettings
-from podwire.demo import testpmd
-from podwire.demo.testpmd import Testpmd
 from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
 from podwire.schema import nodes
 from podwire.schema.checkpoints import MemifEntry, memif_entry
+from tests import testpmd
 from tests.agent.conftest import two_agents
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, links_in, ping_settles, pings
 from tests.deviceplugin.conftest import make_settings
 from tests.kubelet_peer import KubeletPeer, allocate_request
+from tests.testpmd import Testpmd
 
 pytestmark = [
     pytest.mark.stack,

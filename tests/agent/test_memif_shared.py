@@ -18,11 +18,11 @@ import pytest
 from podwire.agent import memif_master, naming
 from podwire.agent.memif_master import MasterControl, PortSpec, PortStats
 from podwire.config import MemifSettings
-from podwire.demo.testpmd import Testpmd, available, memif_vdev
 from podwire.memif import build as memif_build
 from podwire.netlink import HostNetlink, Netlink
 from tests.agent import memif_client as mc
 from tests.agent.netenv import NetEnv, in_ns
+from tests.testpmd import Testpmd, available, memif_vdev
 
 pytestmark = [
     pytest.mark.skipif(memif_build.find() is None, reason="podwire-memif not built"),

@@ -26,7 +26,7 @@ from podwire.kube.images import build_pause_archive
 from tests.agent.conftest import hostnames  # noqa: F401  (a fixture used here)
 from tests.agent.harness import HostAgent
 from tests.agent.netenv import NetEnv, links_in, sh
-from tests.cri.cri import Cri
+from tests.cri.cri import Cri, write_conflist
 from tests.scripted_agent import eventually
 
 
@@ -64,7 +64,7 @@ class Node:
         return wanted
 
     async def use_conflist(self, body: dict[str, Any]) -> None:
-        self.containerd.write_conflist(body)
+        write_conflist(self.containerd.conf_dir, body)
         await self.cri.wait_loaded(body)
 
     def pod_veths(self) -> list[str]:

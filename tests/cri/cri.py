@@ -10,15 +10,28 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from podwire.files import atomic_write
 from podwire.kube.cri.generated import cri_runtime_v1_pb2 as pb
 from podwire.kube.cri.generated import cri_runtime_v1_pb2_grpc as pb_grpc
 
 
 @dataclass(frozen=True)
+def write_conflist(conf_dir: Path, conflist: dict[str, Any]) -> Path:
+    """Make ``conflist`` the only one in containerd's CNI conf dir (atomically: the CRI
+    watches the dir and must never read half a file)."""
+    path = conf_dir / f"10-{conflist['name']}.conflist"
+    for old in conf_dir.iterdir():
+        if old != path:
+            old.unlink()
+    atomic_write(path, json.dumps(conflist).encode(), 0o644)
+    return path
+
+
 class Pod:
     name: str
     namespace: str

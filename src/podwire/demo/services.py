@@ -85,11 +85,11 @@ class Services:
         self._wait(host, lambda: _inode(socket_path) not in (None, before))
         return socket_path
 
-    def stop_agent(self, host: str) -> None:
-        """As a node's service manager stops it (SIGTERM); its pods keep running."""
-        proc = self.children.pop(host, None)
+    def stop_child(self, name: str, timeout: float = 30.0) -> None:
+        """As a service manager stops it (SIGTERM; an agent's pods keep running)."""
+        proc = self.children.pop(name, None)
         if proc is not None:
-            procs.stop_child(proc, timeout=30)
+            procs.stop_child(proc, timeout=timeout)
 
     def start_neutron_agent(self, kind: str, stack_dir: str, host: str, netns: str) -> None:
         """Neutron's DHCP or L3 agent for ``host``, as ``podwire neutron-agent KIND`` runs it."""
@@ -135,16 +135,12 @@ class Services:
     def stop_neutron_agents(self) -> None:
         """Before the ports go: a running DHCP agent would make its port again."""
         for kind in ("dhcp", "l3"):
-            proc = self.children.pop(f"{kind}-agent", None)
-            if proc is not None:
-                procs.stop_child(proc, timeout=60)
+            self.stop_child(f"{kind}-agent", timeout=60)
 
     def stop(self) -> None:
         self.stop_neutron_agents()
         for name in [n for n in self.children if n != "controller"] + ["controller"]:
-            proc = self.children.pop(name, None)
-            if proc is not None:
-                procs.stop_child(proc, timeout=30)
+            self.stop_child(name)
 
 
 def _inode(path: str) -> int | None:

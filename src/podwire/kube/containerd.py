@@ -15,7 +15,6 @@ port-forward) listens on the namespace's loopback, where a kubelet of that names
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -23,7 +22,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from podwire.errors import KubeError
 from podwire.kube import mounts
@@ -178,10 +176,6 @@ class Containerd:
         procs.stop_child(self.proc, timeout=30)
         self.proc = None
 
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -190,17 +184,6 @@ class Containerd:
             return ""
         text = self.log_files[-1].read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
-
-    def write_conflist(self, conflist: dict[str, Any]) -> Path:
-        """Make ``conflist`` the only one (written atomically: the CRI watches the dir)."""
-        path = self.conf_dir / f"10-{conflist['name']}.conflist"
-        for old in self.conf_dir.iterdir():
-            if old != path:
-                old.unlink()
-        tmp = self.conf_dir / f".{path.name}.tmp"
-        tmp.write_text(json.dumps(conflist))
-        tmp.rename(path)
-        return path
 
     def cleanup(self) -> None:
         """After every sandbox is removed (or after a crash): stop containerd, end shims it

@@ -1,4 +1,6 @@
-"""DPDK's testpmd as a CNF: the real memif client (and the af_packet reference for the bench).
+"""DPDK's testpmd as a CNF run by a test or a benchmark: the real memif client (and the
+af_packet reference for the bench). The demo and Kubernetes run it in a pod instead
+(``podwire.kube.cnf``).
 
 One forwarding lcore pinned with the main lcore on one CPU (``cpu``, default 1: ``--lcores=
 0@1,1@1``): testpmd busy-polls, and the test machine's two cores are shared. Always stopped by
