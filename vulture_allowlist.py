@@ -63,5 +63,4 @@ _.neutron_call_count  # controller/metrics.py
 _.calls  # controller/neutron_ops.py NeutronOps.calls
 _.cached_network  # controller/neutron_ops.py
 _.verified  # controller/recovery.py
-_.checkpoint_problem  # deviceplugin/plugin.py
 _.lists  # k8s/informer.py

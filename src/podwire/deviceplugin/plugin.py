@@ -69,7 +69,6 @@ class DevicePlugin:
         self._podresources = PodResourcesClient(settings.pod_resources_socket, timeout=rpc_timeout)
         self._registered = asyncio.Event()
         self._reported_unknown: list[str] = []
-        self.checkpoint_problem: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -153,7 +152,6 @@ class DevicePlugin:
         devices, so nothing is handed out twice, and memif dirs we can no longer attribute are
         left alone (their pods may still use them)."""
         moved = self._store.quarantine()
-        self.checkpoint_problem = str(exc)
         self._stats.inc("checkpoint_recoveries")
         log.error(
             "deviceplugin.checkpoint.corrupt",
