@@ -21,6 +21,7 @@ from podwire.config import Settings
 from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, PortDriver, UnpooledDriver
 from podwire.controller.follow import MirrorFollower
+from podwire.controller.gone_pods import GonePods
 from podwire.controller.inuse import InUseStore
 from podwire.controller.kube_side import KubernetesSide
 from podwire.controller.leader import advertised_url, controller_election, leader_url
@@ -29,6 +30,7 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.mirror import MirrorFacts
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.policy_ports import PolicyPorts
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
@@ -163,8 +165,15 @@ class Controller:
             self.settings.deployment.tag,
             NETPOL_NAME_PREFIX,
         )
+        ports = PolicyPorts(self.service, self.broker, self.admin, kubernetes.project_id)
         self.kubernetes = KubernetesSide(
-            api, objects, self.term.check, self.metrics, kubernetes.project_id
+            api,
+            objects,
+            self.term.check,
+            self.metrics,
+            kubernetes.project_id,
+            ports=ports,
+            gone=GonePods(self.service, self.broker.release, api.pod),
         )
         self.broker.pod_groups = self.kubernetes.pod_groups
         log.info("controller.kubernetes.configured", kubeconfig=str(path), server=api.server)

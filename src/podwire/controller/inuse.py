@@ -27,7 +27,7 @@ from podwire.etcd.client import Compare, EtcdClient, Op, delete_op, put_op
 from podwire.log import get_logger
 from podwire.schema import fields
 from podwire.schema.records import InUseValue, parse_in_use
-from podwire.schema.vif import Vif
+from podwire.schema.vif import PodRef, Vif
 
 log = get_logger(__name__)
 
@@ -47,9 +47,13 @@ class InUse:
     # The etcd key the record was read from, when it is not the canonical one (a record from
     # before attachment ids were ``<container>:<ifname>``); ``load`` moves it.
     legacy_key: str | None = None
+    # The pod its VIF request named (None: no pod, or a record written before pods were
+    # kept): what moves the port to its pod's NetworkPolicy groups and releases it once the
+    # Kubernetes API no longer has the pod.
+    pod: PodRef | None = None
 
     def encode(self) -> bytes:
-        return InUseValue(self.key.project_id, self.vif).encode()
+        return InUseValue(self.key.project_id, self.vif, self.pod).encode()
 
 
 def parse_record(etcd_key: str, raw: bytes) -> InUse:
@@ -62,9 +66,8 @@ def parse_record(etcd_key: str, raw: bytes) -> InUse:
     attachment = fields.attachment(parts[1], f"{etcd_key}: attachment")
     value = parse_in_use(raw, etcd_key)
     legacy = None if attachment == parts[1] else etcd_key
-    return InUse(
-        node, attachment, PoolKey(node, value.project_id, value.vif.network_id), value.vif, legacy
-    )
+    key = PoolKey(node, value.project_id, value.vif.network_id)
+    return InUse(node, attachment, key, value.vif, legacy, value.pod)
 
 
 class InUseStore:

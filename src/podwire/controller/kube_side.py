@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 from podwire.backoff import Supervised
 from podwire.controller.errors import PolicyNotReady
+from podwire.controller.gone_pods import GonePods
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netpol_sync import NetpolReconciler
+from podwire.controller.netpol_sync import NetpolReconciler, PortSide
 from podwire.errors import KubeApiError, ValidationError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.compile import pod_policies
@@ -45,14 +46,20 @@ class KubernetesSide:
         metrics: ControllerMetrics,
         project_id: str,
         watch_seconds: int = WATCH_SECONDS,
+        ports: PortSide | None = None,
+        gone: GonePods | None = None,
     ) -> None:
-        """``project_id``: where the groups are made, so the one project whose pods get them."""
+        """``project_id``: where the groups are made, so the one project whose pods get them.
+        ``ports``: what moves the in-use and pooled ports after each pass; ``gone``: what
+        releases the ports of pods the API no longer has."""
         self.api = api
         self.project_id = project_id
         self._objects = objects
         self._fence = fence
         self._metrics = metrics
         self._watch_seconds = watch_seconds
+        self._ports = ports
+        self._gone = gone
         self.reach = ApiReach(api.server, on_error=metrics.kubernetes_errors.inc)
         metrics.kubernetes_up.set_function(lambda: 0.0 if self.reach.away else 1.0)
         self.supervised = Supervised("kubernetes", self._run)
@@ -84,7 +91,11 @@ class KubernetesSide:
     async def _run(self) -> None:
         watcher = self.watcher = KubeWatcher(self.api, self._watch_seconds, self.reach)
         reconciler = self.reconciler = NetpolReconciler(
-            watcher.cluster, self._objects, fence=self._fence, metrics=self._metrics
+            watcher.cluster,
+            self._objects,
+            fence=self._fence,
+            metrics=self._metrics,
+            ports=self._ports,
         )
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(watcher.run(), name="k8s-watcher")
@@ -102,6 +113,9 @@ class KubernetesSide:
             )
             watcher.changed.set()
             tasks.create_task(reconciler.run(watcher.changed), name="netpol-reconciler")
+            if self._gone is not None:
+                pods = watcher.pods.objects
+                tasks.create_task(self._gone.run(pods, watcher.pods_changed), name="gone-pods")
 
     async def pod_groups(self, pod: PodRef, project_id: str) -> tuple[str, ...]:
         """The Neutron ids of the groups a pod's port must carry (its policies', and the open

@@ -8,10 +8,13 @@ API's. Neutron's calls are blocking (openstacksdk) and run on a worker thread.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
+from typing import Protocol
 
 from podwire.backoff import Backoff
 from podwire.controller.metrics import ControllerMetrics
+from podwire.controller.policy_view import PolicyView
 from podwire.errors import PodwireError
 from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import SgRule
@@ -23,6 +26,14 @@ from podwire.neutron.netpol import NetpolObjects, RuleBody
 log = get_logger(__name__)
 
 
+class PortSide(Protocol):
+    """What follows a pass on the ports' side (``policy_ports.PolicyPorts``): in-use ports
+    moved to their pods' groups, and pooled ports cleared of a group about to be deleted."""
+
+    async def follow(self, view: PolicyView) -> int: ...
+    async def clear_group(self, group_id: str) -> int: ...
+
+
 class NetpolReconciler:
     def __init__(
         self,
@@ -31,15 +42,22 @@ class NetpolReconciler:
         backoff: Backoff | None = None,
         fence: Callable[[str], None] | None = None,
         metrics: ControllerMetrics | None = None,
+        ports: PortSide | None = None,
     ) -> None:
         """``fence`` is called before every Neutron write with what it is about to do and
         refuses it by raising (the leader's term guard: a pass decided in a term that ended
-        must not change what the next leader is already reconciling)."""
+        must not change what the next leader is already reconciling). ``ports``: moves the
+        ports after each pass (None: the groups alone, as in tests of the reconciler)."""
         self._cluster = cluster
         self._objects = objects
         self._backoff = backoff or Backoff(0.5, 10.0)
         self._fence = fence or (lambda _what: None)
         self._metrics = metrics
+        self._ports = ports
+        # Groups of deleted policies Neutron would not delete yet (ports carry them): passes
+        # come back for them after ``_linger``'s delays even if nothing else changes.
+        self.lingering: frozenset[str] = frozenset()
+        self._linger = Backoff(1.0, 30.0)
         self.problem: str | None = None  # the last pass's failure, until a pass succeeds
         # The marked groups' Neutron ids by name as the last successful pass left them: what
         # a pod's port may be given (a group not here yet is not in Neutron yet).
@@ -51,7 +69,7 @@ class NetpolReconciler:
         refused one too (a quota, a rule Neutron will not take): its cause may go away, and
         the reconciler must outlive it."""
         while True:
-            await changed.wait()
+            await self._wait(changed)
             changed.clear()
             try:
                 await self.sync()
@@ -68,6 +86,16 @@ class NetpolReconciler:
                 await asyncio.sleep(delay)
                 changed.set()
 
+    async def _wait(self, changed: asyncio.Event) -> None:
+        """Until a change, or until it is time to try the lingering groups again."""
+        if not self.lingering:
+            self._linger.reset()
+            await changed.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._linger.next()):
+                await changed.wait()
+
     async def next_pass(self) -> None:
         """Until the next pass has succeeded (one that starts after this call or is running)."""
         await self._passed.wait()
@@ -77,11 +105,22 @@ class NetpolReconciler:
             self._metrics.netpol_syncs.labels(result=result).inc()
 
     async def sync(self) -> Plan:
-        """One pass; returns what it changed."""
-        return await asyncio.to_thread(self._sync)
+        """One pass; returns what it changed in the groups. The ports follow before any
+        group is deleted, so a deleted policy's group is carried by no port of ours when
+        Neutron is asked to delete it."""
+        cluster = self._cluster()  # a snapshot taken on the loop, where the caches change
+        steps, view = await asyncio.to_thread(self._sync, cluster)
+        if self._ports is not None:
+            await self._ports.follow(view)
+            for group_id in steps.delete_groups:
+                await self._ports.clear_group(group_id)
+        group_ids = dict(view.group_ids)
+        self.lingering = frozenset(await asyncio.to_thread(self._delete, steps, group_ids))
+        self.group_ids = group_ids
+        return steps
 
-    def _sync(self) -> Plan:
-        desired = compile_policies(self._cluster())
+    def _sync(self, cluster: Cluster) -> tuple[Plan, PolicyView]:
+        desired = compile_policies(cluster)
         address_groups = self._objects.address_groups()
         observed = self._objects.groups()
         steps = plan(desired, observed, address_groups)
@@ -89,13 +128,19 @@ class NetpolReconciler:
         if not steps.empty:
             self._apply(steps, {group.name: group.id for group in address_groups}, group_ids)
             log.info("netpol.synced", **_counts(steps))
-        self.group_ids = group_ids
-        return steps
+        view = PolicyView(
+            pods=cluster.pods,
+            policies=desired.pods,
+            group_ids=group_ids,
+            marked=frozenset(group_ids.values()) | {group.id for group in observed},
+        )
+        return steps, view
 
     def _apply(
         self, steps: Plan, address_group_ids: dict[str, str], group_ids: dict[str, str]
     ) -> None:
-        """``group_ids`` (by name) follows the groups created and deleted."""
+        """All but the deletions (``_delete``, once the ports have followed); ``group_ids``
+        (by name) gains the groups created."""
         objects, fence = self._objects, self._fence
         for wanted in steps.create_address_groups:
             fence("Neutron create_address_group")
@@ -123,16 +168,23 @@ class NetpolReconciler:
         for rule_id in steps.delete_rules:
             fence("Neutron delete_security_group_rule")
             objects.delete_rule(rule_id)
+
+    def _delete(self, steps: Plan, group_ids: dict[str, str]) -> list[str]:
+        """The groups and address groups the plan deletes; ``group_ids`` (by name) follows.
+        Returns the groups Neutron kept because ports still carry them."""
+        objects, fence = self._objects, self._fence
+        kept = []
         for group_id in steps.delete_groups:
             names = [name for name, known in group_ids.items() if known == group_id]
             fence("Neutron delete_security_group")
             try:
                 objects.delete_group(group_id)
             except NeutronInUse:
-                # Ports still carry it (pods the deleted policy selected: their ports are not
-                # moved to their new groups yet); tried again by every later pass, and the
-                # rest of this pass goes on.
+                # Ports still carry it that are not ours to move (a pod the API no longer
+                # has, a port recycling, someone else's): tried again by the next passes,
+                # and the rest of this pass goes on.
                 log.warning("netpol.group_in_use", group=group_id, names=names)
+                kept.append(group_id)
                 continue
             for name in names:
                 del group_ids[name]
@@ -142,6 +194,7 @@ class NetpolReconciler:
                 objects.delete_address_group(group_id)
             except NeutronInUse:  # named by the rules of a group kept above: later
                 log.warning("netpol.address_group_in_use", address_group=group_id)
+        return kept
 
 
 def _body(rule: SgRule, address_group_ids: dict[str, str]) -> RuleBody:

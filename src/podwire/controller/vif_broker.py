@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from podwire.controller.drivers import PortDriver
@@ -23,7 +24,7 @@ from podwire.controller.pools import PoolKey, SgKey, Taken, Waiter, sg_key, with
 from podwire.controller.service import PoolDeps, PoolService
 from podwire.errors import PodwireError
 from podwire.log import get_logger
-from podwire.neutron.client import NeutronAddressesExhausted
+from podwire.neutron.client import NeutronAddressesExhausted, NeutronNotFound
 from podwire.neutron.vifs import NetworkInfo
 from podwire.schema.vif import PodRef, Vif, VifRequest
 
@@ -93,7 +94,7 @@ class VifBroker:
             vif = await self._from_pool(key, wanted, driver, network)
         else:
             vif = await self._create_one(key, wanted, driver, network)
-        record = InUse(node, req.attachment, key, vif)
+        record = InUse(node, req.attachment, key, vif, pod=req.pod)
         try:
             # Over a vanished port's record, when it replaces one.
             await self._deps.store.put(record)
@@ -213,6 +214,28 @@ class VifBroker:
         self._term.pools.adopt(taken.key, vif)
         return vif
 
+    async def regroup(self, ident: tuple[str, str], record: InUse, wanted: SgKey) -> bool:
+        """Move an in-use port to another set of security groups (its pod's NetworkPolicy
+        groups changed): one port update, then its record. Served in turn with the
+        attachment's requests and releases; a record released or replaced meanwhile is left
+        alone (returns False: whoever replaced it decided its groups afresh)."""
+        async with self._serialised(ident):
+            if self._term.attachments.get(ident) is not record:
+                return False
+            port_id = record.vif.port_id
+            try:
+                await self._deps.neutron.update_port(port_id, security_group_ids=list(wanted))
+            except NeutronNotFound:
+                # Deleted in Neutron while in use: its node's agent asks for another port
+                # (``replaces``), whose groups are decided then.
+                log.info("pool.regroup_port_gone", node=ident[0], port=port_id)
+                return False
+            moved = replace(record, vif=with_sgs(record.vif, wanted))
+            await self._deps.store.put(moved)
+            self._term.attachments[ident] = moved
+            self._term.pools.adopt(record.key, moved.vif)
+            return True
+
     async def _undo_take(self, driver: PortDriver, key: PoolKey, vif: Vif) -> None:
         if driver.pooled:
             self._term.pools.add(key, [vif], oldest=True)
@@ -228,7 +251,10 @@ class VifBroker:
         except PodwireError as exc:
             log.warning("pool.port_naming_failed", port=port_id, error=str(exc))
 
-    async def release(self, node: str, attachment: str) -> None:
+    async def release(self, node: str, attachment: str, reuse: bool = True) -> None:
+        """``reuse=False``: the port is deleted instead of pooled again (a pod the API no
+        longer has, whose node may still have the port plugged: its agent did not unplug
+        it, so it must not go to another pod)."""
         self._service.check_serving()
         ident = (node, attachment)
         if ident not in self._term.attachments and ident not in self._locks:
@@ -238,7 +264,7 @@ class VifBroker:
             if record is None:
                 return
             driver = await self._deps.drivers.for_node(node)
-            if driver.pooled:
+            if driver.pooled and reuse:
                 self._term.pools.release(record.key, record.vif.port_id)
                 self._service.released.set()
             else:

@@ -21,6 +21,7 @@ class KubeWatcher:
         self, api: KubeApi, watch_seconds: int = WATCH_SECONDS, reach: ApiReach | None = None
     ) -> None:
         self.changed = asyncio.Event()
+        self.pods_changed = asyncio.Event()  # a pod came, changed or went
         self.reach = reach or ApiReach(api.server)
         self.namespaces: Cache[K8sNamespace] = Cache("namespaces", self._on_event)
         self.pods: Cache[K8sPod] = Cache("pods", self._on_event)
@@ -60,3 +61,5 @@ class KubeWatcher:
 
     def _on_event(self, event: Event[Any]) -> None:
         self.changed.set()
+        if event.kind == self.pods.kind:
+            self.pods_changed.set()

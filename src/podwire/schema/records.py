@@ -14,23 +14,27 @@ from typing import Any
 
 from podwire.errors import ValidationError
 from podwire.schema import doc, fields
-from podwire.schema.vif import Vif
+from podwire.schema.vif import PodRef, Vif, pod_ref
 
 
 @dataclass(frozen=True)
 class InUseValue:
     project_id: str
     vif: Vif
+    # The pod the port was handed out for, as its VIF request named it; None for a request
+    # of no pod, and in records written before the field existed (read alike).
+    pod: PodRef | None = None
 
     def encode(self) -> bytes:
-        return doc.encode_versioned(
-            {
-                "port_id": self.vif.port_id,
-                "project_id": self.project_id,
-                "network_id": self.vif.network_id,
-                "vif": self.vif.to_json(),
-            }
-        )
+        body: dict[str, Any] = {
+            "port_id": self.vif.port_id,
+            "project_id": self.project_id,
+            "network_id": self.vif.network_id,
+            "vif": self.vif.to_json(),
+        }
+        if self.pod is not None:  # only then: a record of no pod stays as it always was
+            body["pod"] = self.pod.to_json()
+        return doc.encode_versioned(body)
 
 
 def parse_in_use(raw: bytes, what: str) -> InUseValue:
@@ -41,7 +45,7 @@ def parse_in_use(raw: bytes, what: str) -> InUseValue:
     for name in ("port_id", "network_id"):
         if obj.req(name, fields.uuid) != getattr(vif, name):
             raise ValidationError(f"{what}: {name} differs from the VIF's")
-    return InUseValue(obj.req("project_id", fields.project_id), vif)
+    return InUseValue(obj.req("project_id", fields.project_id), vif, obj.maybe("pod", pod_ref))
 
 
 def leader_value(identity: str, url: str = "") -> bytes:

@@ -75,7 +75,7 @@ class VifRequest:
             security_groups=tuple(
                 sorted(set(security_groups(obj.value.get("security_groups"), what)))
             ),
-            pod=obj.maybe("pod", _pod),
+            pod=obj.maybe("pod", pod_ref),
             replaces=obj.maybe("replaces", fields.uuid),
         )
 
@@ -91,7 +91,8 @@ def security_groups(value: Any, what: str) -> tuple[str, ...]:
     return tuple(fields.each(value, what, fields.neutron_id, MAX_SECURITY_GROUPS))
 
 
-def _pod(value: Any, what: str) -> PodRef:
+def pod_ref(value: Any, what: str) -> PodRef:
+    """A pod as the VIF API names it (and the in-use record keeps it)."""
     obj = doc.Obj(doc.closed_object(value, what, frozenset({"namespace", "name", "uid"})), what)
     return PodRef(
         obj.opt("namespace", _pod_text, ""),
