@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from podwire.agent.service import Agent
+from podwire.agent.app import Agent
 from podwire.config import load_settings
 from podwire.log import setup_logging
 from podwire.schema.vif import Vif, VifRequest

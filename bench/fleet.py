@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from podwire import keys
-from podwire.agent.service import Agent
+from podwire.agent.app import Agent
 from podwire.config import (
     AgentSettings,
     ControllerSettings,

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.agent_proc import PrebuiltVifs
 from bench.stats import row
-from podwire.agent.service import Agent
+from podwire.agent.app import Agent
 from podwire.config import (
     AgentSettings,
     ControllerSettings,

@@ -28,7 +28,7 @@ from typing import Any
 from bench.fleet import ADMIN, Fleet
 from bench.stats import render, row
 from podwire import keys
-from podwire.agent.controller_vifs import ControllerVifSource
+from podwire.agent.vifs.controller_vifs import ControllerVifSource
 from podwire.config import PoolSettings
 from podwire.errors import PodwireError
 from podwire.neutron.client import neutron_connection

@@ -13,8 +13,8 @@ from pathlib import Path
 from subprocess import PIPE
 from typing import Any
 
-from podwire.agent.service import Agent
-from podwire.agent.vifsource import VifSource
+from podwire.agent.app import Agent
+from podwire.agent.vifs.vifsource import VifSource
 from podwire.cni.build import PYTHON_PLUGIN, build, prebuilt
 from podwire.config import (
     AgentSettings,

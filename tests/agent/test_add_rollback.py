@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.checkpoint import ATTACHMENTS_FILE
+from podwire.agent.ports.checkpoint import ATTACHMENTS_FILE
 from tests.agent.harness import HostAgent, acni
 from tests.agent.netenv import NetEnv, in_ns, links_in
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from podwire.cni import socket_proto as wire
+from podwire.agent.cni import socket_proto as wire
+from podwire.agent.cni.request import MAX_CONFIG, MAX_CONFIG_EXTRA
 from podwire.cni import spec
-from podwire.cni.request import MAX_CONFIG, MAX_CONFIG_EXTRA
 from tests.agent.harness import CniCall, HostAgent, acni
 from tests.agent.netenv import NetEnv, links_in
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from podwire import keys
-from podwire.agent.memif_master import PortStats, is_running
+from podwire.agent.ports.memif_master import PortStats, is_running
 from podwire.config import EtcdSettings
 from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient

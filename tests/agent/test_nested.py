@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from podwire.agent.service import vlan_capable
-from podwire.agent.veth import Plugger, PlugSpec
+from podwire.agent.app import vlan_capable
+from podwire.agent.ports.veth import Plugger, PlugSpec
 from podwire.netlink import HostNetlink, PodNetlink
 from podwire.schema.checkpoints import Address
 from tests.agent.netenv import NetEnv, in_ns

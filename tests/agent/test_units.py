@@ -13,14 +13,14 @@ import pytest
 from aiohttp import web
 from pyroute2.netlink.exceptions import NetlinkError
 
-from podwire.agent.controller_vifs import (
+from podwire.agent.cni.request import PodRef, parse_args, parse_request
+from podwire.agent.cni.result import render
+from podwire.agent.vifs.controller_vifs import (
     ControllerRefused,
     ControllerUnavailable,
     ControllerVifSource,
 )
 from podwire.cni import spec
-from podwire.cni.request import PodRef, parse_args, parse_request
-from podwire.cni.result import render
 from podwire.cni.spec import CniError
 from podwire.errors import ConfigError, ValidationError
 from podwire.netlink import links
@@ -270,7 +270,7 @@ async def test_controller_source_fails_over_to_the_other_controller(
 
 
 def test_checkpoint_survives_reload(tmp_path: Any) -> None:
-    from podwire.agent.checkpoint import attachments
+    from podwire.agent.ports.checkpoint import attachments
     from podwire.schema.checkpoints import Attachment
     from podwire.schema.vif import Vif
 

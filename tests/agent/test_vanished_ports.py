@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from podwire import keys
-from podwire.agent.controller_vifs import ControllerVifSource
+from podwire.agent.vifs.controller_vifs import ControllerVifSource
 from podwire.controller.app import Controller
 from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient

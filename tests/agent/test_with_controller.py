@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 
 from podwire import keys
-from podwire.agent import naming
-from podwire.agent.controller_vifs import ControllerVifSource
+from podwire.agent.ports import naming
+from podwire.agent.vifs.controller_vifs import ControllerVifSource
 from podwire.cni import spec
 from podwire.config import EtcdSettings
 from podwire.controller.app import Controller

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.memif_master import is_running
+from podwire.agent.ports.memif_master import is_running
 from podwire.config import DevicePluginSettings
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.checkpoint import CheckpointStore

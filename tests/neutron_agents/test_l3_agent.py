@@ -18,7 +18,7 @@ from typing import Any
 import openstack
 import pytest
 
-from podwire.agent.service import vlan_capable
+from podwire.agent.app import vlan_capable
 from podwire.config import EtcdSettings
 from podwire.schema.ports import tap_name
 from tests.agent.conftest import hostnames  # noqa: F401

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from podwire import keys
-from podwire.agent.controller_vifs import ControllerVifSource
-from podwire.agent.service import Agent
+from podwire.agent.app import Agent
+from podwire.agent.vifs.controller_vifs import ControllerVifSource
 from podwire.config import (
     AgentSettings,
     ControllerSettings,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from podwire.cni import plugin, request
-from podwire.cni import socket_proto as wire
+from podwire.agent.cni import request
+from podwire.agent.cni import socket_proto as wire
+from podwire.cni import plugin
 from podwire.config import AGENT_SOCKET
 
 C_SOURCE = Path(plugin.__file__).with_name("c") / "podwire-cni.c"

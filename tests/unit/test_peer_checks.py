@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from podwire.agent.peers import BoundPort, LogBudget, check_claim
+from podwire.agent.fabric.peers import BoundPort, LogBudget, check_claim
 from podwire.schema.nodes import PortState
 
 NET = "7e57a11e-0000-4000-8000-000000000001"

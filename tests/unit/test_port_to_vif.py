@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from podwire.cni.result import render
+from podwire.agent.cni.result import render
 from podwire.errors import ValidationError
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
 from podwire.schema.checkpoints import Address, Attached, _address

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podwire import keys
-from podwire.cni import request as cni_request
+from podwire.agent.cni import request as cni_request
 from podwire.cni.spec import CniError
 from podwire.errors import ValidationError
 from podwire.schema import doc, fields, nodes, records

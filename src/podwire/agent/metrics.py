@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 import prometheus_client as prom
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from podwire.agent.memif_master import PortStats
+from podwire.agent.ports.memif_master import PortStats
 
 CNI_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

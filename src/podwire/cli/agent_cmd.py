@@ -28,7 +28,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: str) -> None:
-    from podwire.agent.service import Agent
+    from podwire.agent.app import Agent
 
     agent = Agent(load_settings(config))
     task = asyncio.create_task(agent.run())

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from podwire.cni.build import Plugin, build, prebuilt
-from podwire.cni.request import check_network_name
 from podwire.cni.spec import SUPPORTED_VERSIONS
 from podwire.config import AGENT_SOCKET
-from podwire.errors import ConfigError
+from podwire.errors import ConfigError, ValidationError
+from podwire.schema import fields
 
 PLUGIN_NAME = "podwire"
 # What every runtime in use reads: containerd 1.6 (Debian 12's) cannot parse a 1.1.0 result
@@ -88,3 +88,11 @@ def _install_binary(source: Path | None, target: Path) -> Plugin:
     os.chmod(tmp, 0o755)
     os.replace(tmp, target)
     return Plugin(target, f"copied from {source}")
+
+
+def check_network_name(value: str, what: str) -> str:
+    """For install-time options that end up as config values: same rule as the config."""
+    try:
+        return fields.neutron_ref(value, what)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc

@@ -9,5 +9,5 @@ decodes JSON with bounds and a schema version; the other modules are the values 
 ``ports`` (desired bindings), ``nodes`` (what agents publish), ``records`` (the servers'
 records), ``vif`` (the VIF API and the in-use records' VIFs), ``secgroups`` (security-group
 policy). Every component reads and writes these values only through here; the CNI network
-config is read by ``cni.request`` with these fields, because its errors carry CNI's own codes.
+config is read by ``agent.cni.request`` with these fields, because its errors carry CNI's own codes.
 """

@@ -30,7 +30,7 @@ class Address:
 
 @dataclass(frozen=True)
 class Attached:
-    """The interfaces an ADD made, version-neutral (rendered per cniVersion by cni.result)."""
+    """The interfaces an ADD made, version-neutral (rendered per cniVersion by agent.cni.result)."""
 
     host_ifname: str
     host_mac: str  # empty in nested mode: the host side is the VM's uplink, not ours

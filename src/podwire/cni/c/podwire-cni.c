@@ -6,7 +6,7 @@
  * and exits with that code. Answers VERSION itself; when the agent is unreachable prints a
  * CNI error: code 50 for STATUS, 11 (try again) otherwise. Built by scripts/setup with gcc.
  *
- * Limits and bytes (the agent applies the same, cni/request.py and cni/socket_proto.py): stdin may hold
+ * Limits and bytes (the agent applies the same, agent/cni/request.py and agent/cni/socket_proto.py): stdin may hold
  * at most 1 MiB for ADD, 1 MiB + 256 KiB for the other commands (a runtime adds prevResult to
  * the ADD config for DEL and CHECK, and GC lists every valid attachment); more is refused with
  * code 6 before anything is sent. stdin and the CNI_* values must be UTF-8 (JSON text is

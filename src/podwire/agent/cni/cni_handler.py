@@ -15,24 +15,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
-from podwire.agent import naming
-from podwire.agent.attach import Attacher, addresses_of
-from podwire.agent.binder import PortVanished
-from podwire.agent.checkpoint import EntryStore
-from podwire.agent.memif import MEMIF_IFNAME, MemifPlan, MemifService
-from podwire.agent.metrics import AgentMetrics
-from podwire.agent.podrelease import PodReleaser
-from podwire.agent.veth import Plugger, PlugSpec, PodInterfaceTaken, is_nested, planned
-from podwire.agent.vifsource import VifSource, vif_request
-from podwire.cni import spec
-from podwire.cni.request import (
+from podwire.agent.cni.request import (
     CniRequest,
     NoSuchAttachment,
     parse_command,
     parse_request,
     valid_attachments,
 )
-from podwire.cni.result import add_memif, render
+from podwire.agent.cni.result import add_memif, render
+from podwire.agent.fabric.binder import PortVanished
+from podwire.agent.metrics import AgentMetrics
+from podwire.agent.ports import naming
+from podwire.agent.ports.attach import Attacher, addresses_of
+from podwire.agent.ports.checkpoint import EntryStore
+from podwire.agent.ports.memif import MEMIF_IFNAME, MemifPlan, MemifService
+from podwire.agent.ports.veth import Plugger, PlugSpec, PodInterfaceTaken, is_nested, planned
+from podwire.agent.vifs.podrelease import PodReleaser
+from podwire.agent.vifs.vifsource import VifSource, vif_request
+from podwire.cni import spec
 from podwire.cni.spec import CniError
 from podwire.errors import PermanentError, PodwireError, RetryableError, ValidationError
 from podwire.log import get_logger

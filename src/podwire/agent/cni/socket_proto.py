@@ -8,7 +8,7 @@ parser: it is a pipe, not a second implementation of CNI.
 
 from __future__ import annotations
 
-from podwire.cni.request import MAX_CONFIG, MAX_CONFIG_EXTRA
+from podwire.agent.cni.request import MAX_CONFIG, MAX_CONFIG_EXTRA
 from podwire.cni.spec import DECODE_FAILURE, CniError
 from podwire.errors import ValidationError
 from podwire.schema import doc

@@ -21,7 +21,7 @@ from podwire.cni.spec import (
     SUPPORTED_VERSIONS,
     CniError,
 )
-from podwire.errors import ConfigError, ValidationError
+from podwire.errors import ValidationError
 from podwire.schema import doc, fields
 from podwire.schema.vif import PodRef, security_groups
 
@@ -220,14 +220,6 @@ def _prev_result(value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise CniError(INVALID_CONFIG, "network config key 'prevResult' must be an object")
     return value
-
-
-def check_network_name(value: str, what: str) -> str:
-    """For install-time options that end up as config values: same rule as the config."""
-    try:
-        return fields.neutron_ref(value, what)
-    except ValidationError as exc:
-        raise ConfigError(str(exc)) from exc
 
 
 def valid_attachments(conf: NetConf) -> set[tuple[str, str]]:

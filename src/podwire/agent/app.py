@@ -17,24 +17,24 @@ from pathlib import Path
 from typing import Any
 
 from podwire import keys
-from podwire.agent import checkpoint as checkpoints
-from podwire.agent.attach import Attacher
-from podwire.agent.binder import Binder, BinderSettings
-from podwire.agent.checkpoint import EntryStore
-from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
-from podwire.agent.controller_vifs import ControllerVifSource
-from podwire.agent.embedded_plugin import EmbeddedPlugin
-from podwire.agent.memif import MemifService
+from podwire.agent.cni.cni_handler import CniHandler, HandlerSettings, ReadyCheck
+from podwire.agent.cni.server import CniServer
+from podwire.agent.fabric.binder import Binder, BinderSettings
+from podwire.agent.fabric.peers import PeerTracker
+from podwire.agent.fabric.registration import VIF_TYPES, Heartbeat, HostPresence
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.peers import PeerTracker
-from podwire.agent.podrelease import PodReleaser
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
-from podwire.agent.registration import VIF_TYPES, Heartbeat, HostPresence
-from podwire.agent.taps import TapPorts
-from podwire.agent.veth import Plugger, is_nested
-from podwire.agent.vifsource import VifSource
+from podwire.agent.ports import checkpoint as checkpoints
+from podwire.agent.ports.attach import Attacher
+from podwire.agent.ports.checkpoint import EntryStore
+from podwire.agent.ports.embedded_plugin import EmbeddedPlugin
+from podwire.agent.ports.memif import MemifService
+from podwire.agent.ports.taps import TapPorts
+from podwire.agent.ports.veth import Plugger, is_nested
+from podwire.agent.vifs.controller_vifs import ControllerVifSource
+from podwire.agent.vifs.podrelease import PodReleaser
+from podwire.agent.vifs.vifsource import VifSource
 from podwire.backoff import Supervised
-from podwire.cni.server import CniServer
 from podwire.config import Settings
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.metrics import StatsCollector
@@ -477,7 +477,7 @@ def _load_checkpoint(state_dir: str, vifs: VifSource) -> EntryStore[Attachment]:
 async def _default_vifs(settings: Settings, stack: contextlib.AsyncExitStack) -> VifSource:
     agent = settings.agent
     if agent.vif_source == "neutron":
-        from podwire.agent.neutron_vifs import NeutronVifSource
+        from podwire.agent.vifs.neutron_vifs import NeutronVifSource
         from podwire.neutron.client import connect
 
         return NeutronVifSource(connect(settings.neutron), agent.host, settings.deployment.tag)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from podwire.cni.request import CniRequest
+from podwire.agent.cni.request import CniRequest
 from podwire.schema.vif import Vif, VifRequest
 
 

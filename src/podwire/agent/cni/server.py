@@ -12,7 +12,7 @@ import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from podwire.cni import socket_proto
+from podwire.agent.cni import socket_proto
 from podwire.cni.spec import IO_FAILURE, CniError
 from podwire.errors import ConfigError
 from podwire.log import get_logger

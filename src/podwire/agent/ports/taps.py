@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
-from podwire.agent.attach import Attacher, Gate, gate_open
 from podwire.agent.metrics import AgentMetrics
+from podwire.agent.ports.attach import Attacher, Gate, gate_open
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PodwireError, RetryableError
 from podwire.etcd import EtcdClient
