@@ -28,7 +28,7 @@ from typing import Any
 from bench.cni_bench import AgentProcess
 from bench.stats import row
 from podwire import keys
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.schema import nodes as values

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import row
-from podwire.agent.ports import memif_master, naming
+from podwire.agent import naming
+from podwire.agent.ports import memif_master
 from podwire.config import MemifSettings
 from podwire.memif import build as memif_build
 from podwire.netlink import HostNetlink, Netlink

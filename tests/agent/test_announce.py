@@ -9,8 +9,8 @@ sets them up, and ``sync_peers`` runs on the host's namespace through ``HostNetl
 
 from __future__ import annotations
 
+from podwire.agent import naming
 from podwire.agent.fabric.plumbing import sync_peers
-from podwire.agent.ports import naming
 from podwire.netlink import HostNetlink, Netlink, RemoteMac
 from tests.agent.netenv import NetEnv, in_ns
 

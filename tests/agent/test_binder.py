@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 
 from podwire import keys
+from podwire.agent import naming
 from podwire.agent.fabric.binder import Binder, BinderSettings, PortVanished
 from podwire.agent.fabric.peers import PeerTracker
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.ports import naming
 from podwire.etcd import EtcdClient
 from podwire.netlink import HostNetlink
 from podwire.schema import nodes as values

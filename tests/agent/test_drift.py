@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.schema.fields import attachment_id
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, links_in, ping_settles

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from podwire import keys
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.etcd import EtcdClient
 from podwire.schema import nodes as values
 from podwire.schema.ports import parse_desired_port

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from podwire import keys
+from podwire.agent import naming
 from podwire.agent.fabric.binder import Binder, BinderSettings
-from podwire.agent.ports import naming
 from podwire.agent.ports.veth import host_mac
 from podwire.etcd import EtcdClient
 from podwire.netlink import HostNetlink

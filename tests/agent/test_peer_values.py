@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from podwire import keys
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.etcd import EtcdClient
 from podwire.schema import nodes as values
 from tests.agent.desired_keys import desired_value

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from podwire.agent import naming
 from podwire.agent.policy.enforcer import PolicyNotApplied
-from podwire.agent.ports import naming
 from podwire.agent.ports.veth import Plugger, PlugSpec
 from podwire.netlink import HostNetlink, Netlink, NetlinkFailure, PodNetlink, RtnlError
 from podwire.schema.checkpoints import Address

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from podwire import keys
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.agent.vifs.controller_vifs import ControllerVifSource
 from podwire.cni import spec
 from podwire.config import EtcdSettings

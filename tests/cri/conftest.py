@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.cni.install import InstallSpec, conflist, install
 from podwire.config import EtcdSettings
 from podwire.kube.containerd import Containerd

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from podwire import keys
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.config import EtcdSettings
 from podwire.errors import StackError
 from podwire.etcd import EtcdClient

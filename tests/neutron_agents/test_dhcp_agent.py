@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.config import EtcdSettings
 from podwire.stack.procs import running as process_running
 from tests.agent.harness import HostAgent

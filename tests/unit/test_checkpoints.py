@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from podwire.agent.naming import memif_tap
 from podwire.agent.ports.checkpoint import attachments, memifs
-from podwire.agent.ports.naming import memif_tap
 from podwire.errors import ConfigError, ValidationError
 from podwire.schema.checkpoints import Address, MemifEntry, attachment_entry, memif_entry
 from podwire.schema.vif import Vif

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from podwire import keys
-from podwire.agent.cni.cni_handler import CniHandler, HandlerSettings, ReadyCheck
 from podwire.agent.cni.server import CniServer
+from podwire.agent.cni_handler import CniHandler, HandlerSettings, ReadyCheck
 from podwire.agent.fabric.binder import Binder, BinderSettings
 from podwire.agent.fabric.peers import PeerTracker
 from podwire.agent.fabric.registration import VIF_TYPES, Heartbeat, HostPresence

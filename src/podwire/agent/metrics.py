@@ -8,13 +8,36 @@ same registry, so one scrape shows the whole node.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 import prometheus_client as prom
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from podwire.agent.ports.memif_master import PortStats
-
 CNI_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class MemifCounters(Protocol):
+    """What the metrics read of a memif port's counters (``memif_master.PortStats``): a seam,
+    so the metrics, which every part of the agent uses, depend on none of them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def from_client(self) -> int: ...
+    @property
+    def to_client(self) -> int: ...
+    @property
+    def to_kernel(self) -> int: ...
+    @property
+    def to_shared(self) -> int: ...
+    @property
+    def bad(self) -> int: ...
+    @property
+    def ring_full(self) -> int: ...
+    @property
+    def kernel_drops(self) -> int: ...
 
 
 class AgentMetrics:
@@ -128,7 +151,9 @@ class AgentMetrics:
             "podwire_agent_lease_lost", "Heartbeat leases lost and re-granted", registry=r
         )
 
-    def observe_memifs(self, stats: Mapping[str, PortStats], port_ids: Mapping[str, str]) -> None:
+    def observe_memifs(
+        self, stats: Mapping[str, MemifCounters], port_ids: Mapping[str, str]
+    ) -> None:
         """The master's counters as of the last supervision pass (read at scrape time)."""
         self.memif_ports.snapshot = [(port_ids.get(name, ""), s) for name, s in stats.items()]
 
@@ -138,7 +163,7 @@ class MemifPorts:
     counters; they start again from 0 when the master is restarted)."""
 
     def __init__(self) -> None:
-        self.snapshot: list[tuple[str, PortStats]] = []
+        self.snapshot: list[tuple[str, MemifCounters]] = []
 
     def describe(self) -> list[Metric]:
         return []

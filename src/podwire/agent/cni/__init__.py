@@ -1,2 +1,2 @@
-"""The agent's side of CNI: the socket server the plugin talks to, the requests it reads, the
-results it writes and the handler that attaches and detaches."""
+"""The agent's side of the CNI protocol: the socket server the plugin talks to, the requests
+it reads and the results it writes (``cni_handler`` acts on them)."""

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from podwire import keys
+from podwire.agent import naming
 from podwire.agent.fabric import plumbing
 from podwire.agent.fabric.peers import PeerView
 from podwire.agent.fabric.plumbing import NetworkPlan
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.ports import naming
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PermanentError, PodwireError, RetryableError
 from podwire.etcd import EtcdClient, PrefixWatcher, WatchBatch

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.errors import PermanentError
 from podwire.netlink import Netlink, RemoteMac, announce
 from podwire.schema.ports import DesiredPort

@@ -33,9 +33,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from podwire.agent import naming
 from podwire.agent.policy import intervals
 from podwire.agent.policy.ruleset import NftChain, NftSet, Ruleset
-from podwire.agent.ports import naming
 from podwire.errors import PermanentError
 from podwire.netfilter.elements import (
     Addresses,

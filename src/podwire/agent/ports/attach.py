@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from podwire.agent import naming
 from podwire.agent.fabric.binder import Binder
-from podwire.agent.ports import naming
 from podwire.schema.checkpoints import Address
 from podwire.schema.ports import DesiredPort, FixedIp
 from podwire.schema.vif import Vif

@@ -30,10 +30,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from podwire.agent import naming
 from podwire.agent.cni.request import CniRequest
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.ports import checkpoint as checkpoints
-from podwire.agent.ports import memif_master, naming
+from podwire.agent.ports import memif_master
 from podwire.agent.ports.attach import Attacher, Gate, gate_open
 from podwire.agent.vifs.vifsource import VifSource, vif_request
 from podwire.config import MemifSettings

@@ -13,7 +13,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from podwire.agent.ports import naming
+from podwire.agent import naming
 from podwire.errors import PermanentError, PodwireError
 from podwire.log import get_logger
 from podwire.netlink import (

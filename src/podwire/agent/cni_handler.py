@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 
+from podwire.agent import naming
 from podwire.agent.cni.request import (
     CniRequest,
     NoSuchAttachment,
@@ -25,7 +26,6 @@ from podwire.agent.cni.request import (
 from podwire.agent.cni.result import add_memif, render
 from podwire.agent.fabric.binder import PortVanished
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.ports import naming
 from podwire.agent.ports.attach import Attacher, addresses_of
 from podwire.agent.ports.checkpoint import EntryStore
 from podwire.agent.ports.memif import MEMIF_IFNAME, MemifPlan, MemifService
