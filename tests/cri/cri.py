@@ -20,7 +20,6 @@ from podwire.kube.cri.generated import cri_runtime_v1_pb2 as pb
 from podwire.kube.cri.generated import cri_runtime_v1_pb2_grpc as pb_grpc
 
 
-@dataclass(frozen=True)
 def write_conflist(conf_dir: Path, conflist: dict[str, Any]) -> Path:
     """Make ``conflist`` the only one in containerd's CNI conf dir (atomically: the CRI
     watches the dir and must never read half a file)."""
@@ -32,6 +31,7 @@ def write_conflist(conf_dir: Path, conflist: dict[str, Any]) -> Path:
     return path
 
 
+@dataclass(frozen=True)
 class Pod:
     name: str
     namespace: str
