@@ -35,6 +35,7 @@ from podwire.kube.containerd import Containerd
 from podwire.neutron.client import neutron_connection
 from tests.conftest import delete_project_resources
 from tests.cri.cri import Cri, Pod
+from tests.cri.cri import restart as restart_cri
 
 VTEP = "192.0.2.1"
 POLL = 0.02  # seconds between Neutron listings while waiting for ACTIVE
@@ -131,7 +132,7 @@ async def _retried_run(node: Node, cri: Cri, tag: str) -> list[float]:
 async def _measure(node: Node, cri: Cri, rounds: int, per_round: int) -> dict[str, list[float]]:
     restarts: dict[str, Callable[[], Awaitable[None]]] = {
         "steady": _nothing,
-        "after a containerd restart": lambda: asyncio.to_thread(node.containerd.restart),
+        "after a containerd restart": lambda: asyncio.to_thread(restart_cri, node.containerd),
         "after an agent restart": lambda: _restart_agent(node),
     }
     samples: dict[str, list[float]] = {name: [] for name in restarts}

@@ -16,8 +16,16 @@ from typing import Any
 import grpc
 
 from podwire.files import atomic_write
+from podwire.kube.containerd import Containerd
 from podwire.kube.cri.generated import cri_runtime_v1_pb2 as pb
 from podwire.kube.cri.generated import cri_runtime_v1_pb2_grpc as pb_grpc
+
+
+def restart(containerd: Containerd) -> None:
+    """containerd stopped (SIGTERM: its shims and sandboxes keep running) and started again,
+    as a node's service manager restarts it."""
+    containerd.stop()
+    containerd.start()
 
 
 def write_conflist(conf_dir: Path, conflist: dict[str, Any]) -> Path:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.agent.netenv import pings
 from tests.cri.conftest import Node
-from tests.cri.cri import Pod
+from tests.cri.cri import Pod, restart
 
 pytestmark = pytest.mark.stack
 
@@ -34,7 +34,7 @@ async def _stop_and_remove(node: Node, sandboxes: list[str]) -> None:
 
 async def test_containerd_restart_keeps_running_pods(node: Node) -> None:
     sandboxes, ips, nss = await _two_pods(node)
-    await asyncio.to_thread(node.containerd.restart)
+    await asyncio.to_thread(restart, node.containerd)
     for sandbox, ip in zip(sandboxes, ips, strict=True):
         assert await node.cri.ready(sandbox)
         assert await node.cri.ip(sandbox) == ip
