@@ -16,8 +16,8 @@ from podwire.controller.inuse import InUse
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.neutron_ops import PortOps
 from podwire.controller.pool_admin import PoolAdmin
+from podwire.controller.pool_service import PoolDeps, PoolService
 from podwire.controller.pools import PoolKey
-from podwire.controller.service import PoolDeps, PoolService
 from podwire.controller.vif_broker import VifBroker
 from podwire.neutron.client import PortSummary
 from podwire.neutron.vifs import NetworkInfo, Subnet

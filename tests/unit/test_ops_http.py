@@ -3,7 +3,7 @@ from __future__ import annotations
 import aiohttp
 import prometheus_client
 
-from podwire.service.ops_http import OpsServer
+from podwire.ops_http import OpsServer
 
 
 async def test_health_ready_and_metrics() -> None:

@@ -46,12 +46,12 @@ from podwire.log import get_logger
 from podwire.memif import build as memif_build
 from podwire.netfilter import Nftables
 from podwire.netlink import HostNetlink, PodNetlink, tun_available
+from podwire.ops_http import OpsServer
 from podwire.schema import nodes as node_values
 from podwire.schema.checkpoints import Attachment
 from podwire.schema.nodes import MemifPortState
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
-from podwire.service.ops_http import OpsServer
 
 log = get_logger(__name__)
 

@@ -32,9 +32,9 @@ from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
 from podwire.controller.policy_ports import PolicyPorts
 from podwire.controller.pool_admin import PoolAdmin
+from podwire.controller.pool_service import PoolDeps, PoolService
 from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
-from podwire.controller.service import PoolDeps, PoolService
 from podwire.controller.sweeper import NodeSweeper
 from podwire.controller.term import TermGuard
 from podwire.controller.vif_broker import VifBroker

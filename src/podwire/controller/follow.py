@@ -17,8 +17,8 @@ import contextlib
 
 from podwire import keys
 from podwire.controller.mirror import mirrored_vif
+from podwire.controller.pool_service import PoolService
 from podwire.controller.pools import PoolKey
-from podwire.controller.service import PoolService
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchBatch, WatchEvent

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from podwire.backoff import Backoff
-from podwire.controller.service import PoolService
+from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
 from podwire.k8s.objects import K8sPod, ObjectKey
 from podwire.log import get_logger

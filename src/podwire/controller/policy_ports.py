@@ -14,8 +14,8 @@ import asyncio
 from podwire.controller.inuse import InUse
 from podwire.controller.policy_view import PolicyView, wanted_groups
 from podwire.controller.pool_admin import PoolAdmin
+from podwire.controller.pool_service import PoolService
 from podwire.controller.pools import SgKey, sg_key
-from podwire.controller.service import PoolService
 from podwire.controller.vif_broker import VifBroker
 from podwire.log import get_logger
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterable
 
 from podwire.controller.errors import NodeNotPooled
+from podwire.controller.pool_service import PoolDeps, PoolService
 from podwire.controller.pools import PoolKey, sg_key
-from podwire.controller.service import PoolDeps, PoolService
 from podwire.errors import ValidationError
 from podwire.log import get_logger
 from podwire.schema.vif import Vif

@@ -20,8 +20,8 @@ from typing import Any
 from podwire.controller.mirror import pools_from_mirror
 from podwire.controller.nested import NestedDriver, NodeTrunk
 from podwire.controller.neutron_ops import SUBPORT_OWNER, PortOps, delete_ports
+from podwire.controller.pool_service import PoolService
 from podwire.controller.pools import PoolKey
-from podwire.controller.service import PoolService
 from podwire.errors import PodwireError, ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger

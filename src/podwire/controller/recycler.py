@@ -15,8 +15,8 @@ from typing import Protocol
 from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
 from podwire.controller.neutron_ops import PortOps
+from podwire.controller.pool_service import PoolService
 from podwire.controller.pools import PoolKey
-from podwire.controller.service import PoolService
 from podwire.log import get_logger
 from podwire.neutron.vifs import binding_failed, is_bound
 

@@ -14,7 +14,7 @@ import time
 
 from podwire.controller.neutron_ops import PortOps
 from podwire.controller.pool_admin import PoolAdmin
-from podwire.controller.service import PoolService
+from podwire.controller.pool_service import PoolService
 from podwire.controller.vif_broker import VifBroker
 from podwire.log import get_logger
 from podwire.neutron.vifs import is_bound

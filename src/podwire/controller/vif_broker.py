@@ -20,8 +20,8 @@ from podwire.controller.errors import BindingFailed, PoolNotReady, SubnetFull
 from podwire.controller.inuse import InUse
 from podwire.controller.liveness import no_agent
 from podwire.controller.pool_admin import PoolAdmin
+from podwire.controller.pool_service import PoolDeps, PoolService
 from podwire.controller.pools import PoolKey, SgKey, Taken, Waiter, sg_key, with_sgs
-from podwire.controller.service import PoolDeps, PoolService
 from podwire.errors import PodwireError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronAddressesExhausted, NeutronNotFound

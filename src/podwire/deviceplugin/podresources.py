@@ -13,8 +13,8 @@ import grpc
 from podwire.deviceplugin.api import pod_resources_stub, pr
 from podwire.deviceplugin.model import PodName, valid_pod_name
 from podwire.errors import PermanentError, RetryableError
+from podwire.grpc_status import TRANSIENT
 from podwire.log import get_logger
-from podwire.service.grpc_status import TRANSIENT
 
 log = get_logger(__name__)
 

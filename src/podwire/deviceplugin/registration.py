@@ -8,7 +8,7 @@ import grpc
 
 from podwire.deviceplugin.api import API_VERSION, dp, registration_stub
 from podwire.errors import PermanentError, RetryableError
-from podwire.service.grpc_status import TRANSIENT
+from podwire.grpc_status import TRANSIENT
 
 
 class KubeletUnavailable(RetryableError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from podwire.errors import ConfigError, EtcdUnavailable, PermanentError, PodwireError
-from podwire.service.grpc_status import TRANSIENT
+from podwire.grpc_status import TRANSIENT
 
 # etcd also answers ABORTED and UNKNOWN while its members elect a leader.
 _RETRYABLE = TRANSIENT | {grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN}

@@ -1,1 +1,0 @@
-"""What every long-running podwire process shares: health and Prometheus endpoints."""
