@@ -131,9 +131,12 @@ class Cluster:
         return f"{self.netenv.tag}-h{index}"
 
     async def add_agent(self, index: int, **extra: Any) -> HostAgent:
-        """Simulated host ``index`` with its podwire agent running. Its address is drawn per
-        session (192.0.2.11-.250): kube-node routes the machine's namespace to it, so two test
-        sessions on one machine must not pick the same one."""
+        """Simulated host ``index`` (0-7, one per test) with its podwire agent running. Its
+        address is drawn per session (192.0.2.10-.249): kube-node routes the machine's
+        namespace to it, so two test sessions on one machine must not pick the same one."""
+        assert self.host_name(index) not in [a.host for a in self.agents], (
+            f"host index {index} is another test's: each test of this package takes its own"
+        )
         ns, vtep = self.netenv.host(self.address_base + index)
         etcd = EtcdSettings(endpoints=[self.info["etcd"]])
         host = self.host_name(index)

@@ -1,13 +1,12 @@
 """A memif CNF through Kubernetes: a pod asking kubelet for ``podwire.io/memif`` gets its grant
 from kubelet's Allocate (the agent's device plugin), its memif from the CNI ADD, and DPDK's
 testpmd in the pod (the node's imported CNF image) answers pings from a pod on the other host
-over that memif. Deleting the pod releases the grant: the agent learns it from the real
-kubelet's PodResources API."""
+over that memif. Deleting the pod releases the grant (the release driven by kubelet's
+PodResources alone is tests/kube/test_deviceplugin.py's)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from pathlib import Path
 
@@ -30,15 +29,11 @@ def _memif_info(memif_dir: Path) -> dict[str, object] | None:
 async def test_a_testpmd_cnf_pod_answers_over_its_memif(cluster: Cluster) -> None:
     if not cnf.available():
         pytest.skip("dpdk-testpmd or DPDK's memif PMD is not installed (Debian dpdk-dev)")
-    host, peer = cluster.host_name(5), cluster.hosts[1]
+    host, peer = cluster.host_name(0), cluster.hosts[1]
     kubelet_root = node_dir(Path(cluster.info["data_dir"]), host) / "kubelet"
     (kubelet_root / "device-plugins").mkdir(parents=True, exist_ok=True)
     work = cluster.work / host
-    # Short passes: the release must come from a pass that asked kubelet (grace: 5 s).
-    plugin = dataclasses.replace(
-        _settings(kubelet_root, work), reconcile_interval=1.0, reconcile_grace=5.0
-    )
-    agent = await cluster.add_agent(5, deviceplugin=plugin)
+    agent = await cluster.add_agent(0, deviceplugin=_settings(kubelet_root, work))
     node = await cluster.start_node(agent)
     try:
         manifest = manifests.testpmd_pod("cnf", cluster.namespace, host)
@@ -70,7 +65,7 @@ async def test_a_testpmd_cnf_pod_answers_over_its_memif(cluster: Cluster) -> Non
         async def released() -> bool:
             return _memif_info(work / "memif") is None and not list((work / "memif").glob("*"))
 
-        await eventually(released, "the grant released after kubelet forgot the pod", 60)
+        await eventually(released, "the grant released with the pod", 60)
     finally:
         assert await cluster.retire(node) == 0
         for pod in ("cnf", "cnf-client"):
