@@ -301,6 +301,15 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
             )
 
         await eventually(entries, "the honest node's port as static entries")
+
+        async def all_refused() -> bool:
+            sample = "podwire_agent_peer_values_rejected_total"
+            return metrics.registry.get_sample_value(sample, {"kind": "claim"}) == len(lies)
+
+        # Every lie refused and counted once; the unbound ones once the bindings caught up.
+        # Settled first: a claim decided late re-syncs the device, which would put entries
+        # back before the repair pass could (uncounted).
+        await eventually(all_refused, "the lies refused")
         await _drift_is_repaired(ns, device, naming.bridge(net), metrics)
         fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
         assert "dst 192.0.2.62" not in fdb.replace("00:00:00:00:00:00 dst 192.0.2.62", "")
@@ -313,12 +322,6 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
         await etcd.put(keys.state_port(f"{host}-z-mover", remote.port_id),
                        values.port_state_value(1.0, remote))  # fmt: skip
 
-        async def all_refused() -> bool:
-            sample = "podwire_agent_peer_values_rejected_total"
-            return metrics.registry.get_sample_value(sample, {"kind": "claim"}) == len(lies)
-
-        # Every lie refused and counted once; the unbound ones once the bindings caught up.
-        await eventually(all_refused, "the lies refused")
         fdb = in_ns(ns, "bridge", "fdb", "show", "dev", device).stdout
         assert "fa:16:3e:aa:00:01 dst 192.0.2.61" in fdb, fdb
         await etcd.delete(honest_key)
@@ -328,6 +331,7 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
             return "fa:16:3e:aa:00:01 dst 192.0.2.63 self permanent" in fdb
 
         await eventually(moved, "the MAC with its remaining claim once the first went")
+        assert await all_refused()  # the mover's claim, backed by its binding, refused nothing
         assert local.port_id == port
     finally:
         await lease.revoke()

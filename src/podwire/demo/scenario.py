@@ -104,10 +104,10 @@ class Scenario:
         self._check_connectivity()
         self._recreate_half()
         self._check_connectivity()
-        self._kubernetes()
         self.figures.pods = len(self.pods)
         self.figures.ports = len(list(self.neutron.network.ports(project_id=self.project)))
         self.figures.pool_hits = self.services.metric("podwire_pool_hits_total")
+        self._kubernetes()  # its pods take pooled ports too: after the CNI figures
         self._security_groups(network.id)
         self._router(network.id, sg.id)
         self._memif_cnf(network.id, sg.id)
