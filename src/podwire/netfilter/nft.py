@@ -2,7 +2,12 @@
 
 A libnftables context is not thread-safe and its netlink socket belongs to the namespace it
 was opened in, so one worker thread enters the host namespace once, opens the context there
-and runs every buffer; the event loop only awaits it.
+and runs every buffer; the event loop only awaits it. Nor is the library itself across
+contexts: listing a table fills its cache with every table of the namespace, and rules other
+tools made (iptables-nft's xt matches, kubelet's and Neutron's agents') go through
+libxtables' process-wide state. Several agents in one process (the tests, the benches) ran
+two contexts at once and libnftables aborted the process, so every call into the library
+holds one lock per process (``_LIBRARY_LOCK``; one agent per process never waits on it).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +32,7 @@ log = get_logger(__name__)
 LIBRARY = "libnftables.so.1"
 _OUTPUT_JSON = 1 << 4  # NFT_CTX_OUTPUT_JSON
 _OUTPUT_HANDLE = 1 << 3  # NFT_CTX_OUTPUT_HANDLE
+_LIBRARY_LOCK = threading.Lock()  # the C library's state is process-wide (module docstring)
 
 
 class NftError(PermanentError):
@@ -61,25 +68,28 @@ class _Context:
 
     def __init__(self, lib: Any, json_output: bool) -> None:
         self._lib = lib
-        self._ctx = lib.nft_ctx_new(0)
-        if not self._ctx:
-            raise NftError("nft_ctx_new failed")
-        lib.nft_ctx_buffer_output(self._ctx)
-        lib.nft_ctx_buffer_error(self._ctx)
-        if json_output:
-            lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON)
+        with _LIBRARY_LOCK:
+            self._ctx = lib.nft_ctx_new(0)
+            if not self._ctx:
+                raise NftError("nft_ctx_new failed")
+            lib.nft_ctx_buffer_output(self._ctx)
+            lib.nft_ctx_buffer_error(self._ctx)
+            if json_output:
+                lib.nft_ctx_output_set_flags(self._ctx, _OUTPUT_JSON)
 
     def run(self, text: str) -> str:
-        code = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
-        out = (self._lib.nft_ctx_get_output_buffer(self._ctx) or b"").decode()
-        err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode()
+        with _LIBRARY_LOCK:
+            code = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
+            out = (self._lib.nft_ctx_get_output_buffer(self._ctx) or b"").decode()
+            err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode()
         if code != 0:
             raise NftError(err.strip() or f"nft returned {code}")
         return out
 
     def close(self) -> None:
         if self._ctx:
-            self._lib.nft_ctx_free(self._ctx)
+            with _LIBRARY_LOCK:
+                self._lib.nft_ctx_free(self._ctx)
             self._ctx = None
 
 
