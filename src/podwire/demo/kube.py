@@ -11,15 +11,17 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from podwire.errors import StackError
 from podwire.kube.node import node_dir
 from podwire.stack import kube_control, procs
 
 NAMESPACE = "podwire-demo"
+T = TypeVar("T")
 
 
 def missing() -> str:
@@ -67,22 +69,23 @@ class Kube:
             if not proc.stdout.readline():
                 raise StackError(f"kube-node {host} exited; see {self.work}/{host}-kube-node.log")
         self.kubectl("create", "namespace", NAMESPACE)
-        self._wait(lambda: self._get("serviceaccount", "-n", NAMESPACE, "default") is not None)
+        account = ("serviceaccount", "-n", NAMESPACE, "default")
+        self._wait(lambda: self._get(*account) is not None, f"{NAMESPACE}'s ServiceAccount")
         return time.perf_counter() - started
 
     def _get(self, *args: str) -> dict[str, Any] | None:
         out = self.kubectl("get", *args, "-o", "json", "--ignore-not-found")
         return json.loads(out) if out.strip() else None
 
-    def _wait(
-        self, done: Any, what: str = "the namespace's ServiceAccount", timeout: float = 60.0
-    ) -> Any:
+    def _wait(self, done: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+        """``done``'s first truthy answer."""
         deadline = time.monotonic() + timeout
-        while not (found := done()):
+        while True:
+            if found := done():
+                return found
             if time.monotonic() > deadline:
                 raise StackError(f"{what}: not there after {timeout:.0f} s")
             time.sleep(0.2)
-        return found
 
     def apply(self, *manifests: dict[str, Any]) -> None:
         items = {"apiVersion": "v1", "kind": "List", "items": list(manifests)}
@@ -96,21 +99,17 @@ class Kube:
             up = {p["metadata"]["name"]: p for p in pods if p["status"].get("phase") == "Running"}
             return up if set(names) <= set(up) else None
 
-        return dict(self._wait(listed, f"pods {', '.join(names)} Running", timeout))
+        return self._wait(listed, f"pods {', '.join(names)} Running", timeout)
 
-    def output(self, pod: str, *command: str) -> str:
-        """``command``'s output in ``pod`` ("" if it failed)."""
+    def output(self, pod: str, *command: str) -> str | None:
+        """``command``'s output in ``pod``, or None if it failed."""
         try:
             return self.kubectl("exec", "-n", NAMESPACE, pod, "--", *command)
         except StackError:
-            return ""
+            return None
 
     def exec(self, pod: str, *command: str) -> bool:
-        try:
-            self.kubectl("exec", "-n", NAMESPACE, pod, "--", *command)
-        except StackError:
-            return False
-        return True
+        return self.output(pod, *command) is not None
 
     def stop(self) -> list[str]:
         """The pods first (kubelet's CNI DELs need the agents), then the nodes and Nodes.

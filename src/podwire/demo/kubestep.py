@@ -62,6 +62,6 @@ def run(
 
 def _port_of(kube: Kube, neutron: Any, pod: str) -> Any | None:
     """The Neutron port with the MAC of the pod's eth0 (pooled ports keep no pod's name)."""
-    mac = kube.output(pod, "cat", "/sys/class/net/eth0/address").strip()
+    mac = (kube.output(pod, "cat", "/sys/class/net/eth0/address") or "").strip()
     ports = list(neutron.network.ports(mac_address=mac)) if mac else []
     return ports[0] if len(ports) == 1 else None
