@@ -33,7 +33,10 @@ async def hostnames(etcd: EtcdClient, netenv: NetEnv) -> AsyncIterator[list[str]
 
 @pytest.fixture
 def vxnet(neutron: Any, project_id: str) -> Any:
-    """A VXLAN network with a /24 in this test's project (removed with the project)."""
+    """A VXLAN network with a /24 in this test's project (removed with the project).
+
+    Neutron allocates only up to .199: tests forge sources above it (spoofing, peers'
+    values), which must never be a port's address Neutron handed out to another pod."""
     network = neutron.network.create_network(name="pw-agent-a", project_id=project_id)
     neutron.network.create_subnet(
         network_id=network.id,
@@ -41,6 +44,7 @@ def vxnet(neutron: Any, project_id: str) -> Any:
         ip_version=4,
         project_id=project_id,
         gateway_ip="10.77.0.1",
+        allocation_pools=[{"start": "10.77.0.2", "end": "10.77.0.199"}],
     )
     return network
 

@@ -137,7 +137,7 @@ async def test_a_lying_node_cannot_take_a_pods_traffic(
         # A MAC that is no node's port: its frames from host 3 are dropped at host 2.
         in_ns(evil_ns, "ip", "link", "set", "eth0", "address", "fa:16:3e:66:66:66")
         in_ns(evil_ns, "ip", "addr", "flush", "dev", "eth0")
-        in_ns(evil_ns, "ip", "addr", "add", "10.77.0.66/24", "dev", "eth0")
+        in_ns(evil_ns, "ip", "addr", "add", "10.77.0.246/24", "dev", "eth0")
         assert not await ping_settles(evil_ns, client["ip"], False, within=3.0)
     finally:
         await lease.revoke()
