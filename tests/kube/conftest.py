@@ -121,7 +121,7 @@ class Cluster:
     work: Path
     agents: list[HostAgent] = field(default_factory=list)
     nodes: list[KubeNodeProcess] = field(default_factory=list)
-    address_base: int = field(default_factory=lambda: random.randrange(0, 236, 8))
+    address_base: int = field(default_factory=lambda: random.randrange(0, 224, 16))
 
     @property
     def namespace(self) -> str:
@@ -131,8 +131,8 @@ class Cluster:
         return f"{self.netenv.tag}-h{index}"
 
     async def add_agent(self, index: int, **extra: Any) -> HostAgent:
-        """Simulated host ``index`` (0-7, one per test) with its podwire agent running. Its
-        address is drawn per session (192.0.2.10-.249): kube-node routes the machine's
+        """Simulated host ``index`` (0-15, one per test) with its podwire agent running. Its
+        address is drawn per session (192.0.2.10-.233): kube-node routes the machine's
         namespace to it, so two test sessions on one machine must not pick the same one."""
         assert self.host_name(index) not in [a.host for a in self.agents], (
             f"host index {index} is another test's: each test of this package takes its own"

@@ -42,7 +42,8 @@ class Services:
         argv = [sys.executable, "-m", "podwire.cli.main", component, "--config", str(path)]
         self.children[name] = procs.spawn(argv, self.work / f"{name}.log")
 
-    def start_controller(self, hosts: list[str]) -> None:
+    def start_controller(self, hosts: list[str], extra: str = "") -> None:
+        """``extra``: more TOML after the controller's sections (a ``[kubernetes]``)."""
         self.node_tokens = {host: secrets.token_hex(16) for host in hosts}
         tokens = ", ".join(f'"{host}" = "{token}"' for host, token in self.node_tokens.items())
         self._spawn(
@@ -52,7 +53,8 @@ class Services:
             + f'[neutron]\nendpoint = "{self.neutron_url}"\n'
             + f'[controller]\nlisten = "127.0.0.1:{self.controller_port}"\n'
             + f'admin_token = "{self.admin_token}"\nnode_tokens = {{ {tokens} }}\n'
-            + "[pool]\nmin = 0\nbatch = 10\nupdate_interval = 1\n",
+            + "[pool]\nmin = 0\nbatch = 10\nupdate_interval = 1\n"
+            + extra,
         )
         self._wait("controller", lambda: http_ok(f"{self.controller_url}/readyz"))
 
