@@ -22,6 +22,7 @@ from podwire.controller.netpol_sync import NetpolReconciler, PortSide
 from podwire.errors import KubeApiError, ValidationError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.compile import pod_policies
+from podwire.k8s.events import EventRecorder
 from podwire.k8s.informer import WATCH_SECONDS
 from podwire.k8s.objects import K8sPod, ObjectKey, read_pod
 from podwire.k8s.reach import ApiReach
@@ -61,6 +62,8 @@ class KubernetesSide:
         self._ports = ports
         self._gone = gone
         self.reach = ApiReach(api.server, on_error=metrics.kubernetes_errors.inc)
+        # Kept across terms and restarts of this side: a failure's count is not forgotten.
+        self.events = EventRecorder(api)
         metrics.kubernetes_up.set_function(lambda: 0.0 if self.reach.away else 1.0)
         self.supervised = Supervised("kubernetes", self._run)
         self.watcher: KubeWatcher | None = None  # the current term's
@@ -99,6 +102,7 @@ class KubernetesSide:
         )
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(watcher.run(), name="k8s-watcher")
+            tasks.create_task(self.events.run(), name="k8s-events")
             # Compiled before every kind is listed, the policies of a kind not yet read would
             # look deleted: the reconciler starts on the whole picture, with one pass even if
             # the cluster is empty (policies deleted while no controller led).

@@ -108,6 +108,18 @@ class KubeApi:
             return None
         return _checked("pods", status, raw)
 
+    async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        """A core v1 Event as built by ``events.EventRecorder``; never patched afterwards."""
+        async with _translated("events", "create"):
+            create: Any = self._core.create_namespaced_event  # typed for models; raw JSON here
+            response = await create(
+                namespace, event, _preload_content=False, _request_timeout=LIST_TIMEOUT
+            )
+            try:
+                _checked("events", response.status, await response.read())
+            finally:
+                response.release()
+
     async def watch(
         self,
         kind: str,
