@@ -17,12 +17,14 @@ Need = tuple[str, str, str, str]
 # makes no API call: it wires pods from the CNI calls the runtime makes on its socket and
 # serves the device plugin on kubelet's unix sockets (registration, Allocate, PodResources),
 # none of which goes through the apiserver. The controller's leader, with [kubernetes]
-# (controller/kube_side.py), runs an informer each over Namespaces, Pods and NetworkPolicies in
-# every namespace: list and watch (k8s/api.py); get, as every informer's rules have it, for a
-# single object the cache does not hold yet (a pod at its ADD). Nothing that writes, no
-# Secret: configuration and credentials reach both as files and variables the kubelet fills
-# from the ConfigMap and the Secrets, with the kubelet's own rights. A need added here must
-# be granted by deploy/, and a grant in deploy/ needs its line here.
+# (controller/kube_side.py), runs an informer each over Namespaces, Pods, Nodes and
+# NetworkPolicies in every namespace: list and watch (k8s/api.py); get, as every informer's
+# rules have it, for a single object the cache does not hold yet (a pod at its ADD). It
+# writes only a pod's own annotations (patch pods: the port it shows) and Events naming
+# failures (create, never patched). No Secret: configuration and credentials reach both as
+# files and variables the kubelet fills from the ConfigMap and the Secrets, with the
+# kubelet's own rights. A need added here must be granted by deploy/, and a grant in
+# deploy/ needs its line here.
 NEEDS: dict[str, frozenset[Need]] = {
     "podwire-agent": frozenset(),
     "podwire-controller": frozenset(
@@ -30,10 +32,13 @@ NEEDS: dict[str, frozenset[Need]] = {
         for group, resource in (
             ("", "namespaces"),
             ("", "pods"),
+            ("", "nodes"),
             ("networking.k8s.io", "networkpolicies"),
         )
         for verb in ("get", "list", "watch")
-    ),
+    )
+    # the pod annotations showing its port, and Events naming failures
+    | {("patch", "", "pods", ""), ("create", "", "events", "")},
 }
 
 
