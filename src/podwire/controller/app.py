@@ -21,6 +21,7 @@ from podwire.config import Settings
 from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, PortDriver, UnpooledDriver
 from podwire.controller.follow import MirrorFollower
+from podwire.controller.gone_nodes import GoneNodes
 from podwire.controller.gone_pods import GonePods
 from podwire.controller.inuse import InUseStore
 from podwire.controller.kube_side import KubernetesSide
@@ -30,6 +31,7 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.mirror import MirrorFacts
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.pod_annotations import PodAnnotator
 from podwire.controller.policy_ports import PolicyPorts
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolDeps, PoolService
@@ -42,8 +44,9 @@ from podwire.errors import PodwireError
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.k8s.api import KubeApi
 from podwire.log import get_logger
-from podwire.neutron.client import NeutronClient, NeutronUnavailable
+from podwire.neutron.client import NeutronClient, NeutronUnavailable, PortSummary
 from podwire.neutron.netpol import NetpolObjects
+from podwire.schema.vif import DEVICE_OWNER
 
 log = get_logger(__name__)
 
@@ -174,9 +177,16 @@ class Controller:
             kubernetes.project_id,
             ports=ports,
             gone=GonePods(self.service, self.broker.release, api.pod),
+            nodes=GoneNodes(self.service, self.broker.remove_node),
+            annotator=PodAnnotator(self.service, api.patch_pod, self._ports_of_pod),
         )
         self.broker.pod_groups = self.kubernetes.pod_groups
         log.info("controller.kubernetes.configured", kubeconfig=str(path), server=api.server)
+
+    async def _ports_of_pod(self, uid: str) -> list[PortSummary]:
+        """The ports an agent with ``vif_source = "neutron"`` made for a pod (its uid is
+        their device_id): no in-use record holds them."""
+        return await self.neutron.list_port_summaries(device_owner=DEVICE_OWNER, device_id=uid)
 
     async def _term(self, _lease: Lease) -> None:
         self.term.begin(self.leadership.terms)

@@ -16,14 +16,18 @@ from collections.abc import Callable
 
 from podwire.backoff import Supervised
 from podwire.controller.errors import PolicyNotReady
+from podwire.controller.gone_nodes import GoneNodes
 from podwire.controller.gone_pods import GonePods
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netpol_sync import NetpolReconciler, PortSide
+from podwire.controller.pod_annotations import PodAnnotator
 from podwire.errors import KubeApiError, ValidationError
 from podwire.k8s.api import KubeApi
+from podwire.k8s.cache import Cache
 from podwire.k8s.compile import pod_policies
 from podwire.k8s.events import EventRecorder
-from podwire.k8s.informer import WATCH_SECONDS
+from podwire.k8s.informer import WATCH_SECONDS, Informer
+from podwire.k8s.nodes import read_node
 from podwire.k8s.objects import K8sPod, ObjectKey, read_pod
 from podwire.k8s.reach import ApiReach
 from podwire.k8s.watcher import KubeWatcher
@@ -49,10 +53,13 @@ class KubernetesSide:
         watch_seconds: int = WATCH_SECONDS,
         ports: PortSide | None = None,
         gone: GonePods | None = None,
+        nodes: GoneNodes | None = None,
+        annotator: PodAnnotator | None = None,
     ) -> None:
         """``project_id``: where the groups are made, so the one project whose pods get them.
         ``ports``: what moves the in-use and pooled ports after each pass; ``gone``: what
-        releases the ports of pods the API no longer has."""
+        releases the ports of pods the API no longer has; ``nodes``: what releases the
+        ports of a Node deleted from the API; ``annotator``: what shows pods their ports."""
         self.api = api
         self.project_id = project_id
         self._objects = objects
@@ -61,6 +68,8 @@ class KubernetesSide:
         self._watch_seconds = watch_seconds
         self._ports = ports
         self._gone = gone
+        self._nodes = nodes
+        self._annotator = annotator
         self.reach = ApiReach(api.server, on_error=metrics.kubernetes_errors.inc)
         # Kept across terms and restarts of this side: a failure's count is not forgotten.
         self.events = EventRecorder(api)
@@ -103,6 +112,16 @@ class KubernetesSide:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(watcher.run(), name="k8s-watcher")
             tasks.create_task(self.events.run(), name="k8s-events")
+            if self._nodes is not None:
+                nodes = Informer(
+                    self.api,
+                    Cache("nodes", self._nodes.on_event),
+                    read_node,
+                    watch_seconds=self._watch_seconds,
+                    reach=self.reach,
+                )
+                tasks.create_task(nodes.run(), name="k8s-informer-nodes")
+                tasks.create_task(self._nodes.run(), name="gone-nodes")
             # Compiled before every kind is listed, the policies of a kind not yet read would
             # look deleted: the reconciler starts on the whole picture, with one pass even if
             # the cluster is empty (policies deleted while no controller led).
@@ -120,6 +139,9 @@ class KubernetesSide:
             if self._gone is not None:
                 pods = watcher.pods.objects
                 tasks.create_task(self._gone.run(pods, watcher.pods_changed), name="gone-pods")
+            if self._annotator is not None:
+                shown = self._annotator.run(watcher.pods.objects, watcher.pods_shown)
+                tasks.create_task(shown, name="pod-annotations")
 
     async def pod_groups(self, pod: PodRef, project_id: str) -> tuple[str, ...]:
         """The Neutron ids of the groups a pod's port must carry (its policies', and the open

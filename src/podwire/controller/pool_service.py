@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -98,6 +98,8 @@ class PoolService:
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
         self.released = asyncio.Event()  # set by every release: the recycler's wake-up
+        # Called whenever an attachment's record came or went (the pod annotations' wake-up).
+        self.attachment_listeners: list[Callable[[], None]] = []
 
     def _new_pools(self) -> Pools:
         return Pools(self._pool_size_changed, self._mirror)
@@ -110,6 +112,8 @@ class PoolService:
 
     def attachments_changed(self) -> None:
         self._deps.metrics.in_use.set(len(self.term.attachments))
+        for listener in self.attachment_listeners:
+            listener()
 
     @property
     def pools(self) -> PoolsView:

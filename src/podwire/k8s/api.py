@@ -27,6 +27,7 @@ CONNECT_TIMEOUT = 10.0
 MAX_LINE = 16 << 20  # an event carries one object: the apiserver stores up to 1.5 MiB each
 GONE = 410
 NOT_FOUND = 404
+CONFLICT = 409
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class KubeApi:
         return {
             "namespaces": self._core.list_namespace,
             "pods": self._core.list_pod_for_all_namespaces,
+            "nodes": self._core.list_node,
             "networkpolicies": self._networking.list_network_policy_for_all_namespaces,
         }[kind]
 
@@ -119,6 +121,29 @@ class KubeApi:
                 _checked("events", response.status, await response.read())
             finally:
                 response.release()
+
+    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        """A JSON merge patch of one pod: only the keys it names change (a null deletes).
+        False when the API has no such pod, or another one under that name (a patch naming
+        ``metadata.uid`` is refused 409 for a pod of another uid)."""
+        async with _translated("pods", "patch"):
+            patch_pod: Any = self._core.patch_namespaced_pod  # typed for models; raw JSON here
+            response = await patch_pod(
+                name,
+                namespace,
+                patch,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=LIST_TIMEOUT,
+            )
+            try:
+                status, raw = response.status, await response.read()
+            finally:
+                response.release()
+        if status in (NOT_FOUND, CONFLICT):
+            return False
+        _checked("pods", status, raw)
+        return True
 
     async def watch(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from podwire.k8s.port_annotations import KEYS
 from podwire.k8s.selectors import read_labels
 from podwire.schema import fields
 from podwire.schema.doc import as_object
@@ -59,6 +60,9 @@ class K8sPod:
     named_ports: tuple[NamedPort, ...]
     host_network: bool
     node: str
+    # The annotations showing its port (``port_annotations.KEYS``), as the API holds them:
+    # what the controller compares before it patches them.
+    shown: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def has_own_address(self) -> bool:
@@ -98,7 +102,13 @@ def read_pod(value: Any) -> K8sPod:
         named_ports=_named_ports(spec, what),
         host_network=bool(spec.get("hostNetwork", False) is True),
         node=fields.text(spec.get("nodeName") or "", f"{what}.spec.nodeName"),
+        shown=_shown(body.get("metadata"), what),
     )
+
+
+def _shown(metadata: Any, what: str) -> dict[str, str]:
+    annotations = as_object(as_object(metadata, what).get("annotations") or {}, what)
+    return {key: value for key in KEYS if isinstance(value := annotations.get(key), str)}
 
 
 def _pod_ips(status: dict[str, Any], what: str) -> tuple[str, ...]:

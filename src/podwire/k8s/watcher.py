@@ -22,6 +22,7 @@ class KubeWatcher:
     ) -> None:
         self.changed = asyncio.Event()
         self.pods_changed = asyncio.Event()  # a pod came, changed or went
+        self.pods_shown = asyncio.Event()  # the same, for the pod annotations' writer
         self.reach = reach or ApiReach(api.server)
         self.namespaces: Cache[K8sNamespace] = Cache("namespaces", self._on_event)
         self.pods: Cache[K8sPod] = Cache("pods", self._on_event)
@@ -63,3 +64,4 @@ class KubeWatcher:
         self.changed.set()
         if event.kind == self.pods.kind:
             self.pods_changed.set()
+            self.pods_shown.set()
