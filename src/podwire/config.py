@@ -398,8 +398,17 @@ class KubernetesSettings:
     # The Neutron project the policies' security groups and address groups are made in: the
     # pods' project (a port takes only groups of its own project). Required with kubeconfig.
     project_id: str = ""
+    # The Neutron subnet pool (id) that the subnet of each namespace annotated
+    # ``podwire.io/network: auto`` is allocated from (docs/kubernetes.md, "Namespaces as
+    # networks"). Set with cluster_router, or neither: then such namespaces' pods are
+    # refused, naming these settings.
+    subnet_pool: str = ""
+    # The Neutron router (id) each such subnet is attached to, so that namespaces' networks
+    # reach each other and whatever the router reaches.
+    cluster_router: str = ""
 
     def validate(self) -> None:
+        self._validate_auto_networks()
         if not self.kubeconfig:
             if self.project_id:
                 raise ConfigError("kubernetes.project_id: set kubernetes.kubeconfig too")
@@ -413,6 +422,26 @@ class KubernetesSettings:
             fields.project_id(self.project_id, "kubernetes.project_id")
         except ValidationError as exc:
             raise ConfigError(str(exc)) from exc
+
+    def _validate_auto_networks(self) -> None:
+        if bool(self.subnet_pool) != bool(self.cluster_router):
+            raise ConfigError(
+                "kubernetes.subnet_pool, kubernetes.cluster_router: set both or neither (a"
+                " namespace's own network takes a subnet from the pool, attached to the router)"
+            )
+        if self.subnet_pool and not self.kubeconfig:
+            raise ConfigError("kubernetes.subnet_pool: set kubernetes.kubeconfig too")
+        for name in ("subnet_pool", "cluster_router"):
+            if getattr(self, name):
+                try:
+                    fields.uuid(getattr(self, name), f"kubernetes.{name}")
+                except ValidationError as exc:
+                    raise ConfigError(str(exc)) from exc
+
+    @property
+    def auto_networks(self) -> bool:
+        """Whether namespaces may ask for a network of their own (``auto``)."""
+        return bool(self.subnet_pool)
 
     def kubeconfig_path(self) -> Path | None:
         """The kubeconfig, checked to be a readable file: a controller told to follow the

@@ -20,11 +20,11 @@ Need = tuple[str, str, str, str]
 # (controller/kube_side.py), runs an informer each over Namespaces, Pods, Nodes and
 # NetworkPolicies in every namespace: list and watch (k8s/api.py); get, as every informer's
 # rules have it, for a single object the cache does not hold yet (a pod at its ADD). It
-# writes only a pod's own annotations (patch pods: the port it shows) and Events naming
-# failures (create, never patched). No Secret: configuration and credentials reach both as
-# files and variables the kubelet fills from the ConfigMap and the Secrets, with the
-# kubelet's own rights. A need added here must be granted by deploy/, and a grant in
-# deploy/ needs its line here.
+# writes only a pod's own annotations (patch pods: the port it shows), Events naming
+# failures (create, never patched) and its finalizer on namespaces (patch namespaces). No
+# Secret: configuration and credentials reach both as files and variables the kubelet fills
+# from the ConfigMap and the Secrets, with the kubelet's own rights. A need added here must
+# be granted by deploy/, and a grant in deploy/ needs its line here.
 NEEDS: dict[str, frozenset[Need]] = {
     "podwire-agent": frozenset(),
     "podwire-controller": frozenset(
@@ -38,7 +38,9 @@ NEEDS: dict[str, frozenset[Need]] = {
         for verb in ("get", "list", "watch")
     )
     # the pod annotations showing its port, and Events naming failures
-    | {("patch", "", "pods", ""), ("create", "", "events", "")},
+    | {("patch", "", "pods", ""), ("create", "", "events", "")}
+    # the finalizer on a namespace whose network podwire made (controller/ns_networks.py)
+    | {("patch", "", "namespaces", "")},
 }
 
 

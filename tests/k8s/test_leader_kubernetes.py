@@ -274,8 +274,8 @@ async def test_an_apiserver_away_at_start_and_later_leaves_the_pools_serving_and
     try:
         async with aiohttp.ClientSession() as http:
             # Away from the start: the pools serve anyway (an attachment of no pod); a pod's
-            # port waits for its policies to be known, then is refused as retryable, naming
-            # the apiserver (kubelet asks again).
+            # port waits for what the API says of it (its namespace's network is decided
+            # first), then is refused as retryable, naming the apiserver (kubelet asks again).
             status, vif = await request_vif(http, controller_url(controller), node, body(network))
             assert status == 200, vif
             assert await release_vif(http, controller_url(controller), node, "k1:eth0") == 204
@@ -284,7 +284,7 @@ async def test_an_apiserver_away_at_start_and_later_leaves_the_pools_serving_and
             )
             assert (status, refused["cause"], refused["retryable"]) == (
                 503,
-                "policy_not_ready",
+                "namespace_network",
                 True,
             ), refused
             assert f"not answering: {server}" in refused["error"], refused

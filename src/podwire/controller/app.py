@@ -31,6 +31,7 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.mirror import MirrorFacts
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
+from podwire.controller.ns_networks import NamespaceNetworks
 from podwire.controller.pod_annotations import PodAnnotator
 from podwire.controller.policy_ports import PolicyPorts
 from podwire.controller.pool_admin import PoolAdmin
@@ -179,8 +180,17 @@ class Controller:
             gone=GonePods(self.service, self.broker.release, api.pod),
             nodes=GoneNodes(self.service, self.broker.remove_node),
             annotator=PodAnnotator(self.service, api.patch_pod, self._ports_of_pod),
+            namespaces=NamespaceNetworks.for_settings(
+                self.settings,
+                api,
+                self._neutron_client.connection,
+                self.service,
+                self.admin,
+                self.term.check,
+            ),
         )
         self.broker.pod_groups = self.kubernetes.pod_groups
+        self.broker.pod_network = self.kubernetes.pod_network
         log.info("controller.kubernetes.configured", kubeconfig=str(path), server=api.server)
 
     async def _ports_of_pod(self, uid: str) -> list[PortSummary]:

@@ -25,6 +25,14 @@ class PolicyNotReady(RetryableError):
     cause = "policy_not_ready"
 
 
+class NamespaceNetworkNotReady(RetryableError):
+    """The network of the request's pod's namespace cannot be used yet: its annotation is
+    malformed or names a network Neutron does not have, or its ``auto`` network is still
+    being made. Retryable: the namespace's owner may fix it, and kubelet asks again."""
+
+    cause = "namespace_network"
+
+
 class NotServing(RetryableError):
     """This controller is not the leader or has not finished recovery."""
 

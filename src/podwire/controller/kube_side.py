@@ -20,12 +20,13 @@ from podwire.controller.gone_nodes import GoneNodes
 from podwire.controller.gone_pods import GonePods
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netpol_sync import NetpolReconciler, PortSide
+from podwire.controller.ns_networks import NamespaceNetworks
 from podwire.controller.pod_annotations import PodAnnotator
 from podwire.errors import KubeApiError, ValidationError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.cache import Cache
 from podwire.k8s.compile import pod_policies
-from podwire.k8s.events import EventRecorder
+from podwire.k8s.events import EventRecorder, ObjectRef
 from podwire.k8s.informer import WATCH_SECONDS, Informer
 from podwire.k8s.nodes import read_node
 from podwire.k8s.objects import K8sPod, ObjectKey, read_pod
@@ -53,6 +54,7 @@ class KubernetesSide:
         watch_seconds: int = WATCH_SECONDS,
         ports: PortSide | None = None,
         gone: GonePods | None = None,
+        namespaces: NamespaceNetworks | None = None,
         nodes: GoneNodes | None = None,
         annotator: PodAnnotator | None = None,
     ) -> None:
@@ -70,9 +72,16 @@ class KubernetesSide:
         self._gone = gone
         self._nodes = nodes
         self._annotator = annotator
+        self.namespaces = namespaces
+        if namespaces is not None:
+            namespaces.api_problem = lambda: self.reach.problem
         self.reach = ApiReach(api.server, on_error=metrics.kubernetes_errors.inc)
         # Kept across terms and restarts of this side: a failure's count is not forgotten.
         self.events = EventRecorder(api)
+        if namespaces is not None:
+            namespaces.on_problem = lambda name, uid, message: self.events.warn(
+                ObjectRef.of_namespace(name, uid), "NetworkRefused", message
+            )
         metrics.kubernetes_up.set_function(lambda: 0.0 if self.reach.away else 1.0)
         self.supervised = Supervised("kubernetes", self._run)
         self.watcher: KubeWatcher | None = None  # the current term's
@@ -142,6 +151,14 @@ class KubernetesSide:
             if self._annotator is not None:
                 shown = self._annotator.run(watcher.pods.objects, watcher.pods_shown)
                 tasks.create_task(shown, name="pod-annotations")
+            if self.namespaces is not None:
+                tasks.create_task(self.namespaces.run(watcher), name="namespace-networks")
+
+    async def pod_network(self, pod: PodRef) -> str | None:
+        """The network of the pod's namespace (``ns_networks``), None for the request's."""
+        if self.namespaces is None:
+            return None
+        return await self.namespaces.network_for(pod)
 
     async def pod_groups(self, pod: PodRef, project_id: str) -> tuple[str, ...]:
         """The Neutron ids of the groups a pod's port must carry (its policies', and the open

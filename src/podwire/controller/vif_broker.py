@@ -36,6 +36,8 @@ UNSEEN_WAIT = 5.0
 
 # A pod's NetworkPolicy groups (their Neutron ids) for a port of the given project.
 PodGroups = Callable[[PodRef, str], Awaitable[tuple[str, ...]]]
+# The network of a pod's namespace (its id), None for the one the request names.
+PodNetwork = Callable[[PodRef], Awaitable[str | None]]
 
 
 class VifBroker:
@@ -51,6 +53,7 @@ class VifBroker:
         self._lock_users: dict[tuple[str, str], int] = {}
         # With [kubernetes]: the groups a pod's policies give its port, added to the request's.
         self.pod_groups: PodGroups | None = None
+        self.pod_network: PodNetwork | None = None
 
     async def request(self, node: str, req: VifRequest) -> Vif:
         """The attachment's VIF. Requests and releases of one attachment are served one at a
@@ -81,7 +84,10 @@ class VifBroker:
                 del self._lock_users[ident], self._locks[ident]
 
     async def _request(self, node: str, req: VifRequest) -> Vif:
-        network = await self._deps.neutron.network(req.network, req.project_id)
+        network_ref = req.network
+        if self.pod_network is not None and req.pod is not None:
+            network_ref = await self.pod_network(req.pod) or req.network
+        network = await self._deps.neutron.network(network_ref, req.project_id)
         project = req.project_id or network.project_id
         await self._deps.neutron.check_security_groups(req.security_groups, project)
         wanted = req.security_groups

@@ -27,6 +27,7 @@ CONNECT_TIMEOUT = 10.0
 MAX_LINE = 16 << 20  # an event carries one object: the apiserver stores up to 1.5 MiB each
 GONE = 410
 NOT_FOUND = 404
+UNPROCESSABLE = 422  # a JSON patch whose test failed
 CONFLICT = 409
 
 
@@ -174,6 +175,34 @@ class KubeApi:
                     yield line
             finally:
                 response.release()
+
+    async def set_namespace_finalizers(
+        self, name: str, finalizers: list[str], resource_version: str
+    ) -> bool:
+        """The namespace's metadata.finalizers, only if it is still at ``resource_version``;
+        False when it changed meanwhile (the patch's test failed: nothing changed, so another
+        writer's finalizer is never dropped) and the caller decides again on what it reads."""
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+            {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
+        ]
+        async with _translated("namespaces", "patch"):
+            patch_namespace: Any = self._core.patch_namespace  # typed for models; raw JSON here
+            response = await patch_namespace(
+                name,
+                patch,
+                _content_type="application/json-patch+json",
+                _preload_content=False,
+                _request_timeout=LIST_TIMEOUT,
+            )
+            try:
+                status, raw = response.status, await response.read()
+            finally:
+                response.release()
+        if status in (CONFLICT, UNPROCESSABLE):
+            return False
+        _checked("namespaces", status, raw)
+        return True
 
 
 def _oneline(exc: BaseException) -> str:

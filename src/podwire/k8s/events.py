@@ -53,6 +53,10 @@ class ObjectRef:
         return cls("Pod", "v1", namespace, name, uid)
 
     @classmethod
+    def of_namespace(cls, name: str, uid: str = "") -> ObjectRef:
+        return cls("Namespace", "v1", "", name, uid)
+
+    @classmethod
     def network_policy(cls, namespace: str, name: str, uid: str = "") -> ObjectRef:
         return cls("NetworkPolicy", "networking.k8s.io/v1", namespace, name, uid)
 

@@ -17,6 +17,9 @@ from podwire.schema.doc import as_object
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 MAX_CONTAINERS = 256
 MAX_PORTS = 1024
+MAX_FINALIZERS = 64
+# Names the Neutron network of a namespace's pods (docs/kubernetes.md).
+NETWORK_ANNOTATION = "podwire.io/network"
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,14 @@ class Meta:
 
 @dataclass(frozen=True)
 class K8sNamespace:
+    """``network``: the ``podwire.io/network`` annotation as written (``ns_network`` reads it:
+    a bad value refuses the namespace's pods, never the namespace, whose labels policies
+    select); ``deleting``: its deletionTimestamp is set."""
+
     meta: Meta
+    network: str | None = None
+    deleting: bool = False
+    finalizers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,18 @@ def read_meta(value: Any, what: str, *, namespaced: bool) -> Meta:
 
 def read_namespace(value: Any) -> K8sNamespace:
     body = as_object(value, "namespace")
-    return K8sNamespace(read_meta(body.get("metadata"), "namespace", namespaced=False))
+    meta = read_meta(body.get("metadata"), "namespace", namespaced=False)
+    what = f"namespace {meta.key}.metadata"
+    raw = as_object(body.get("metadata"), what)
+    annotations = as_object(raw.get("annotations") or {}, f"{what}.annotations")
+    network = annotations.get(NETWORK_ANNOTATION)
+    finalizers = fields.items(raw.get("finalizers") or [], f"{what}.finalizers", MAX_FINALIZERS)
+    return K8sNamespace(
+        meta,
+        network=network if isinstance(network, str) else None,
+        deleting=bool(raw.get("deletionTimestamp")),
+        finalizers=tuple(fields.text(f, f"{what}.finalizers", 316) for f in finalizers),
+    )
 
 
 def read_pod(value: Any) -> K8sPod:

@@ -23,6 +23,8 @@ class KubeWatcher:
         self.changed = asyncio.Event()
         self.pods_changed = asyncio.Event()  # a pod came, changed or went
         self.pods_shown = asyncio.Event()  # the same, for the pod annotations' writer
+        # A namespace or a pod came, changed or went (a namespace deleted waits for its pods).
+        self.namespaces_changed = asyncio.Event()
         self.reach = reach or ApiReach(api.server)
         self.namespaces: Cache[K8sNamespace] = Cache("namespaces", self._on_event)
         self.pods: Cache[K8sPod] = Cache("pods", self._on_event)
@@ -65,3 +67,5 @@ class KubeWatcher:
         if event.kind == self.pods.kind:
             self.pods_changed.set()
             self.pods_shown.set()
+        if event.kind in (self.pods.kind, self.namespaces.kind):
+            self.namespaces_changed.set()
