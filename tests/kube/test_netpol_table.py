@@ -558,7 +558,7 @@ async def test_a_new_pod_under_default_deny_answers_only_once_a_policy_allows(
     try:
         await p.cluster.kubectl.run("apply", "-f", "-", stdin=json.dumps(manifest))
         address = await asyncio.wait_for(watching, 120)
-        sources = [p.key("a", "p1"), p.key("a", "p3")]  # the other host, and the fresh pod's
+        sources = [p.key("a", "p0"), p.key("a", "p1")]  # the fresh pod's host, and the other
         probing = asyncio.create_task(
             answers.keep_probing(sources, f"{p.ns('a')}/fresh", address, p.netns)
         )
