@@ -40,7 +40,9 @@ SECTIONS = [
     "vm_bench",  # samples capped at 5 boots per variant
     "scale_bench",  # samples = pod create/delete cycles per mode (adaptive, fixed min=5)
     "kube_bench",  # the stack gets --kubernetes; samples capped at 40 pods one at a time
+    "netpol_bench",  # the stack gets --kubernetes; samples = pods, capped at 200
 ]
+KUBERNETES = {"kube_bench", "netpol_bench"}  # the sections that need the stack's Kubernetes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pwb-", dir="/tmp") as tmp:
         Path(tmp).chmod(0o711)  # the stack's RabbitMQ runs as its own user and must reach it
         # With the RPC bus: the tap bench runs Neutron's DHCP agent.
-        # kube_bench's pods go through the API: the stack runs Kubernetes' control plane too.
-        kube = "kube_bench" in args.only
+        # Some sections go through the Kubernetes API: the stack runs its control plane too.
+        kube = bool(KUBERNETES & set(args.only))
         proc, stack = start_background(
             Path(args.stack_dir or Path(tmp) / "stack"),
             timeout=300.0 if kube else 180.0,

@@ -3,27 +3,64 @@ address groups hold what the cluster's policies compile to.
 
 It works from a snapshot each time (compile, read Neutron, plan, apply), so a missed event,
 a restart or a failed call is repaired by the next pass: the only state is Neutron's and the
-API's. Neutron's calls are blocking (openstacksdk) and run on a worker thread."""
+API's. Neutron's calls are blocking (openstacksdk) and run on a worker thread.
+
+Reading Neutron is most of a pass's cost when a pod comes or goes (two lists for one
+address-group update), so a pass that changed only addresses keeps what it read, with its
+own changes applied, for the next pass (``Observed``). Anything else a pass changes, a
+failed pass, a new term, or a reading older than ``OBSERVED_MAX_AGE`` reads Neutron again:
+what someone changed by hand is repaired by the first pass after that."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from podwire.backoff import Backoff
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.policy_view import PolicyView
+from podwire.controller.refusals import PolicyRefused, policies_in, refused
 from podwire.errors import PodwireError
 from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import SgRule
+from podwire.k8s.objects import ObjectKey
 from podwire.k8s.plan import Plan, plan, rule_changes
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronInUse
-from podwire.neutron.netpol import NetpolObjects, RuleBody
+from podwire.neutron.netpol import NetpolObjects, ObservedAddressGroup, ObservedGroup, RuleBody
 
 log = get_logger(__name__)
+
+OBSERVED_MAX_AGE = 60.0  # seconds a pass trusts an earlier pass's reading of Neutron
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The marked groups and address groups as a pass read (and then left) them."""
+
+    groups: list[ObservedGroup]
+    address_groups: list[ObservedAddressGroup]
+    read_at: float
+
+    def after(self, steps: Plan) -> Observed | None:
+        """What Neutron holds after ``steps`` if they changed only addresses; None if they
+        changed more (the next pass reads Neutron)."""
+        if steps.create_address_groups or steps.create_groups or steps.add_rules:
+            return None
+        if steps.delete_rules or steps.delete_groups or steps.delete_address_groups:
+            return None
+        changes = {change.group_id: change for change in steps.change_addresses}
+        kept = []
+        for group in self.address_groups:
+            change = changes.get(group.id)
+            if change is not None:
+                group = replace(group, addresses=(group.addresses | change.add) - change.remove)
+            kept.append(group)
+        return replace(self, address_groups=kept)
 
 
 class PortSide(Protocol):
@@ -63,6 +100,9 @@ class NetpolReconciler:
         # a pod's port may be given (a group not here yet is not in Neutron yet).
         self.group_ids: dict[str, str] = {}
         self._passed = asyncio.Event()  # set (and replaced) when a pass succeeds
+        # Told the policies and Neutron's words when Neutron refuses a pass (their Events).
+        self.on_refused: Callable[[list[ObjectKey], str], None] | None = None
+        self._observed: Observed | None = None  # an earlier pass's reading, still true
 
     async def run(self, changed: asyncio.Event) -> None:
         """A pass after every change; a pass that failed is repeated after a backoff, a
@@ -81,6 +121,8 @@ class NetpolReconciler:
             except PodwireError as exc:
                 self.problem = str(exc)
                 self._count("failed")
+                if isinstance(exc, PolicyRefused) and self.on_refused is not None:
+                    self.on_refused(exc.policies, str(exc))
                 delay = self._backoff.next()
                 log.warning("netpol.sync.retry", error=str(exc), delay=delay)
                 await asyncio.sleep(delay)
@@ -109,7 +151,10 @@ class NetpolReconciler:
         group is deleted, so a deleted policy's group is carried by no port of ours when
         Neutron is asked to delete it."""
         cluster = self._cluster()  # a snapshot taken on the loop, where the caches change
-        steps, view = await asyncio.to_thread(self._sync, cluster)
+        observed, self._observed = self._observed, None  # trusted again once this pass is done
+        if observed is not None and time.monotonic() - observed.read_at > OBSERVED_MAX_AGE:
+            observed = None
+        steps, view, read = await asyncio.to_thread(self._sync, cluster, observed)
         if self._ports is not None:
             await self._ports.follow(view)
             for group_id in steps.delete_groups:
@@ -117,24 +162,37 @@ class NetpolReconciler:
         group_ids = dict(view.group_ids)
         self.lingering = frozenset(await asyncio.to_thread(self._delete, steps, group_ids))
         self.group_ids = group_ids
+        self._observed = read.after(steps)
         return steps
 
-    def _sync(self, cluster: Cluster) -> tuple[Plan, PolicyView]:
-        desired = compile_policies(cluster)
+    def _read(self) -> Observed:
         address_groups = self._objects.address_groups()
-        observed = self._objects.groups()
-        steps = plan(desired, observed, address_groups)
-        group_ids = {group.name: group.id for group in observed}
+        return Observed(self._objects.groups(), address_groups, time.monotonic())
+
+    def _sync(
+        self, cluster: Cluster, observed: Observed | None
+    ) -> tuple[Plan, PolicyView, Observed]:
+        desired = compile_policies(cluster)
+        observed = observed or self._read()
+        steps = plan(desired, observed.groups, observed.address_groups)
+        group_ids = {group.name: group.id for group in observed.groups}
         if not steps.empty:
-            self._apply(steps, {group.name: group.id for group in address_groups}, group_ids)
+            address_group_ids = {group.name: group.id for group in observed.address_groups}
+            try:
+                self._apply(steps, address_group_ids, group_ids)
+            except PodwireError as exc:
+                if not refused(exc):
+                    raise
+                policies = policies_in(steps, desired, cluster.policies, group_ids)
+                raise PolicyRefused(str(exc), policies) from exc
             log.info("netpol.synced", **_counts(steps))
         view = PolicyView(
             pods=cluster.pods,
             policies=desired.pods,
             group_ids=group_ids,
-            marked=frozenset(group_ids.values()) | {group.id for group in observed},
+            marked=frozenset(group_ids.values()) | {group.id for group in observed.groups},
         )
-        return steps, view
+        return steps, view, observed
 
     def _apply(
         self, steps: Plan, address_group_ids: dict[str, str], group_ids: dict[str, str]
@@ -162,9 +220,12 @@ class NetpolReconciler:
                 fence("Neutron delete_security_group_rule")
                 objects.delete_rule(rule_id)
             additions.extend((created.id, rule) for rule in add)
+        by_group: dict[str, list[RuleBody]] = {}
         for group_id, rule in additions:
-            fence("Neutron create_security_group_rule")
-            objects.create_rule(group_id, _body(rule, address_group_ids))
+            by_group.setdefault(group_id, []).append(_body(rule, address_group_ids))
+        for group_id, bodies in by_group.items():
+            fence("Neutron create_security_group_rules")
+            objects.create_rules(group_id, bodies)
         for rule_id in steps.delete_rules:
             fence("Neutron delete_security_group_rule")
             objects.delete_rule(rule_id)
