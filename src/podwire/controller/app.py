@@ -190,6 +190,7 @@ class Controller:
             ),
         )
         self.broker.pod_groups = self.kubernetes.pod_groups
+        self.broker.pod_failed = self.kubernetes.pod_failed
         self.broker.pod_network = self.kubernetes.pod_network
         log.info("controller.kubernetes.configured", kubeconfig=str(path), server=api.server)
 

@@ -22,7 +22,8 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.netpol_sync import NetpolReconciler, PortSide
 from podwire.controller.ns_networks import NamespaceNetworks
 from podwire.controller.pod_annotations import PodAnnotator
-from podwire.errors import KubeApiError, ValidationError
+from podwire.controller.refusals import port_refused
+from podwire.errors import KubeApiError, PodwireError, ValidationError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.cache import Cache
 from podwire.k8s.compile import pod_policies
@@ -118,6 +119,7 @@ class KubernetesSide:
             metrics=self._metrics,
             ports=self._ports,
         )
+        reconciler.on_refused = self._policies_refused
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(watcher.run(), name="k8s-watcher")
             tasks.create_task(self.events.run(), name="k8s-events")
@@ -159,6 +161,25 @@ class KubernetesSide:
         if self.namespaces is None:
             return None
         return await self.namespaces.network_for(pod)
+
+    def pod_failed(self, pod: PodRef, exc: PodwireError) -> None:
+        """A pod's request that failed for a cause no retry of it removes is named on the
+        pod (kubelet's own Events say only that the CNI ADD failed)."""
+        if port_refused(exc):
+            ref = ObjectRef.pod(pod.namespace, pod.name, pod.uid)
+            self.events.warn(ref, "FailedNeutronPort", f"no Neutron port for this pod: {exc}")
+
+    def _policies_refused(self, policies: list[ObjectKey], reason: str) -> None:
+        cached = self.watcher.policies.objects if self.watcher is not None else {}
+        for key in policies:
+            found = cached.get(key)
+            uid = found.meta.uid if found is not None else ""
+            self.events.warn(
+                ObjectRef.network_policy(key.namespace, key.name, uid),
+                "PolicyNotEnforced",
+                f"Neutron refused this policy's security group or rules: {reason}; the pass"
+                " is retried with backoff",
+            )
 
     async def pod_groups(self, pod: PodRef, project_id: str) -> tuple[str, ...]:
         """The Neutron ids of the groups a pod's port must carry (its policies', and the open

@@ -53,6 +53,8 @@ class VifBroker:
         self._lock_users: dict[tuple[str, str], int] = {}
         # With [kubernetes]: the groups a pod's policies give its port, added to the request's.
         self.pod_groups: PodGroups | None = None
+        # With [kubernetes]: told why a pod's request failed (the Kubernetes Event's source).
+        self.pod_failed: Callable[[PodRef, PodwireError], None] | None = None
         self.pod_network: PodNetwork | None = None
 
     async def request(self, node: str, req: VifRequest) -> Vif:
@@ -69,7 +71,12 @@ class VifBroker:
             known = self._term.attachments.get(ident)
             if known is not None and not _replacing(req, known):
                 return known.vif
-            return await self._request(node, req)
+            try:
+                return await self._request(node, req)
+            except PodwireError as exc:
+                if self.pod_failed is not None and req.pod is not None:
+                    self.pod_failed(req.pod, exc)
+                raise
 
     @contextlib.asynccontextmanager
     async def _serialised(self, ident: tuple[str, str]) -> AsyncIterator[None]:

@@ -62,6 +62,14 @@ class NeutronInUse(NeutronRequestError):
     cause = "in_use"
 
 
+class NeutronOverQuota(NeutronUnavailable):
+    """A quota of the project is used up (Neutron's OverQuota, a 409). Retried like any
+    conflict, since quotas are raised and resources freed by others, but named apart: it is
+    reported on the Kubernetes object it stops (a pod, a NetworkPolicy)."""
+
+    cause = "over_quota"
+
+
 # Neutron's 409s that are about the request, not a race a retry resolves.
 _PERMANENT_CONFLICTS: dict[str, type[NeutronRequestError]] = {
     "IpAddressGenerationFailure": NeutronAddressesExhausted,
@@ -100,6 +108,8 @@ def _from_http(exc: os_exc.HttpException, what: str) -> Exception:
     permanent = _PERMANENT_CONFLICTS.get(_error_type(exc)) if status == 409 else None
     if permanent is not None:
         return permanent(message, status)
+    if status == 409 and _error_type(exc) == "OverQuota":
+        return NeutronOverQuota(message)
     if status in (409, 429) or status >= 500 or status == 0:
         return NeutronUnavailable(message)
     return NeutronRequestError(message, status)

@@ -1,0 +1,148 @@
+"""Failures named as Kubernetes Events on the object they stop, by a whole controller with
+``[kubernetes]`` on the kube stack's real apiserver, etcd and Neutron (scripted nodes): a
+pod whose network has no subnet, and a NetworkPolicy whose group exceeds the project's
+quota, which is enforced once the quota is raised."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from podwire.k8s.groups import group_name
+from podwire.k8s.objects import ObjectKey
+from podwire.neutron.client import neutron_connection
+from tests.controller.conftest import ScriptedNodes, make_network, request_vif
+from tests.k8s.test_apiserver import apply, pod
+from tests.k8s.test_gone_pods import pod_request
+from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
+    Start,
+    controller_url,
+    groups_of,
+    kube_etcd,
+    project,
+    scripted,
+    settings,
+    start,
+    uid_of,
+)
+from tests.scripted_agent import eventually
+from tests.stack.conftest import kubectl
+
+
+def warnings(kube_stack: dict[str, Any], namespace: str, reason: str) -> list[dict[str, Any]]:
+    done = kubectl(kube_stack, "get", "events", "-n", namespace, "-o", "json")
+    assert done.returncode == 0, done.stderr
+    return [e for e in json.loads(done.stdout)["items"] if e["reason"] == reason]
+
+
+def events_of(kube_stack: dict[str, Any], namespace: str, reason: str) -> Any:
+    async def probe() -> list[dict[str, Any]]:
+        return await asyncio.to_thread(warnings, kube_stack, namespace, reason)
+
+    return probe
+
+
+async def test_a_pod_whose_network_has_no_subnet_gets_one_event_naming_it(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,  # noqa: F811
+    project: str,  # noqa: F811
+    start: Start,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    node = await scripted.add()
+    neutron = neutron_connection(kube_stack["neutron"])
+    bare = neutron.network.create_network(project_id=project, name="pw-bare")
+    controller = await start(settings(kube_stack, [node], project, kube_stack["kubeconfig"]))
+    name = f"ev-{uuid.uuid4().hex[:8]}"
+    try:
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            pod(name, "web", {"app": "web"}),
+        )
+        async with aiohttp.ClientSession() as http:
+            for _ in range(3):  # kubelet asks again and again: one Event, not one each
+                request = pod_request(kube_stack, network=bare, namespace=name, name="web")
+                status, answer = await request_vif(http, controller_url(controller), node, request)
+                assert status >= 400, answer
+        found = await eventually(events_of(kube_stack, name, "FailedNeutronPort"), "the Event")
+        await asyncio.sleep(1)  # what a second Event would need to arrive
+        found = warnings(kube_stack, name, "FailedNeutronPort")
+        assert len(found) == 1, found
+        event = found[0]
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["name"] == "web"
+        assert event["involvedObject"]["uid"] == uid_of(kube_stack, name, "web")
+        assert "has no subnet" in event["message"], event["message"]
+        assert bare.id in event["message"] or "pw-bare" in event["message"]
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+
+
+def many_ports(namespace: str) -> dict[str, Any]:
+    """Ingress on eight TCP ports: sixteen rules (IPv4 and IPv6)."""
+    ports = [{"port": 8000 + n, "protocol": "TCP"} for n in range(8)]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "many", "namespace": namespace},
+        "spec": {"podSelector": {}, "ingress": [{"ports": ports}]},
+    }
+
+
+async def test_a_policy_over_the_group_quota_is_named_and_enforced_once_it_is_raised(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,  # noqa: F811
+    project: str,  # noqa: F811
+    start: Start,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    node = await scripted.add()
+    neutron = neutron_connection(kube_stack["neutron"])
+    make_network(neutron, project, "pw-quota", "10.87.0.0/24")
+    config = settings(kube_stack, [node], project, kube_stack["kubeconfig"])
+    controller = await start(config)
+    name = f"quota-{uuid.uuid4().hex[:8]}"
+    tag = config.deployment.tag
+    try:
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        )
+
+        def open_groups() -> bool:  # the open groups exist before the quota is lowered
+            return len(groups_of(neutron, project, tag)) >= 2
+
+        await eventually(lambda: asyncio.to_thread(open_groups), "the open groups")
+        # Groups count against their project (rules against the request's, which the
+        # noauth stack leaves unset): no room for one more group.
+        used = len(list(neutron.network.security_groups(project_id=project)))
+        neutron.network.update_quota(project, security_groups=used)
+        await apply(kube_stack, tmp_path, many_ports(name))
+
+        found = await eventually(events_of(kube_stack, name, "PolicyNotEnforced"), "the Event")
+        event = found[0]
+        assert event["involvedObject"]["kind"] == "NetworkPolicy"
+        assert event["involvedObject"]["name"] == "many"
+        assert "Quota exceeded" in event["message"], event["message"]
+        assert controller.kubernetes is not None
+        assert controller.kubernetes.problem() is not None  # readiness names it too
+
+        neutron.network.update_quota(project, security_groups=used + 10)
+        wanted = group_name(ObjectKey(name, "many"))
+
+        def enforced() -> bool:
+            rules = groups_of(neutron, project, tag).get(wanted)
+            return rules is not None and len(rules) == 8  # 8 ports, (direction, proto, ports)
+
+        await eventually(lambda: asyncio.to_thread(enforced), "the policy enforced", 60)
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+        neutron.network.delete_quota(project)
