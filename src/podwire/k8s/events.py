@@ -62,7 +62,7 @@ class ObjectRef:
 
 
 @dataclass(frozen=True)
-class _Key:
+class _EventKey:
     ref: ObjectRef
     type: str
     reason: str
@@ -70,7 +70,7 @@ class _Key:
 
 
 @dataclass
-class _Entry:
+class _Pending:
     count: int  # occurrences not sent yet
     first: float  # wall-clock time of the first of them
     last: float
@@ -91,7 +91,7 @@ class EventRecorder:
         self._per_second = per_second
         self._tokens = float(burst)
         self._filled = time.monotonic()
-        self._entries: dict[_Key, _Entry] = {}
+        self._entries: dict[_EventKey, _Pending] = {}
         self._wake = asyncio.Event()
         self._instance = socket.gethostname()
         self.sent = 0
@@ -101,7 +101,7 @@ class EventRecorder:
         self.record(ref, "Warning", reason, message)
 
     def record(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
-        key = _Key(ref, type_, reason, message[:MAX_MESSAGE])
+        key = _EventKey(ref, type_, reason, message[:MAX_MESSAGE])
         now = time.time()
         entry = self._entries.get(key)
         if entry is None:
@@ -109,7 +109,7 @@ class EventRecorder:
                 self.dropped += 1
                 log.warning("k8s.event.dropped", reason=reason, object=_named(ref))
                 return
-            entry = self._entries[key] = _Entry(0, now, now)
+            entry = self._entries[key] = _Pending(0, now, now)
         if not entry.count:
             entry.first = now
         entry.count += 1
@@ -131,7 +131,7 @@ class EventRecorder:
                 except TimeoutError:
                     pass
 
-    def _due(self) -> tuple[list[_Key], float | None]:
+    def _due(self) -> tuple[list[_EventKey], float | None]:
         """The keys to send now, and how long until the next one is due (None: none is)."""
         now, due, wait = time.monotonic(), [], None
         for key, entry in self._entries.items():
@@ -153,7 +153,7 @@ class EventRecorder:
             self._tokens, self._filled = 1.0, time.monotonic()
         self._tokens -= 1
 
-    async def _send(self, key: _Key) -> None:
+    async def _send(self, key: _EventKey) -> None:
         entry = self._entries[key]
         body = self._event(key, entry)
         entry.count, entry.sent = 0, time.monotonic()
@@ -164,7 +164,7 @@ class EventRecorder:
             return
         self.sent += 1
 
-    def _event(self, key: _Key, entry: _Entry) -> dict[str, Any]:
+    def _event(self, key: _EventKey, entry: _Pending) -> dict[str, Any]:
         ref = key.ref
         namespace = ref.namespace or "default"  # where Events of cluster-scoped objects go
         involved = {"kind": ref.kind, "apiVersion": ref.api_version, "name": ref.name}
