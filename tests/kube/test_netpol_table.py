@@ -431,6 +431,35 @@ async def delete_deny_egress_b(p: Policed) -> None:
     await p.delete("b", "deny-out")
 
 
+async def both_directions(p: Policed) -> None:
+    spec = {
+        "podSelector": {"matchLabels": {"app": "web", "tier": "back"}},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"team": "alpha"}}}],
+                "ports": [{"protocol": "UDP"}],
+            }
+        ],
+        "egress": [{"to": [{"podSelector": {}}]}],
+    }
+    await p.apply("c", "both", spec)
+
+
+async def egress_ports_only(p: Policed) -> None:
+    spec = {
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "policyTypes": ["Egress"],
+        "egress": [{"ports": [{"protocol": "TCP", "port": 9090}]}],
+    }
+    await p.apply("c", "out-9090", spec)
+
+
+async def from_db_everywhere(p: Policed) -> None:
+    peer = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}
+    await p.apply("a", "from-any-db", {"podSelector": {}, "ingress": [{"from": [peer]}]})
+
+
 SCENARIOS: list[tuple[str, Step]] = [
     ("no policy: every cell open", nothing),
     ("default deny ingress in a", deny_ingress_a),
@@ -449,9 +478,13 @@ SCENARIOS: list[tuple[str, Step]] = [
     ("a namespace relabelled (c team=delta)", namespace_out_of_team),
     ("a namespace relabelled (a without env)", namespace_loses_env),
     ("a policy deleted (b's default deny egress)", delete_deny_egress_b),
+    ("c/p1: one policy of both types", both_directions),
+    ("c's web: egress on a port to any address (no peers)", egress_ports_only),
+    ("a: from db pods of every namespace (empty namespace selector)", from_db_everywhere),
 ]
 
 
+@pytest.mark.timeout(600)  # the first test of the module also sets the pods up
 async def test_the_connectivity_table_follows_the_specification(policed: Policed) -> None:
     previous: dict[Cell, bool] | None = None
     timings = []
