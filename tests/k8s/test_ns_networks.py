@@ -30,6 +30,7 @@ from podwire.neutron.ns_networks import namespace_mark
 from podwire.neutron.routers import delete_routers
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
 from tests.k8s.test_apiserver import apply, pod
+from tests.k8s.test_events import events_of
 from tests.k8s.test_gone_pods import _run, pod_request, records
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
@@ -231,8 +232,20 @@ async def test_a_namespace_naming_a_missing_or_malformed_network_is_refused_unti
                 assert f"namespace {ns}" in refused["error"], refused
                 assert named_value in refused["error"], refused
 
-            for ns in (first, second):
+            for ns, named_value in ((first, missing), (second, bad)):
                 assert logged(caplog, "controller.namespace_network.problem", ns)
+
+                async def told(ns: str = ns, value: str = named_value) -> bool:
+                    # A cluster-scoped object's Events are kept in "default".
+                    return any(
+                        e["involvedObject"].get("kind") == "Namespace"
+                        and e["involvedObject"]["name"] == ns
+                        and e["reason"] == "NetworkRefused"
+                        and value in e["message"]
+                        for e in await asyncio.to_thread(events_of, kube_stack, "default")
+                    )
+
+                await eventually(told, f"the Event on namespace {ns}")
             # Fixed: the one names a network that exists, the other has no annotation.
             kubectl(kube_stack, "annotate", "namespace", first, "--overwrite",
                     f"podwire.io/network={named.id}")  # fmt: skip
