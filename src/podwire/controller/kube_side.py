@@ -120,6 +120,7 @@ class KubernetesSide:
             ports=self._ports,
         )
         reconciler.on_refused = self._policies_refused
+        reconciler.on_over_budget = self._policy_not_enforced
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(watcher.run(), name="k8s-watcher")
             tasks.create_task(self.events.run(), name="k8s-events")
@@ -170,16 +171,19 @@ class KubernetesSide:
             self.events.warn(ref, "FailedNeutronPort", f"no Neutron port for this pod: {exc}")
 
     def _policies_refused(self, policies: list[ObjectKey], reason: str) -> None:
-        cached = self.watcher.policies.objects if self.watcher is not None else {}
         for key in policies:
-            found = cached.get(key)
-            uid = found.meta.uid if found is not None else ""
-            self.events.warn(
-                ObjectRef.network_policy(key.namespace, key.name, uid),
-                "PolicyNotEnforced",
+            self._policy_not_enforced(
+                key,
                 f"Neutron refused this policy's security group or rules: {reason}; the pass"
                 " is retried with backoff",
             )
+
+    def _policy_not_enforced(self, key: ObjectKey, message: str) -> None:
+        cached = self.watcher.policies.objects if self.watcher is not None else {}
+        found = cached.get(key)
+        uid = found.meta.uid if found is not None else ""
+        ref = ObjectRef.network_policy(key.namespace, key.name, uid)
+        self.events.warn(ref, "PolicyNotEnforced", message)
 
     async def pod_groups(self, pod: PodRef, project_id: str) -> tuple[str, ...]:
         """The Neutron ids of the groups a pod's port must carry (its policies', and the open

@@ -25,6 +25,7 @@ from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.policy_view import PolicyView
 from podwire.controller.refusals import PolicyRefused, policies_in, refused
 from podwire.errors import PodwireError
+from podwire.k8s.budget import OverBudget, within_budget
 from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import SgRule
 from podwire.k8s.objects import ObjectKey
@@ -102,6 +103,9 @@ class NetpolReconciler:
         self._passed = asyncio.Event()  # set (and replaced) when a pass succeeds
         # Told the policies and Neutron's words when Neutron refuses a pass (their Events).
         self.on_refused: Callable[[list[ObjectKey], str], None] | None = None
+        # Told once of each policy refused for its size, with why (its Event).
+        self.on_over_budget: Callable[[ObjectKey, str], None] | None = None
+        self.over_budget: dict[ObjectKey, OverBudget] = {}
         self._observed: Observed | None = None  # an earlier pass's reading, still true
 
     async def run(self, changed: asyncio.Event) -> None:
@@ -154,7 +158,8 @@ class NetpolReconciler:
         observed, self._observed = self._observed, None  # trusted again once this pass is done
         if observed is not None and time.monotonic() - observed.read_at > OBSERVED_MAX_AGE:
             observed = None
-        steps, view, read = await asyncio.to_thread(self._sync, cluster, observed)
+        steps, view, read, over = await asyncio.to_thread(self._sync, cluster, observed)
+        self._note_over_budget(over)
         if self._ports is not None:
             await self._ports.follow(view)
             for group_id in steps.delete_groups:
@@ -165,14 +170,28 @@ class NetpolReconciler:
         self._observed = read.after(steps)
         return steps
 
+    def _note_over_budget(self, over: list[OverBudget]) -> None:
+        """Policies refused for their size: named when they become so (or their size
+        changes), not on every pass while they stay."""
+        now = {found.policy: found for found in over}
+        for key, found in now.items():
+            if self.over_budget.get(key) == found:
+                continue
+            log.warning(
+                "netpol.policy_over_budget", policy=str(key), rules=found.rules, limit=found.limit
+            )
+            if self.on_over_budget is not None:
+                self.on_over_budget(key, found.message())
+        self.over_budget = now
+
     def _read(self) -> Observed:
         address_groups = self._objects.address_groups()
         return Observed(self._objects.groups(), address_groups, time.monotonic())
 
     def _sync(
         self, cluster: Cluster, observed: Observed | None
-    ) -> tuple[Plan, PolicyView, Observed]:
-        desired = compile_policies(cluster)
+    ) -> tuple[Plan, PolicyView, Observed, list[OverBudget]]:
+        desired, over = within_budget(compile_policies(cluster), cluster.policies)
         observed = observed or self._read()
         steps = plan(desired, observed.groups, observed.address_groups)
         group_ids = {group.name: group.id for group in observed.groups}
@@ -192,7 +211,7 @@ class NetpolReconciler:
             group_ids=group_ids,
             marked=frozenset(group_ids.values()) | {group.id for group in observed.groups},
         )
-        return steps, view, observed
+        return steps, view, observed, over
 
     def _apply(
         self, steps: Plan, address_group_ids: dict[str, str], group_ids: dict[str, str]
