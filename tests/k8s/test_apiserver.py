@@ -17,7 +17,7 @@ from podwire.controller.netpol_sync import NetpolReconciler
 from podwire.errors import ConfigError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.compile import compile_policies
-from podwire.k8s.groups import OPEN_EGRESS, group_name
+from podwire.k8s.groups import OPEN_EGRESS, group_name, named_port_group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.k8s.watcher import KubeWatcher
 from podwire.neutron.client import neutron_connection
@@ -104,10 +104,18 @@ async def test_objects_reach_the_caches_and_compile(
         desired = compile_policies(watcher.cluster())
         group = desired.groups[group_name(ObjectKey(name, "deny"))]
         assert {(r.protocol, r.port_min, r.port_max) for r in group.rules} == {
-            ("tcp", 8080, 8080),
             ("sctp", 9000, 9010),
         }
-        assert desired.pods[ObjectKey(name, "web")].groups == {group.name, OPEN_EGRESS}
+        # The named port as the pod gives it, in the group of that meaning.
+        named = desired.groups[
+            named_port_group_name(ObjectKey(name, "deny"), (("http", "TCP", 8080),))
+        ]
+        assert {(r.protocol, r.port_min, r.port_max) for r in named.rules} == {("tcp", 8080, 8080)}
+        assert desired.pods[ObjectKey(name, "web")].groups == {
+            group.name,
+            named.name,
+            OPEN_EGRESS,
+        }
 
         done = kubectl(kube_stack, "label", "pod", "-n", name, "web", "app=other", "--overwrite")
         assert done.returncode == 0, done.stderr

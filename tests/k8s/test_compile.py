@@ -9,6 +9,7 @@ from podwire.k8s.groups import (
     DesiredPolicy,
     SgRule,
     group_name,
+    named_port_group_name,
 )
 from tests.k8s.objects import cluster, key, namespace, pod, policy
 
@@ -152,11 +153,39 @@ def test_named_port_on_ingress_resolves_on_the_selected_pods() -> None:
         "podSelector": {"matchLabels": {"app": "web"}},
         "ingress": [{"ports": [{"port": "http"}]}],
     }
-    rules = rules_of(compiled(policy("a", "p", spec)), "a", "p")
-    assert {(r.protocol, r.port_min) for r in rules} == {("tcp", 8080)}
+    desired = compiled(policy("a", "p", spec))
+    named = named_port_group_name(key("a", "p"), (("http", "TCP", 8080),))
+    assert {(r.protocol, r.port_min) for r in desired.groups[named].rules} == {("tcp", 8080)}
+    assert rules_of(desired, "a", "p") == set()  # the policy's own group: no named rule
+    assert desired.pods[key("a", "web")].groups == {
+        group_name(key("a", "p")),
+        named,
+        OPEN_EGRESS,
+    }
+
+
+def test_a_named_port_on_ingress_reaches_each_selected_pod_on_its_own_number() -> None:
+    """Two pods selected by one policy give "http" different numbers: each gets a group
+    that opens its own number only (not the union toward both)."""
+    other = pod(
+        "a", "web2", ["10.0.0.3"], {"app": "web"}, [{"name": "http", "containerPort": 9090}]
+    )
+    spec = {
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "ingress": [{"ports": [{"port": "http"}, {"port": 7000}]}],
+    }
+    desired = compile_policies(cluster(NAMESPACES, [*PODS, other], [policy("a", "p", spec)]))
+    for name, number in (("web", 8080), ("web2", 9090)):
+        (named,) = desired.pods[key("a", name)].groups - {
+            group_name(key("a", "p")),
+            OPEN_EGRESS,
+        }
+        assert {r.port_min for r in desired.groups[named].rules} == {number}
+    assert {r.port_min for r in rules_of(desired, "a", "p")} == {7000}
 
 
 def test_named_port_on_egress_resolves_on_the_peers() -> None:
+    """Each peer on its own number: a rule per number toward the peers that give it."""
     spec = {
         "podSelector": {},
         "policyTypes": ["Egress"],
@@ -167,8 +196,22 @@ def test_named_port_on_egress_resolves_on_the_peers() -> None:
             }
         ],
     }
-    rules = rules_of(compiled(policy("b", "p", spec)), "b", "p")
-    assert {r.port_min for r in rules} == {8080, 9090}
+    desired = compiled(policy("b", "p", spec))
+    rules = rules_of(desired, "b", "p")
+    reached = {
+        (
+            r.port_min,
+            r.port_max,
+            frozenset(desired.address_groups[r.remote_address_group].addresses),
+        )
+        for r in rules
+        if r.remote_address_group is not None
+    }
+    assert reached == {
+        (8080, 8080, frozenset({"10.0.0.1/32"})),
+        (9090, 9090, frozenset({"10.0.2.1/32"})),
+    }
+    assert len(rules) == 4  # IPv4 and IPv6 of each
 
 
 def test_a_named_port_no_pod_has_allows_nothing() -> None:

@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.stack, pytest.mark.netns, pytest.mark.slow]
 HOST_INDEXES = (8, 9)
 SERVICES = (("TCP", 8080), ("TCP", 9090), ("UDP", 8080), ("UDP", 9090))
 NAMED_PORTS = (("web", "TCP", 8080), ("echo", "UDP", 9090))
+# p1 names the other port of each protocol: a name means what each pod says it means.
+OWN_NAMED_PORTS = {"p1": (("web", "TCP", 9090), ("echo", "UDP", 8080))}
 NAMESPACE_LABELS = {
     "a": {"team": "alpha", "env": "prod"},
     "b": {"team": "beta", "env": "prod"},
@@ -134,7 +136,7 @@ def _pod_manifest(policed: Policed, alias: str, name: str) -> dict[str, Any]:
     labels, host = POD_LABELS[name]
     ports = [
         {"name": port_name, "protocol": protocol, "containerPort": number}
-        for port_name, protocol, number in NAMED_PORTS
+        for port_name, protocol, number in OWN_NAMED_PORTS.get(name, NAMED_PORTS)
     ]
     container = {
         "name": "toolbox",
@@ -213,7 +215,10 @@ async def _make_pods(policed: Policed) -> None:
     for manifest in pods:
         meta = manifest["metadata"]
         policed.world.pods[f"{meta['namespace']}/{meta['name']}"] = Pod(
-            meta["namespace"], meta["name"], dict(meta["labels"]), NAMED_PORTS
+            meta["namespace"],
+            meta["name"],
+            dict(meta["labels"]),
+            OWN_NAMED_PORTS.get(meta["name"], NAMED_PORTS),
         )
     body = {"apiVersion": "v1", "kind": "List", "items": pods}
     await policed.cluster.kubectl.run("apply", "-f", "-", stdin=json.dumps(body))
@@ -460,6 +465,19 @@ async def from_db_everywhere(p: Policed) -> None:
     await p.apply("a", "from-any-db", {"podSelector": {}, "ingress": [{"from": [peer]}]})
 
 
+async def egress_to_named_port(p: Policed) -> None:
+    rule = {
+        "to": [{"namespaceSelector": {"matchLabels": {"team": "alpha"}}}],
+        "ports": [{"port": "web"}],
+    }
+    spec = {
+        "podSelector": {"matchLabels": {"app": "db"}},
+        "policyTypes": ["Egress"],
+        "egress": [rule],
+    }
+    await p.apply("b", "out-web", spec)
+
+
 SCENARIOS: list[tuple[str, Step]] = [
     ("no policy: every cell open", nothing),
     ("default deny ingress in a", deny_ingress_a),
@@ -469,7 +487,7 @@ SCENARIOS: list[tuple[str, Step]] = [
     ("b's front: egress to two pods' ipBlocks", egress_to_blocks),
     ("c: matchExpressions In, NotIn, Exists, DoesNotExist", match_expressions),
     ("c's db: ingress from an ipBlock with two excepts", ingress_block_two_excepts),
-    ("a's web: named ports web (TCP) and echo (UDP)", named_ports),
+    ("a's web: named ports web (TCP) and echo (UDP), p1's on other numbers", named_ports),
     ("c's web: UDP 8000-8999 (endPort)", end_port),
     ("b: two egress policies whose union allows", two_egress_policies),
     ("a policy deleted (a/from-prod)", delete_from_prod),
@@ -481,6 +499,7 @@ SCENARIOS: list[tuple[str, Step]] = [
     ("c/p1: one policy of both types", both_directions),
     ("c's web: egress on a port to any address (no peers)", egress_ports_only),
     ("a: from db pods of every namespace (empty namespace selector)", from_db_everywhere),
+    ("b's db: egress to the named port web, each peer's own number", egress_to_named_port),
 ]
 
 

@@ -88,6 +88,12 @@ def group_name(policy: ObjectKey) -> str:
     return GROUP_PREFIX + _digest(f"{policy.namespace}/{policy.name}")
 
 
+def named_port_group_name(policy: ObjectKey, numbers: tuple[tuple[str, str, int], ...]) -> str:
+    """The policy's ingress rules on named ports, for the pods that give those names these
+    numbers (name, protocol, number): a name means what each selected pod says it means."""
+    return GROUP_PREFIX + _digest(f"{policy.namespace}/{policy.name}#{numbers}")
+
+
 def address_group_name(identity: str) -> str:
     return ADDRESS_GROUP_PREFIX + _digest(identity)
 

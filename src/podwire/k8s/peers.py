@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from podwire.k8s.cidrs import allowed_prefixes
@@ -60,18 +60,44 @@ def _address_group(
     policy_namespace: str, peer: Peer, members: tuple[K8sPod, ...]
 ) -> DesiredAddressGroup:
     """One per distinct selector pair: policies that name the same pods share it."""
-    scope = (
-        f"namespace {policy_namespace}"
-        if peer.namespaces is None
-        else f"namespaces {peer.namespaces.key}"
-    )
-    pods = (peer.pods or EVERYTHING).key
-    identity = json.dumps([scope, pods])
-    addresses = frozenset(
-        str(ipaddress.ip_network(address)) for pod in members for address in pod.ips
-    )
-    description = f"pods {pods} in {scope}"[:255]
-    return DesiredAddressGroup(address_group_name(identity), description, addresses)
+    identity = json.dumps([_scope(policy_namespace, peer), (peer.pods or EVERYTHING).key])
+    description = _peer_identity(policy_namespace, peer)[:255]
+    return DesiredAddressGroup(address_group_name(identity), description, _addresses(members))
+
+
+def _scope(policy_namespace: str, peer: Peer) -> str:
+    if peer.namespaces is None:
+        return f"namespace {policy_namespace}"
+    return f"namespaces {peer.namespaces.key}"
+
+
+def _addresses(members: Iterable[K8sPod]) -> frozenset[str]:
+    return frozenset(str(ipaddress.ip_network(address)) for pod in members for address in pod.ips)
+
+
+def named_port_members(
+    policy_namespace: str, peer: Peer | None, found: PeerSet, port: tuple[str, str, int]
+) -> DesiredAddressGroup:
+    """The peers of ``found`` that give the named port ``port`` (name, protocol) the number
+    it holds: an egress rule to a named port reaches each peer on that peer's own number."""
+    name, protocol, number = port
+    members = [
+        pod
+        for pod in found.pods
+        if any((n.name, n.protocol, n.number) == port for n in pod.named_ports)
+    ]
+    identity = json.dumps([_peer_identity(policy_namespace, peer), name, protocol, number])
+    description = f"{name}/{protocol}={number} of {_peer_identity(policy_namespace, peer)}"
+    return DesiredAddressGroup(address_group_name(identity), description[:255], _addresses(members))
+
+
+def _peer_identity(policy_namespace: str, peer: Peer | None) -> str:
+    if peer is None:
+        return "any pod"
+    if peer.ip_block is not None:
+        excepts = ",".join(str(net) for net in peer.ip_block.excepts)
+        return f"pods in {peer.ip_block.cidr} except [{excepts}]"
+    return f"pods {(peer.pods or EVERYTHING).key} in {_scope(policy_namespace, peer)}"
 
 
 def _inside_any(pod: K8sPod, prefixes: tuple[IpNetwork, ...]) -> bool:
