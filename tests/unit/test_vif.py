@@ -74,3 +74,14 @@ def test_missing_field() -> None:
     del raw["mtu"]
     with pytest.raises(ValidationError, match="field 'mtu' is required"):
         Vif.from_json(raw)
+
+
+def test_a_port_of_a_pod_many_policies_select_is_read_back() -> None:
+    """Its CNI config's group and one per NetworkPolicy (20 of them): the answer and the
+    in-use record carry 21 groups; past the mirror's 64 a VIF is refused, naming the field."""
+    groups = [f"00000000-0000-4000-8000-{n:012d}" for n in range(21)]
+    vif = replace(Vif.from_json(GOOD), security_groups=groups)
+    assert Vif.from_json(vif.to_json()).security_groups == groups
+    too_many = [f"00000000-0000-4000-8000-{n:012d}" for n in range(65)]
+    with pytest.raises(ValidationError, match="security_groups"):
+        Vif.from_json({**GOOD, "security_groups": too_many})

@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podwire.schema import doc, fields
-from podwire.schema.ports import FixedIp, fixed_ips
+from podwire.schema.ports import MAX_SECURITY_GROUPS, FixedIp, fixed_ips
 
 DEVICE_OWNER = "compute:podwire"
-MAX_SECURITY_GROUPS = 20
 
 
 @dataclass(frozen=True)
@@ -72,9 +71,7 @@ class VifRequest:
             network=obj.req("network", fields.neutron_ref),
             project_id=obj.maybe("project_id", fields.project_id),
             # A set: order and duplicates never matter to Neutron, and the pools group by it.
-            security_groups=tuple(
-                sorted(set(security_groups(obj.value.get("security_groups"), what)))
-            ),
+            security_groups=tuple(sorted(set(_groups(obj)))),
             pod=obj.maybe("pod", pod_ref),
             replaces=obj.maybe("replaces", fields.uuid),
         )
@@ -85,7 +82,15 @@ REQUEST_FIELDS = frozenset(
 )
 
 
+def _groups(obj: doc.Obj) -> tuple[str, ...]:
+    return security_groups(obj.value.get("security_groups"), obj.field("security_groups"))
+
+
 def security_groups(value: Any, what: str) -> tuple[str, ...]:
+    """As many as a port's entry in the mirror may carry, which its agent reads: a pod's
+    port carries its CNI config's groups and one per NetworkPolicy selecting it (20 such
+    policies were 21 groups, past the 20 this once allowed, so the answer, the in-use record
+    and the populate of that set were refused)."""
     if value is None:
         return ()
     return tuple(fields.each(value, what, fields.neutron_id, MAX_SECURITY_GROUPS))
@@ -151,7 +156,7 @@ class Vif:
             network_type=obj.opt("network_type", fields.network_type, "vxlan"),
             segmentation_id=obj.maybe("segmentation_id", _segmentation_id),
             vif_type=obj.opt("vif_type", lambda v, w: fields.text(v, w, 64, empty=False), "veth"),
-            security_groups=list(security_groups(obj.value.get("security_groups"), what)),
+            security_groups=list(_groups(obj)),
             vlan_id=obj.maybe("vlan_id", fields.vlan_id),
         )
 
