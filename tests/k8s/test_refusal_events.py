@@ -22,6 +22,7 @@ from tests.k8s.test_gone_pods import pod_request
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
     controller_url,
+    deny_all_but_dns,
     groups_of,
     kube_etcd,
     project,
@@ -115,12 +116,15 @@ async def test_a_policy_over_the_group_quota_is_named_and_enforced_once_it_is_ra
             kube_stack,
             tmp_path,
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            deny_all_but_dns(name),
         )
+        dns = group_name(ObjectKey(name, "dns"))
 
-        def open_groups() -> bool:  # the open groups exist before the quota is lowered
-            return len(groups_of(neutron, project, tag)) >= 2
+        def dns_on(port: int) -> bool:
+            return groups_of(neutron, project, tag).get(dns) == {("ingress", "udp", port, port)}
 
-        await eventually(lambda: asyncio.to_thread(open_groups), "the open groups")
+        # The open groups and the other policy's exist before the quota is lowered.
+        await eventually(lambda: asyncio.to_thread(dns_on, 53), "the other policy")
         # Groups count against their project (rules against the request's, which the
         # noauth stack leaves unset): no room for one more group.
         used = len(list(neutron.network.security_groups(project_id=project)))
@@ -134,6 +138,12 @@ async def test_a_policy_over_the_group_quota_is_named_and_enforced_once_it_is_ra
         assert "Quota exceeded" in event["message"], event["message"]
         assert controller.kubernetes is not None
         assert controller.kubernetes.problem() is not None  # readiness names it too
+        # The refused policy keeps no other from being enforced: a change to one is made.
+        changed = deny_all_but_dns(name)
+        changed["spec"]["ingress"][0]["ports"][0]["port"] = 5353
+        await apply(kube_stack, tmp_path, changed)
+        await eventually(lambda: asyncio.to_thread(dns_on, 5353), "the other policy changed", 60)
+        assert wanted_missing(neutron, project, tag, name)
 
         neutron.network.update_quota(project, security_groups=used + 10)
         wanted = group_name(ObjectKey(name, "many"))
@@ -146,3 +156,7 @@ async def test_a_policy_over_the_group_quota_is_named_and_enforced_once_it_is_ra
     finally:
         kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
         neutron.network.delete_quota(project)
+
+
+def wanted_missing(neutron: Any, project_id: str, tag: str, namespace: str) -> bool:
+    return group_name(ObjectKey(namespace, "many")) not in groups_of(neutron, project_id, tag)

@@ -18,7 +18,8 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
 
 from podwire.backoff import Backoff
 from podwire.controller.metrics import ControllerMetrics
@@ -35,6 +36,8 @@ from podwire.neutron.client import NeutronInUse
 from podwire.neutron.netpol import NetpolObjects, ObservedAddressGroup, ObservedGroup, RuleBody
 
 log = get_logger(__name__)
+
+T = TypeVar("T")
 
 OBSERVED_MAX_AGE = 60.0  # seconds a pass trusts an earlier pass's reading of Neutron
 
@@ -125,8 +128,13 @@ class NetpolReconciler:
             except PodwireError as exc:
                 self.problem = str(exc)
                 self._count("failed")
-                if isinstance(exc, PolicyRefused) and self.on_refused is not None:
-                    self.on_refused(exc.policies, str(exc))
+                if isinstance(exc, PolicyRefused):
+                    # The rest of the pass was applied: a pod waiting for a group made by it
+                    # may go on.
+                    passed, self._passed = self._passed, asyncio.Event()
+                    passed.set()
+                    if self.on_refused is not None:
+                        self.on_refused(exc.policies, str(exc))
                 delay = self._backoff.next()
                 log.warning("netpol.sync.retry", error=str(exc), delay=delay)
                 await asyncio.sleep(delay)
@@ -158,7 +166,7 @@ class NetpolReconciler:
         observed, self._observed = self._observed, None  # trusted again once this pass is done
         if observed is not None and time.monotonic() - observed.read_at > OBSERVED_MAX_AGE:
             observed = None
-        steps, view, read, over = await asyncio.to_thread(self._sync, cluster, observed)
+        steps, view, read, over, refusal = await asyncio.to_thread(self._sync, cluster, observed)
         self._note_over_budget(over)
         if self._ports is not None:
             await self._ports.follow(view)
@@ -167,6 +175,8 @@ class NetpolReconciler:
         group_ids = dict(view.group_ids)
         self.lingering = frozenset(await asyncio.to_thread(self._delete, steps, group_ids))
         self.group_ids = group_ids
+        if refusal is not None:  # after the rest of the pass: it failed for these alone
+            raise refusal
         self._observed = read.after(steps)
         return steps
 
@@ -190,47 +200,76 @@ class NetpolReconciler:
 
     def _sync(
         self, cluster: Cluster, observed: Observed | None
-    ) -> tuple[Plan, PolicyView, Observed, list[OverBudget]]:
+    ) -> tuple[Plan, PolicyView, Observed, list[OverBudget], PolicyRefused | None]:
+        """Raises what ends the pass; Neutron's refusals of some objects do not: the rest
+        is applied and the refusal returned (the pass is repeated with backoff)."""
         desired, over = within_budget(compile_policies(cluster), cluster.policies)
+        refusal = None
         observed = observed or self._read()
         steps = plan(desired, observed.groups, observed.address_groups)
         group_ids = {group.name: group.id for group in observed.groups}
         if not steps.empty:
             address_group_ids = {group.name: group.id for group in observed.address_groups}
-            try:
-                self._apply(steps, address_group_ids, group_ids)
-            except PodwireError as exc:
-                if not refused(exc):
-                    raise
-                policies = policies_in(steps, desired, cluster.policies, group_ids)
-                raise PolicyRefused(str(exc), policies) from exc
-            log.info("netpol.synced", **_counts(steps))
+            refusals = self._apply(steps, address_group_ids, group_ids)
+            if refusals:
+                policies = policies_in(desired, cluster.policies, refusals)
+                refusal = PolicyRefused(next(iter(refusals.values())), policies)
+            log.info("netpol.synced", **_counts(steps), refused=sorted(refusals))
         view = PolicyView(
             pods=cluster.pods,
             policies=desired.pods,
             group_ids=group_ids,
             marked=frozenset(group_ids.values()) | {group.id for group in observed.groups},
         )
-        return steps, view, observed, over
+        return steps, view, observed, over, refusal
 
     def _apply(
         self, steps: Plan, address_group_ids: dict[str, str], group_ids: dict[str, str]
-    ) -> None:
+    ) -> dict[str, str]:
         """All but the deletions (``_delete``, once the ports have followed); ``group_ids``
-        (by name) gains the groups created."""
+        (by name) gains the groups created. Returns what Neutron refused (the names of
+        groups and address groups, with its words): one policy over a quota must not keep
+        the others from being enforced, so the rest goes on without those objects (and
+        without the rules naming an address group not made)."""
+        refusals: dict[str, str] = {}
+        self._address_groups(steps, address_group_ids, refusals)
+        additions = list(steps.add_rules) + self._groups(steps, group_ids, refusals)
+        self._rules(additions, address_group_ids, group_ids, refusals)
+        for rule_id in steps.delete_rules:
+            self._fence("Neutron delete_security_group_rule")
+            self._objects.delete_rule(rule_id)
+        return refusals
+
+    def _address_groups(
+        self, steps: Plan, address_group_ids: dict[str, str], refusals: dict[str, str]
+    ) -> None:
         objects, fence = self._objects, self._fence
         for wanted in steps.create_address_groups:
             fence("Neutron create_address_group")
-            address_group_ids[wanted.name] = objects.create_address_group(
-                wanted.name, wanted.description, wanted.addresses
+            call = partial(
+                objects.create_address_group, wanted.name, wanted.description, wanted.addresses
             )
+            made = _refusable(refusals, wanted.name, call)
+            if made is not None:
+                address_group_ids[wanted.name] = made
+        names = {known: name for name, known in address_group_ids.items()}
         for change in steps.change_addresses:
             fence("Neutron update_address_group")
-            objects.change_addresses(change.group_id, change.add, change.remove)
-        additions = list(steps.add_rules)
+            moves = partial(objects.change_addresses, change.group_id, change.add, change.remove)
+            _refusable(refusals, names.get(change.group_id, change.group_id), moves)
+
+    def _groups(
+        self, steps: Plan, group_ids: dict[str, str], refusals: dict[str, str]
+    ) -> list[tuple[str, SgRule]]:
+        """The groups to create; returns the rules they need."""
+        objects, fence = self._objects, self._fence
+        additions: list[tuple[str, SgRule]] = []
         for group in steps.create_groups:
             fence("Neutron create_security_group")
-            created = objects.create_group(group.name, group.description)
+            call = partial(objects.create_group, group.name, group.description)
+            created = _refusable(refusals, group.name, call)
+            if created is None:
+                continue
             group_ids[group.name] = created.id
             # Neutron's default rules (all egress) go first: a new group is never wider than
             # its policy, only narrower until its rules are in.
@@ -239,15 +278,30 @@ class NetpolReconciler:
                 fence("Neutron delete_security_group_rule")
                 objects.delete_rule(rule_id)
             additions.extend((created.id, rule) for rule in add)
+        return additions
+
+    def _rules(
+        self,
+        additions: list[tuple[str, SgRule]],
+        address_group_ids: dict[str, str],
+        group_ids: dict[str, str],
+        refusals: dict[str, str],
+    ) -> None:
+        """A group's rules in one request; none of a group whose address group was refused."""
+        names = {known: name for name, known in group_ids.items()}
         by_group: dict[str, list[RuleBody]] = {}
         for group_id, rule in additions:
+            remote = rule.remote_address_group
+            if remote is not None and remote not in address_group_ids:
+                refusals.setdefault(names[group_id], refusals[remote])
+                continue
             by_group.setdefault(group_id, []).append(_body(rule, address_group_ids))
         for group_id, bodies in by_group.items():
-            fence("Neutron create_security_group_rules")
-            objects.create_rules(group_id, bodies)
-        for rule_id in steps.delete_rules:
-            fence("Neutron delete_security_group_rule")
-            objects.delete_rule(rule_id)
+            if names[group_id] in refusals:
+                continue
+            self._fence("Neutron create_security_group_rules")
+            call = partial(self._objects.create_rules, group_id, bodies)
+            _refusable(refusals, names[group_id], call)
 
     def _delete(self, steps: Plan, group_ids: dict[str, str]) -> list[str]:
         """The groups and address groups the plan deletes; ``group_ids`` (by name) follows.
@@ -275,6 +329,18 @@ class NetpolReconciler:
             except NeutronInUse:  # named by the rules of a group kept above: later
                 log.warning("netpol.address_group_in_use", address_group=group_id)
         return kept
+
+
+def _refusable(refusals: dict[str, str], name: str, call: Callable[[], T]) -> T | None:
+    """``call``'s result, or None when Neutron refused it (noted under ``name``, the object
+    it was writing); any other failure ends the pass."""
+    try:
+        return call()
+    except PodwireError as exc:
+        if not refused(exc):
+            raise
+        refusals.setdefault(name, str(exc))
+        return None
 
 
 def _body(rule: SgRule, address_group_ids: dict[str, str]) -> RuleBody:

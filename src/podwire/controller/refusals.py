@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from podwire.errors import PermanentError, RetryableError
 from podwire.k8s.groups import DesiredPolicy, group_name
 from podwire.k8s.objects import ObjectKey
-from podwire.k8s.plan import Plan
 from podwire.neutron.client import NeutronOverQuota, NeutronRequestError
 
 
@@ -45,14 +44,12 @@ def port_refused(exc: BaseException) -> bool:
 
 
 def policies_in(
-    steps: Plan, desired: DesiredPolicy, policies: Iterable[ObjectKey], group_ids: dict[str, str]
+    desired: DesiredPolicy, policies: Iterable[ObjectKey], refusals: Iterable[str]
 ) -> list[ObjectKey]:
-    """The policies whose groups the plan was writing when Neutron refused it."""
-    names = {group.name for group in steps.create_groups}
-    by_id = {known: name for name, known in group_ids.items()}
-    names |= {by_id[group_id] for group_id, _ in steps.add_rules if group_id in by_id}
-    made = {group.name for group in steps.create_address_groups}
+    """The policies whose groups Neutron refused (by name), or whose rules name an address
+    group it refused."""
+    names = set(refusals)
     for group in desired.groups.values():
-        if any(rule.remote_address_group in made for rule in group.rules):
+        if any(rule.remote_address_group in names for rule in group.rules):
             names.add(group.name)
     return sorted((key for key in policies if group_name(key) in names), key=str)
