@@ -43,8 +43,11 @@ class Services:
         self.children[name] = procs.spawn(argv, self.work / f"{name}.log")
 
     def start_controller(self, hosts: list[str], extra: str = "") -> None:
-        """``extra``: more TOML after the controller's sections (a ``[kubernetes]``)."""
-        self.node_tokens = {host: secrets.token_hex(16) for host in hosts}
+        """``extra``: more TOML after the controller's sections (a ``[kubernetes]``). A
+        restart keeps each host's token, so its running agent is still let in."""
+        self.node_tokens = {
+            host: self.node_tokens.get(host) or secrets.token_hex(16) for host in hosts
+        }
         tokens = ", ".join(f'"{host}" = "{token}"' for host, token in self.node_tokens.items())
         self._spawn(
             "controller",
