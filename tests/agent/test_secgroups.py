@@ -8,6 +8,7 @@ etcd here with the schema's encoders, exactly as the forwarder will write them.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import uuid
@@ -338,3 +339,58 @@ async def test_tables_changed_behind_the_agent_are_repaired_and_counted(
         for port in list(net.ports(project_id=project_id)):
             net.delete_port(port)
         net.delete_security_group(web)
+
+
+# The test's own tables around podwire's: a foreign bit (kube-proxy's masquerade mark) set
+# before podwire's hooks, then counted after them, with any podwire bit left over.
+FOREIGN_MARKS = """
+table bridge pwtest_marks {
+    chain pre { type filter hook prerouting priority -300; meta mark set meta mark | 0x4000; }
+}
+table inet pwtest_marks {
+    counter kept {}
+    counter leftover {}
+    chain after_podwire {
+        type filter hook forward priority 0;
+        meta mark & 0x4000 == 0x4000 counter name kept
+        meta mark & 0x0fff0fff != 0 counter name leftover
+    }
+}
+"""
+
+
+def _counter(ns: str, name: str) -> int:
+    listed = in_ns(ns, "nft", "-j", "list", "counter", "inet", "pwtest_marks", name).stdout
+    found = json.loads(listed)["nftables"]
+    return int(next(item["counter"]["packets"] for item in found if "counter" in item))
+
+
+async def test_the_mark_bits_not_podwires_pass_through_and_its_own_are_cleared(
+    enforcing_agents: list[HostAgent],
+    netenv: NetEnv,
+    vxnet: Any,
+    plugin: Path,
+    groups: list[Any],
+    neutron: Any,
+    tmp_path: Path,
+) -> None:
+    """Another user of the mark (kube-proxy marks Service traffic to masquerade) keeps its
+    bits across podwire's marking and filtering, which sees only its own bits: policy is
+    enforced as without them, and podwire's bits are gone once its verdict is given."""
+    h1, _ = enforcing_agents
+    web, other = groups
+    _rule(neutron.network, web.id, protocol="icmp", remote_group_id=web.id)
+    a = await _add(plugin, h1, netenv, vxnet.id, web.id, "ma")
+    b = await _add(plugin, h1, netenv, vxnet.id, web.id, "mb")
+    c = await _add(plugin, h1, netenv, vxnet.id, other.id, "mc")
+    tables = tmp_path / "marks.nft"
+    tables.write_text(FOREIGN_MARKS)
+    in_ns(h1.netns, "nft", "-f", str(tables))
+    try:
+        assert await _eventually(lambda: pings(a.ns, b.ip, 1.0), True)
+        assert not pings(c.ns, b.ip, 1.0)  # b's group admits members only, marked or not
+        assert _counter(h1.netns, "kept") > 0
+        assert _counter(h1.netns, "leftover") == 0
+    finally:
+        for family in ("bridge", "inet"):
+            in_ns(h1.netns, "nft", "delete", "table", family, "pwtest_marks", check=False)

@@ -7,9 +7,9 @@ Layout (docs/security-groups.md has the picture):
   fixed IPs and allowed address pairs (IPv4, IPv6 with the MACs' link-local addresses, ARP),
   neighbour advertisements only for those addresses, no DHCP server replies, router
   advertisements or redirects. At the bridge's forward hook, where both
-  ports are known, the frame gets a mark: the id of the sending port's policy in the low 16
-  bits, the receiving port's in the high 16 bits. The kernel has no bridge conntrack (``ct``
-  is refused in the bridge family; docs/security-groups.md).
+  ports are known, the frame gets a mark: the ids of the sending and the receiving port's
+  policies, each in its bits of the mark that podwire owns (``marks.py``). The kernel has no
+  bridge conntrack (``ct`` is refused in the bridge family; docs/security-groups.md).
 - ``inet podwire``: br_netfilter passes bridged IPv4/IPv6 through the inet forward hook with
   conntrack, but names the bridge there, not the port; the mark says which policies. Two
   verdict map lookups jump to the policy chain of the sender (egress) and of the receiver
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from podwire.agent import naming
-from podwire.agent.policy import intervals
+from podwire.agent.policy import intervals, marks
+from podwire.agent.policy.marks import MAX_POLICY_ID
 from podwire.agent.policy.ruleset import NftChain, NftSet, Ruleset
 from podwire.errors import PermanentError
 from podwire.netfilter.elements import (
@@ -49,7 +50,6 @@ from podwire.netfilter.elements import (
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import EGRESS, INGRESS, Rule, SecurityGroup
 
-MAX_POLICY_ID = 0xFFFF
 FULL = {4: (0, 2**32 - 1), 6: (0, 2**128 - 1)}
 ANY_PROTO = (0, 255)
 ANY_PORT = (0, 65535)
@@ -125,8 +125,8 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
     ingress: set[Element] = set()
     referenced: dict[str, set[str]] = {"g": set(), "a": set()}
     for name, sg_ids in sorted(policies.items()):
-        egress.add(_mark_jump(ids[sg_ids], f"{name}_out"))
-        ingress.add(_mark_jump(ids[sg_ids] << 16, f"{name}_in"))
+        egress.add(_mark_jump(marks.sender(ids[sg_ids]), f"{name}_out"))
+        ingress.add(_mark_jump(marks.receiver(ids[sg_ids]), f"{name}_in"))
         groups = tuple(inputs.groups[sg] for sg in sg_ids if sg in inputs.groups)
         for part in _policy(name, groups):
             if isinstance(part, NftSet):
@@ -156,7 +156,8 @@ def policy_sets(ports: list[PortPolicy], kept: list[GroupSet]) -> set[GroupSet]:
 
 
 def policy_ids(previous: dict[GroupSet, int], needed: set[GroupSet]) -> dict[GroupSet, int]:
-    """An id in 1..65535 for each needed set of groups: the one it had, else the lowest free."""
+    """An id in 1..MAX_POLICY_ID for each needed set of groups: the one it had, else the
+    lowest free."""
     ids = {sgs: previous[sgs] for sgs in needed if sgs in previous}
     taken = set(ids.values())
     free = (i for i in range(1, MAX_POLICY_ID + 1) if i not in taken)
@@ -220,18 +221,15 @@ def _bridge_table(
             hook_fwd,
         )
     )
-    # One map gives both ends their policy id: the receiver's first, shifted to the high
-    # bits, then the sender's (a port that is not podwire's adds nothing).
-    marking = (
-        "meta mark set 0",
-        "oifname vmap @ports",
-        "meta mark set meta mark << 16",
-        "iifname vmap @ports",
-    )
+    # Two maps give both ends their policy id in their own bits, the other bits kept (a port
+    # that is not podwire's adds nothing).
+    marking = (marks.CLEAR, "oifname vmap @ports_rx", "iifname vmap @ports")
     ruleset.add_chain(NftChain("bridge", "mark_ports", marking))
     for policy in ids.values():
-        rule = f"meta mark set meta mark | {policy:#x}"
-        ruleset.add_chain(NftChain("bridge", f"mark_{policy}", (rule,)))
+        sends, receives = marks.sender(policy), marks.receiver(policy)
+        for chain, bits in ((f"mark_{policy}", sends), (f"mark_rx_{policy}", receives)):
+            rule = f"meta mark set meta mark | {bits:#x}"
+            ruleset.add_chain(NftChain("bridge", chain, (rule,)))
     per_port = [port_elements(item, ids[group_set(item.port)]) for item in secured]
     for name, spec in PORT_SETS.items():
         elements = frozenset().union(*(found[name] for found in per_port))
@@ -247,7 +245,8 @@ ND_KEY = f"typeof iifname . ether saddr . {ND_TARGET};"
 
 # The bridge sets that hold a port's own elements, with their declarations.
 PORT_SETS = {
-    "ports": "type ifname : verdict;",
+    "ports": "type ifname : verdict;",  # the port as the sender: its policy's sender bits
+    "ports_rx": "type ifname : verdict;",  # as the receiver
     "src_mac": "type ifname . ether_addr;",
     "src4": "type ifname . ether_addr . ipv4_addr;",
     "src4net": f"type ifname . ether_addr . ipv4_addr; {INTERVAL}",
@@ -276,7 +275,9 @@ def port_elements(item: PortPolicy, policy_id: int) -> PortElements:
     if len(_ELEMENTS) > 16384:
         _ELEMENTS.clear()
     found = _sources(item)
-    found["ports"] = frozenset({Element((IfName(item.ifname),), Jump(f"mark_{policy_id}"))})
+    name = IfName(item.ifname)
+    found["ports"] = frozenset({Element((name,), Jump(f"mark_{policy_id}"))})
+    found["ports_rx"] = frozenset({Element((name,), Jump(f"mark_rx_{policy_id}"))})
     _ELEMENTS[key] = (item.port, policy_id, found)
     return found
 
@@ -393,10 +394,10 @@ def _inet_base(ruleset: Ruleset) -> None:
             "inet",
             "bridged",
             (
-                "meta mark and 0xffff vmap @egress",
-                "meta mark and 0xffff0000 vmap @ingress",
-                # The mark is podwire's only on bridged frames; nothing after us sees it.
-                "meta mark set 0",
+                f"meta mark and {marks.SENDER_BITS:#x} vmap @egress",
+                f"meta mark and {marks.RECEIVER_BITS:#x} vmap @ingress",
+                # podwire's bits mean something only here; nothing after us sees them.
+                marks.CLEAR,
             ),
         )
     )

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from podwire import keys
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.policy import readback, ruleset
+from podwire.agent.policy.marks import MAX_POLICY_ID
 from podwire.agent.policy.compile import (
-    MAX_POLICY_ID,
     Compiled,
     GroupSet,
     PortPolicy,
