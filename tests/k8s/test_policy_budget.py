@@ -66,29 +66,32 @@ def prefixes(excepts: list[str]) -> int:
 
 
 def test_a_policy_over_the_limit_is_emptied_and_its_address_groups_dropped() -> None:
-    """The pure part: only the group over the limit loses its rules, and an address group
-    only its rules named goes with them."""
+    """The pure part: only the groups of the policy over the limit (its own and its named
+    ports') lose their rules, and an address group only their rules named goes with them."""
     key, other = ObjectKey("ns", "big"), ObjectKey("ns", "small")
     big = frozenset(
         SgRule("ingress", "IPv4", "tcp", port, port, remote_address_group="ag-big")
         for port in range(1, 12)
     )
     small = frozenset({SgRule("ingress", "IPv4", "udp", 53, 53, remote_address_group="ag-s")})
+    named = frozenset({SgRule("ingress", "IPv4", "tcp", 8080, 8080)})
     desired = DesiredPolicy(
         groups={
-            group_name(key): DesiredGroup(group_name(key), "big", big),
-            group_name(other): DesiredGroup(group_name(other), "small", small),
+            group_name(key): DesiredGroup(group_name(key), f"NetworkPolicy {key}", big),
+            "np-named": DesiredGroup("np-named", f"NetworkPolicy {key} where web/TCP=1", named),
+            group_name(other): DesiredGroup(group_name(other), f"NetworkPolicy {other}", small),
         },
         address_groups={
             name: DesiredAddressGroup(name, name, frozenset()) for name in ("ag-big", "ag-s")
         },
     )
-    kept, over = within_budget(desired, [key, other], limit=10)
-    assert [(o.policy, o.rules, o.limit) for o in over] == [(key, 11, 10)]
+    kept, over = within_budget(desired, [key, other], limit=11)
+    assert [(o.policy, o.rules, o.limit) for o in over] == [(key, 12, 11)]  # with its named
     assert kept.groups[group_name(key)].rules == frozenset()
+    assert kept.groups["np-named"].rules == frozenset()
     assert kept.groups[group_name(other)].rules == small
     assert set(kept.address_groups) == {"ag-s"}
-    assert within_budget(desired, [key, other], limit=11) == (desired, [])
+    assert within_budget(desired, [key, other], limit=12) == (desired, [])
 
 
 @pytest.mark.stack

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from podwire.k8s.groups import DesiredPolicy, group_name
+from podwire.k8s.groups import DesiredGroup, DesiredPolicy, group_name
 from podwire.k8s.objects import ObjectKey
 
 MAX_POLICY_RULES = 1000
@@ -43,12 +43,22 @@ def within_budget(
     groups = dict(desired.groups)
     over = []
     for key in sorted(policies, key=str):
-        group = groups.get(group_name(key))
-        if group is not None and len(group.rules) > limit:
-            over.append(OverBudget(key, len(group.rules), limit))
-            groups[group.name] = replace(group, rules=frozenset())
+        own = _policy_groups(desired, key)
+        rules = sum(len(group.rules) for group in own)
+        if rules > limit:
+            over.append(OverBudget(key, rules, limit))
+            groups.update((group.name, replace(group, rules=frozenset())) for group in own)
     if not over:
         return desired, []
     named = {rule.remote_address_group for group in groups.values() for rule in group.rules}
     address_groups = {n: a for n, a in desired.address_groups.items() if n in named}
     return replace(desired, groups=groups, address_groups=address_groups), over
+
+
+def _policy_groups(desired: DesiredPolicy, key: ObjectKey) -> list[DesiredGroup]:
+    """The policy's group, and those of its named ports on ingress (``compile`` describes
+    them as the policy's, followed by what the names mean)."""
+    main = desired.groups.get(group_name(key))
+    named = f"NetworkPolicy {key} where "
+    found = [group for group in desired.groups.values() if group.description.startswith(named)]
+    return ([main] if main is not None else []) + found
