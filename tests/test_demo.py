@@ -14,7 +14,7 @@ from podwire.demo.kube import missing as kube_missing
 pytestmark = pytest.mark.netns  # the demo's hosts and pods are network namespaces
 
 
-def test_demo_pods_reach_each_other_groups_decide_kube_pods_cnf_answers_nothing_left() -> None:
+def test_demo_pods_reach_each_other_groups_and_policies_decide_cnf_answers_nothing_left() -> None:
     before = _demo_namespaces()
     result = subprocess.run(
         [sys.executable, "-m", "podwire.demo", "--pods", "4"],
@@ -47,6 +47,14 @@ def test_demo_pods_reach_each_other_groups_decide_kube_pods_cnf_answers_nothing_
     else:
         assert re.search(r"4 pods through kube-apiserver Running in [\d.]+ s", out)
         assert "bound to their node: 4 of 4; pings to CNI pods on the other host: 4 of 4" in out
+        assert "the podwire.io/port-id annotation names that port: 4 of 4" in out
+        # A NetworkPolicy through the apiserver, enforced as a Neutron group on the port.
+        assert re.search(r"policy demo-deny is Neutron security group podwire-np-\w+", out)
+        assert re.search(
+            r"NetworkPolicy: default deny ingress -> 0 of 3 pings answered, in force -?\d+ ms"
+            r" after kubectl apply; allowing the peer by pod selector -> 3 of 3, in force",
+            out,
+        )
     if not (kube_missing() or cnf.missing()):
         assert re.search(r"memif CNF pod .* pinged from host 2: \d+ of 50 answered, RTT p50", out)
     else:

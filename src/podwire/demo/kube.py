@@ -70,14 +70,14 @@ class Kube:
                 raise StackError(f"kube-node {host} exited; see {self.work}/{host}-kube-node.log")
         self.kubectl("create", "namespace", NAMESPACE)
         account = ("serviceaccount", "-n", NAMESPACE, "default")
-        self._wait(lambda: self._get(*account) is not None, f"{NAMESPACE}'s ServiceAccount")
+        self.wait(lambda: self._get(*account) is not None, f"{NAMESPACE}'s ServiceAccount")
         return time.perf_counter() - started
 
     def _get(self, *args: str) -> dict[str, Any] | None:
         out = self.kubectl("get", *args, "-o", "json", "--ignore-not-found")
         return json.loads(out) if out.strip() else None
 
-    def _wait(self, done: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+    def wait(self, done: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
         """``done``'s first truthy answer."""
         deadline = time.monotonic() + timeout
         while True:
@@ -99,7 +99,12 @@ class Kube:
             up = {p["metadata"]["name"]: p for p in pods if p["status"].get("phase") == "Running"}
             return up if set(names) <= set(up) else None
 
-        return self._wait(listed, f"pods {', '.join(names)} Running", timeout)
+        return self.wait(listed, f"pods {', '.join(names)} Running", timeout)
+
+    def annotations(self) -> dict[str, dict[str, str]]:
+        """Each pod's annotations (pod name -> annotations), in one listing."""
+        pods = (self._get("pods", "-n", NAMESPACE) or {}).get("items", [])
+        return {p["metadata"]["name"]: p["metadata"].get("annotations", {}) for p in pods}
 
     def output(self, pod: str, *command: str) -> str | None:
         """``command``'s output in ``pod``, or None if it failed."""

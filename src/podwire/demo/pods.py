@@ -40,7 +40,11 @@ def cni_conf(network_id: str, project_id: str, sg: str, socket_path: str) -> dic
 
 
 def cni(command: str, pod: Pod, conf: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """Run the plugin; returns (milliseconds, parsed stdout) or raises with its error."""
+    """Run the plugin; returns (milliseconds, parsed stdout) or raises with its error.
+
+    No ``K8S_POD_*`` arguments: these pods are no Kubernetes pods, and the controller's
+    Kubernetes side would look them up in the API (their namespace's network, their
+    policies) and release the ports of pods it does not find."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "CNI_COMMAND": command,
@@ -48,7 +52,6 @@ def cni(command: str, pod: Pod, conf: dict[str, Any]) -> tuple[float, dict[str, 
         "CNI_NETNS": f"/var/run/netns/{pod.netns}",
         "CNI_IFNAME": "eth0",
         "CNI_PATH": "/usr/lib/cni",
-        "CNI_ARGS": f"K8S_POD_NAMESPACE=demo;K8S_POD_NAME={pod.name};K8S_POD_UID={uuid.uuid4()}",
     }
     started = time.perf_counter()
     result = subprocess.run(

@@ -14,7 +14,7 @@ from typing import Any
 
 from podwire import keys
 from podwire.config import EtcdSettings
-from podwire.demo import cnf, kubestep, router, secgroups, vmstep
+from podwire.demo import cnf, kubestep, netpolstep, router, secgroups, vmstep
 from podwire.demo.kube import NAMESPACE, Kube, kubelet_root
 from podwire.demo.kube import missing as kube_missing
 from podwire.demo.pods import Pod, cni, cni_conf, new_pod
@@ -118,7 +118,7 @@ class Scenario:
         step("creating 2 simulated hosts (network namespaces on an underlay bridge)")
         hosts = self.topology.build_hosts(len(HOSTS))
         step("starting the controller and one agent per host")
-        self.services.start_controller(list(HOSTS))
+        self.services.start_controller(list(HOSTS), self._kubernetes_toml())
         memif_host = ""
         if self.memif_missing:
             step(f"{self.memif_missing}: the memif step is skipped")
@@ -142,6 +142,13 @@ class Scenario:
             self.services.start_neutron_agent("dhcp", self.stack_dir, HOSTS[0], hosts[0][0])
         if not self.router_missing:
             self.services.start_neutron_agent("l3", self.stack_dir, HOSTS[0], hosts[0][0])
+
+    def _kubernetes_toml(self) -> str:
+        """The controller's Kubernetes side (NetworkPolicy) for the kube pods' project."""
+        if self.kube_missing:
+            return ""
+        kubeconfig = self.kube.stack["kubeconfig"]
+        return f'[kubernetes]\nkubeconfig = "{kubeconfig}"\nproject_id = "{self.project}"\n'
 
     def _network(self) -> tuple[Any, Any]:
         network = self.neutron.network.create_network(name="demo-pods", project_id=self.project)
@@ -244,7 +251,8 @@ class Scenario:
             return
         step("Kubernetes: kube-node (containerd + kubelet) on each host, as Nodes of the stack")
         hosts = {host: (self.netns[host], self.sockets[host]) for host in HOSTS}
-        flags = ["--network", network_id, "--project", self.project, "--security-group", sg_id]
+        group = netpolstep.kube_group(self.neutron, self.project, sg_id)
+        flags = ["--network", network_id, "--project", self.project, "--security-group", group]
         self.nodes_ready_s = self.kube.start_nodes(hosts, flags)
         step(f"Kubernetes: {len(HOSTS)} Nodes Ready in {self.nodes_ready_s:.0f} s")
 
@@ -382,6 +390,9 @@ class Scenario:
             self.neutron.network.delete_network(network)
         for group in list(self.neutron.network.security_groups(project_id=self.project)):
             self.neutron.network.delete_security_group(group)
+        # The NetworkPolicy address groups, once no group's rule names them.
+        for peers in list(self.neutron.network.address_groups(project_id=self.project)):
+            self.neutron.network.delete_address_group(peers)
         self.topology.destroy()
         left = asyncio.run(self._etcd_leftovers())
         left += [f"namespace {name}" for name in self.topology.leftovers(self.routers)]
