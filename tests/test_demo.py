@@ -14,13 +14,14 @@ from podwire.demo.kube import missing as kube_missing
 pytestmark = pytest.mark.netns  # the demo's hosts and pods are network namespaces
 
 
+@pytest.mark.timeout(900)  # a hang guard above the run's own: it must not kill the demo first
 def test_demo_pods_reach_each_other_groups_and_policies_decide_cnf_answers_nothing_left() -> None:
     before = _demo_namespaces()
     result = subprocess.run(
         [sys.executable, "-m", "podwire.demo", "--pods", "4"],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=840,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
