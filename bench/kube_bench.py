@@ -11,7 +11,9 @@ cri_bench), and every sandbox of the previous round is stopped (its CNI DEL done
 
 A pod is created with ``kubectl apply`` (nodeName set: no scheduler) and timed until its phase
 is Running (``kubectl wait``, a watch) and, for podwire, its Neutron port is ACTIVE.
-Rows: one pod at a time; 30 pods in one ``kubectl apply`` until all Running (wall).
+Rows: one pod at a time; 30 pods in one ``kubectl apply`` until all Running (wall). Then the
+same again with the controller restarted with ``[kubernetes]`` and 20 NetworkPolicies
+selecting the pods (``kube_policies``), against reference rounds of that half.
 
 Then the agent's memif device plugin (configured for that kubelet) and the real kubelet:
 kubelet is killed (kube-node starts it again) and the time from its new registration socket
@@ -42,6 +44,7 @@ from typing import Any
 import grpc
 
 from bench.cri_bench import BURST, POOL, PodwireNode, _reference, private_network
+from bench.kube_policies import LABEL, POLICIES, enforce, policies, remove_address_groups
 from bench.stats import row
 from podwire.cni.install import conflist
 from podwire.demo.cnf import settings_toml
@@ -91,8 +94,8 @@ class Kube:
                 raise StackError(f"no default ServiceAccount in {self.namespace}")
             time.sleep(0.2)
 
-    def apply(self, pods: list[dict[str, Any]]) -> None:
-        body = {"apiVersion": "v1", "kind": "List", "items": pods}
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        body = {"apiVersion": "v1", "kind": "List", "items": objects}
         self.run("apply", "-f", "-", stdin=json.dumps(body))
 
     def wait_running(self, selector: str) -> None:
@@ -115,7 +118,7 @@ def _pod(namespace: str, name: str, node: str, tag: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"round": tag}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"round": tag, **LABEL}},
         "spec": {
             "nodeName": node,
             "containers": [
@@ -165,7 +168,7 @@ class Bench:
         self.ours_body = conflist(node.spec(containerd))
         self.ref_body = _reference(containerd.work)
         self.samples: dict[str, dict[str, list[float]]] = {
-            name: {"single": [], "burst": []} for name in ("pw", "ref")
+            name: {"single": [], "burst": []} for name in ("pw", "ref", "np", "np-ref")
         }
         self.late = 0  # rounds of podwire whose ports were not all ACTIVE once Running
 
@@ -198,7 +201,7 @@ class Bench:
         self.kube.apply(pods)
         self.kube.wait_running(selector)
         took = (time.monotonic() - started) * 1000
-        if name == "pw" and not self._all_active(
+        if name in ("pw", "np") and not self._all_active(
             self.kube.pod_ips(selector), time.monotonic() + 60
         ):
             self.late += 1
@@ -218,30 +221,35 @@ class Bench:
         await cri.wait_loaded(body)
         await asyncio.to_thread(self.node.settle)
 
+    def _body(self, name: str) -> dict[str, Any]:
+        return self.ours_body if name in ("pw", "np") else self.ref_body
+
     async def _round(
         self, cri: Cri, name: str, singles: int, burst: bool, tag: str, keep: bool = True
     ) -> None:
-        await self._switch(cri, self.ours_body if name == "pw" else self.ref_body)
+        await self._switch(cri, self._body(name))
         for i in range(singles):
             took = await asyncio.to_thread(self._start, name, 1, f"{tag}-s{i}")
             if keep:
                 self.samples[name]["single"].append(took)
             await asyncio.to_thread(self.kube.delete, f"round={tag}-s{i}")
         if burst:
-            await self._switch(cri, self.ours_body if name == "pw" else self.ref_body)
+            await self._switch(cri, self._body(name))
             took = await asyncio.to_thread(self._start, name, BURST, f"{tag}-b")
             self.samples[name]["burst"].append(took)
             await asyncio.to_thread(self.kube.delete, f"round={tag}-b")
 
-    async def measure(self, singles: int) -> None:
+    async def measure(self, singles: int, ours: str = "pw", ref: str = "ref") -> None:
+        """Rounds of ``ours`` (podwire's conflist) and ``ref`` (the reference's), alternating;
+        the samples are kept under those names."""
         cri = Cri(self.containerd.socket)
         try:
-            for name in ("pw", "ref"):  # warm-ups, not recorded
+            for name in (ours, ref):  # warm-ups, not recorded
                 await self._round(cri, name, 1, False, f"{name}-warm", keep=False)
             rounds = max(BURST_ROUNDS, 1)
             per_round = [singles // rounds + (i < singles % rounds) for i in range(rounds)]
             for index, count in enumerate(per_round):
-                order = ("pw", "ref") if index % 2 == 0 else ("ref", "pw")  # no order bias
+                order = (ours, ref) if index % 2 == 0 else (ref, ours)  # no order bias
                 for name in order:
                     await self._round(cri, name, count, True, f"{name}{index}")
             await self._sandboxes_stopped(cri)
@@ -268,6 +276,20 @@ class Bench:
             ),
             row(f"k8s {BURST} pods in one apply -> all Running, the reference alone", ref["burst"]),
         ]
+
+    def policy_rows(self) -> list[dict[str, Any]]:
+        """The second half's: the controller with ``[kubernetes]``, the policies in force,
+        against the reference's rounds of that half."""
+        ours, ref = self.samples["np"], self.samples["np-ref"]
+        reference = "bridge+host-local, same kubelet+containerd, same half"
+        where = f"{POLICIES} NetworkPolicies selecting the pod"
+        return [
+            row(f"k8s pod apply -> Running, port ACTIVE, {where}", ours["single"], reference,
+                ref["single"]),
+            row(f"k8s pod apply -> Running, the reference alone ({where}'s half)", ref["single"]),
+            row(f"k8s {BURST} pods in one apply -> all Running, ports ACTIVE, {where}",
+                ours["burst"], reference, ref["burst"]),
+        ]  # fmt: skip
 
 
 def _registrations(metrics: str) -> float:
@@ -364,13 +386,18 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
             with _kube_node(stack, node, work / "kube-node.log"):
                 containerd = Containerd(top / "containerd", netns=host_ns)
                 bench = Bench(kube, node, containerd, host)
-                asyncio.run(bench.measure(max(1, min(samples, SINGLES_MAX))))
+                singles = max(1, min(samples, SINGLES_MAX))
+                asyncio.run(bench.measure(singles))
                 restarts = reregistrations(top, metrics, max(1, min(samples, RESTARTS_MAX)))
-                return bench.rows() + restarts
+                kube.apply(policies(kube.namespace))
+                enforce(stack, node, kube.namespace)
+                asyncio.run(bench.measure(singles, "np", "np-ref"))
+                return bench.rows() + bench.policy_rows() + restarts
         finally:
             kube.run("delete", "namespace", kube.namespace, "--wait=false", check=False)
             kube.run("delete", "node", host, "--ignore-not-found", check=False)
             node.close(stack)
+            remove_address_groups(node)
     finally:
         netenv.cleanup()
         shutil.rmtree(work, ignore_errors=True)  # the agent's socket and the services' logs
