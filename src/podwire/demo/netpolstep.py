@@ -75,24 +75,29 @@ def run(kube: Kube, neutron: Any, pair: Pair, port_id: str) -> PolicyFigures:
     )
     kube.wait(lambda: _ping(kube, pair), f"{pair.client} answered by {pair.server} (no policy)")
     deny = _policy("demo-deny", pair.server, [])
-    kube.apply(deny)
-    applied = time.perf_counter()
-    group = _carried(kube, neutron, "demo-deny", port_id)
-    _say(f"policy demo-deny is Neutron security group {group.name}: {_rules(neutron, group)}")
-    figures.deny_ms = _until(kube, pair, False, applied, "the ping denied by demo-deny")
+    figures.deny_ms = _enforce(kube, neutron, pair, port_id, deny)
     figures.denied = _count(kube, pair, "1")
     peers = [{"from": [{"podSelector": {"matchLabels": {LABEL: pair.client}}}]}]
     allow = _policy("demo-allow", pair.server, peers)
-    kube.apply(allow)
-    applied = time.perf_counter()
-    group = _carried(kube, neutron, "demo-allow", port_id)
-    _say(f"policy demo-allow is Neutron security group {group.name}: {_rules(neutron, group)}")
-    figures.allow_ms = _until(kube, pair, True, applied, "the ping admitted by demo-allow")
+    figures.allow_ms = _enforce(kube, neutron, pair, port_id, allow)
     figures.allowed = _count(kube, pair, "2")
     kube.kubectl("delete", "networkpolicy", "-n", NAMESPACE, "demo-deny", "demo-allow")
     if figures.denied or figures.allowed < CONFIRMING_PINGS:
         raise StackError(figures.line())
     return figures
+
+
+def _enforce(kube: Kube, neutron: Any, pair: Pair, port_id: str, policy: dict[str, Any]) -> float:
+    """Applies ``policy``; milliseconds from kubectl's return to the first ping that went as
+    it says (answered when it admits peers), probed once its group is on the port."""
+    name = policy["metadata"]["name"]
+    kube.apply(policy)
+    applied = time.perf_counter()
+    group = _carried(kube, neutron, name, port_id)
+    _say(f"policy {name} is Neutron security group {group.name}: {_rules(neutron, group)}")
+    admits = bool(policy["spec"].get("ingress"))
+    went = "admitted" if admits else "denied"
+    return _until(kube, pair, admits, applied, f"the ping {went} by {name}")
 
 
 def _policy(name: str, server: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
