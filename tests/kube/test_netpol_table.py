@@ -273,17 +273,23 @@ async def _clean_up(policed: Policed) -> None:
             body = {"nodes": policed.hosts}
             await asyncio.to_thread(services.admin, "POST", "/v1/pools/free", body)
         await asyncio.to_thread(services.stop)
-        await asyncio.to_thread(_delete_groups, policed.cluster)
+        await asyncio.to_thread(_delete_groups, policed.cluster, policed.hosts)
 
 
-def _delete_groups(cluster: Cluster) -> None:
-    """The reconciler's groups in the cluster's project (the open ones stay while policies
-    exist): nothing of this module's is left for the next controller of that project."""
+def _delete_groups(cluster: Cluster, hosts: list[str]) -> None:
+    """What the stopped controller leaves of this module in the cluster's project: ports of
+    its hosts, and ports that still carry a policy's group (a port recycling when it stopped
+    keeps its groups), then the reconciler's groups and address groups, so nothing is left
+    for the next controller of that project."""
     net = cluster.neutron.network
     project = cluster.network.project_id
-    for group in list(net.security_groups(project_id=project)):
-        if group.name.startswith("podwire-np"):
-            net.delete_security_group(group)
+    groups = [g for g in net.security_groups(project_id=project) if g.name.startswith("podwire-np")]
+    ids = {group.id for group in groups}
+    for port in list(net.ports(project_id=project)):
+        if port.binding_host_id in hosts or ids & set(port.security_group_ids or ()):
+            net.delete_port(port)
+    for group in groups:
+        net.delete_security_group(group)
     for address_group in list(net.address_groups(project_id=project)):
         if address_group.name.startswith("podwire-ag"):
             net.delete_address_group(address_group)
@@ -585,15 +591,18 @@ async def test_a_new_pod_under_default_deny_answers_only_once_a_policy_allows(
 ) -> None:
     """Probed from the moment the API shows its address (across hosts and on its own host):
     nothing answers while only the default-deny policy selects it, and it answers once a
-    policy allows it."""
+    policy allows it. The policy allows its named port ``web`` from pods that do not exist,
+    and the pod names a number no other pod does, so its port waits for a group made for it
+    alone (the pod's own meaning of that name) and still allows nothing."""
     p = policed
     await p.cluster.kubectl.run("delete", "networkpolicy", "--all", "-n", p.ns("a"))
     p.world.policies = {key: spec for key, spec in p.world.policies.items() if key[0] != p.ns("a")}
-    await p.apply(
-        "a",
-        "deny-fresh",
-        {"podSelector": {"matchLabels": {"app": "fresh"}}, "policyTypes": ["Ingress"]},
-    )
+    nobody = {
+        "from": [{"podSelector": {"matchLabels": {"app": "nobody"}}}],
+        "ports": [{"port": "web"}],
+    }
+    spec = {"podSelector": {"matchLabels": {"app": "fresh"}}, "ingress": [nobody]}
+    await p.apply("a", "deny-fresh", spec)
     group = group_name(ObjectKey(p.ns("a"), "deny-fresh"))
 
     async def enforced() -> bool:
@@ -604,6 +613,8 @@ async def test_a_new_pod_under_default_deny_answers_only_once_a_policy_allows(
     await eventually(enforced, "the default-deny policy's group in Neutron", 60)
     manifest = _pod_manifest(p, "a", "p2")
     manifest["metadata"] |= {"name": "fresh", "labels": {"app": "fresh"}}
+    web = {"name": "web", "protocol": "TCP", "containerPort": 7777}
+    manifest["spec"]["containers"][0]["ports"] = [web]
     watching = asyncio.create_task(_first_ip(p, "a", "fresh"))
     answers = Answers()
     probing = None
