@@ -79,15 +79,10 @@ class KubeApi:
 
     async def list_page(self, kind: str, next_page: str | None = None) -> ListPage:
         """One page of a consistent list; the last page's version is the list's."""
-        options: dict[str, Any] = {"limit": PAGE, "_request_timeout": LIST_TIMEOUT}
+        options: dict[str, Any] = {"limit": PAGE}
         if next_page:
             options["_continue"] = next_page
-        async with _translated(kind, "list"):
-            response = await self._call(kind)(_preload_content=False, **options)
-            try:
-                body = _checked(kind, response.status, await response.read())
-            finally:
-                response.release()
+        body = _checked(kind, *await _raw(kind, "list", self._call(kind), **options))
         meta = body.get("metadata") or {}
         items = body.get("items") or []
         version = meta.get("resourceVersion")
@@ -99,48 +94,30 @@ class KubeApi:
     async def pod(self, namespace: str, name: str) -> Any | None:
         """One pod as raw JSON, None when the API has no such pod: for a pod the informer's
         cache does not hold yet when its port is asked for."""
-        async with _translated("pods", "get"):
-            response: Any = await self._core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=LIST_TIMEOUT
-            )
-            try:
-                status, raw = response.status, await response.read()
-            finally:
-                response.release()
+        read = self._core.read_namespaced_pod
+        status, raw = await _raw("pods", "get", read, name, namespace)
         if status == NOT_FOUND:
             return None
         return _checked("pods", status, raw)
 
     async def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         """A core v1 Event as built by ``events.EventRecorder``; never patched afterwards."""
-        async with _translated("events", "create"):
-            create: Any = self._core.create_namespaced_event  # typed for models; raw JSON here
-            response = await create(
-                namespace, event, _preload_content=False, _request_timeout=LIST_TIMEOUT
-            )
-            try:
-                _checked("events", response.status, await response.read())
-            finally:
-                response.release()
+        create = self._core.create_namespaced_event
+        _checked("events", *await _raw("events", "create", create, namespace, event))
 
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
         """A JSON merge patch of one pod: only the keys it names change (a null deletes).
         False when the API has no such pod, or another one under that name (a patch naming
         ``metadata.uid`` is refused 409 for a pod of another uid)."""
-        async with _translated("pods", "patch"):
-            patch_pod: Any = self._core.patch_namespaced_pod  # typed for models; raw JSON here
-            response = await patch_pod(
-                name,
-                namespace,
-                patch,
-                _content_type="application/merge-patch+json",
-                _preload_content=False,
-                _request_timeout=LIST_TIMEOUT,
-            )
-            try:
-                status, raw = response.status, await response.read()
-            finally:
-                response.release()
+        status, raw = await _raw(
+            "pods",
+            "patch",
+            self._core.patch_namespaced_pod,
+            name,
+            namespace,
+            patch,
+            _content_type="application/merge-patch+json",
+        )
         if status in (NOT_FOUND, CONFLICT):
             return False
         _checked("pods", status, raw)
@@ -186,23 +163,30 @@ class KubeApi:
             {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
             {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
         ]
-        async with _translated("namespaces", "patch"):
-            patch_namespace: Any = self._core.patch_namespace  # typed for models; raw JSON here
-            response = await patch_namespace(
-                name,
-                patch,
-                _content_type="application/json-patch+json",
-                _preload_content=False,
-                _request_timeout=LIST_TIMEOUT,
-            )
-            try:
-                status, raw = response.status, await response.read()
-            finally:
-                response.release()
+        status, raw = await _raw(
+            "namespaces",
+            "patch",
+            self._core.patch_namespace,
+            name,
+            patch,
+            _content_type="application/json-patch+json",
+        )
         if status in (CONFLICT, UNPROCESSABLE):
             return False
         _checked("namespaces", status, raw)
         return True
+
+
+async def _raw(kind: str, verb: str, call: Any, *args: Any, **options: Any) -> tuple[int, bytes]:
+    """One request's status and body as bytes: the client's calls are typed for its models,
+    podwire sends and reads raw JSON (its own strict readers decide what it holds)."""
+    options.setdefault("_request_timeout", LIST_TIMEOUT)
+    async with _translated(kind, verb):
+        response = await call(*args, _preload_content=False, **options)
+        try:
+            return response.status, await response.read()
+        finally:
+            response.release()
 
 
 def _oneline(exc: BaseException) -> str:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from podwire import keys
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.policy import readback, ruleset
-from podwire.agent.policy.marks import MAX_POLICY_ID
 from podwire.agent.policy.compile import (
     Compiled,
     GroupSet,
@@ -35,6 +34,7 @@ from podwire.agent.policy.compile import (
     secured_ports,
     with_ports,
 )
+from podwire.agent.policy.marks import MAX_POLICY_ID
 from podwire.agent.policy.store import PolicyStore
 from podwire.backoff import Backoff, retry_forever
 from podwire.errors import PodwireError, RetryableError
