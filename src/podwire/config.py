@@ -406,9 +406,18 @@ class KubernetesSettings:
     # The Neutron router (id) each such subnet is attached to, so that namespaces' networks
     # reach each other and whatever the router reaches.
     cluster_router: str = ""
+    # Seconds a pod may be gone from the API while its port is still in use before the
+    # controller releases (deletes) the port itself. kubelet tears a deleted pod's sandbox
+    # down after the pod has left the API, and that DEL gives the port back to its pool;
+    # what is still in use after this long is a pod deleted while its node's agent was down.
+    gone_pod_grace: float = 30.0
 
     def validate(self) -> None:
         self._validate_auto_networks()
+        if not 0 <= self.gone_pod_grace <= 3600:
+            raise ConfigError(
+                f"kubernetes.gone_pod_grace: {self.gone_pod_grace} is not within 0..3600 seconds"
+            )
         if not self.kubeconfig:
             if self.project_id:
                 raise ConfigError("kubernetes.project_id: set kubernetes.kubeconfig too")

@@ -1,15 +1,17 @@
 """The Kubernetes API as the truth for cleanup, on the kube stack's real apiserver, etcd and
 Neutron: a pod deleted from the API while no agent releases its port (these nodes have none)
-has its port released by the controller, and deleted rather than pooled (no agent unplugged
-it); a controller started after pods were deleted while none ran releases their ports and
-keeps those of the pods that exist (a new pod of a gone pod's name does not keep it);
-records of no pod, or of a pod named without uid, are never judged."""
+has its port released by the controller once it has been gone for the grace, and deleted
+rather than pooled (no agent unplugged it), while one whose node's DEL came within the grace
+is pooled again; a controller started after pods were deleted while none ran releases their
+ports and keeps those of the pods that exist (a new pod of a gone pod's name does not keep
+it); records of no pod, or of a pod named without uid, are never judged."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from podwire.config import Settings
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect, neutron_connection
-from tests.controller.conftest import ScriptedNodes, make_network, request_vif
+from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
@@ -35,6 +37,12 @@ from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
 )
 from tests.scripted_agent import eventually
 from tests.stack.conftest import kubectl
+
+GRACE = 3.0  # seconds a gone pod's port waits for its node's DEL
+
+
+def graced(config: Settings, grace: float) -> Settings:
+    return replace(config, kubernetes=replace(config.kubernetes, gone_pod_grace=grace))
 
 
 def pod_request(
@@ -74,7 +82,8 @@ async def test_a_pod_deleted_from_the_api_has_its_port_released(
     network = make_network(
         neutron_connection(kube_stack["neutron"]), project, "pw-gone", "10.83.0.0/24"
     )
-    controller = await start(settings(kube_stack, [node], project, kube_stack["kubeconfig"]))
+    config = settings(kube_stack, [node], project, kube_stack["kubeconfig"])
+    controller = await start(graced(config, GRACE))
     url = controller_url(controller)
     name = f"gone-{uuid.uuid4().hex[:8]}"
     try:
@@ -85,10 +94,12 @@ async def test_a_pod_deleted_from_the_api_has_its_port_released(
             pod(name, "web", {"app": "web"}),
             pod(name, "stays", {"app": "web"}),
             pod(name, "unnamed", {"app": "web"}),
+            pod(name, "unplugged", {"app": "web"}),
         )
         async with aiohttp.ClientSession() as http:
             ports = {}
-            for pod_name, uid in (("web", True), ("stays", True), ("unnamed", False)):
+            pods = (("web", True), ("stays", True), ("unnamed", False), ("unplugged", True))
+            for pod_name, uid in pods:
                 request = pod_request(kube_stack, network, name, pod_name, uid)
                 status, answer = await request_vif(http, url, node, request)
                 assert status == 200, answer
@@ -99,11 +110,16 @@ async def test_a_pod_deleted_from_the_api_has_its_port_released(
             "web:eth0",
             "stays:eth0",
             "unnamed:eth0",
+            "unplugged:eth0",
             "k1:eth0",
         }
 
         delete_pod(kube_stack, name, "web")
         delete_pod(kube_stack, name, "unnamed")
+        # Gone from the API, then its node's DEL within the grace, as kubelet does it.
+        delete_pod(kube_stack, name, "unplugged")
+        async with aiohttp.ClientSession() as http:
+            assert await release_vif(http, url, node, "unplugged:eth0") == 204
 
         async def released() -> bool:
             return await records(kube_etcd, node.name) == {"stays:eth0", "unnamed:eth0", "k1:eth0"}
@@ -117,6 +133,9 @@ async def test_a_pod_deleted_from_the_api_has_its_port_released(
         assert not controller.service.pools.known(ports["web"])
         assert neutron.network.find_port(ports["stays"]) is not None
         assert neutron.network.find_port(ports["unnamed"]) is not None
+        # The pod its node unplugged within the grace: its port back in the pool.
+        assert controller.service.pools.known(ports["unplugged"])
+        assert neutron.network.find_port(ports["unplugged"]) is not None
     finally:
         kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
 
@@ -133,7 +152,7 @@ async def test_a_controller_started_after_pods_went_releases_their_ports_only(
     network = make_network(
         neutron_connection(kube_stack["neutron"]), project, "pw-gone2", "10.84.0.0/24"
     )
-    config = settings(kube_stack, [node], project, kube_stack["kubeconfig"])
+    config = graced(settings(kube_stack, [node], project, kube_stack["kubeconfig"]), 0.0)
     name = f"gone-{uuid.uuid4().hex[:8]}"
     first, task = await _run(config, kube_etcd)
     try:

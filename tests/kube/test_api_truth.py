@@ -44,6 +44,7 @@ async def test_a_pod_shows_its_port_and_one_deleted_while_its_agent_is_down_rele
     services.work.mkdir()
     kubernetes = f'[kubernetes]\nkubeconfig = "{cluster.info["kubeconfig"]}"\n'
     kubernetes += f'project_id = "{project}"\n'
+    kubernetes += "gone_pod_grace = 2.0\n"  # the force-deleted pod's agent is down: no DEL
     node = None
     try:
         await asyncio.to_thread(services.start_controller, [host], kubernetes)

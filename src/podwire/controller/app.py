@@ -177,7 +177,7 @@ class Controller:
             self.metrics,
             kubernetes.project_id,
             ports=ports,
-            gone=GonePods(self.service, self.broker.release, api.pod),
+            gone=GonePods(self.service, self.broker.release, api.pod, kubernetes.gone_pod_grace),
             nodes=GoneNodes(self.service, self.broker.remove_node),
             annotator=PodAnnotator(self.service, api.patch_pod, self._ports_of_pod),
             namespaces=NamespaceNetworks.for_settings(

@@ -1,6 +1,9 @@
 """The Kubernetes API as the truth for cleanup: an in-use port whose pod the API no longer
 has is released through the path its agent's DEL takes (a pod deleted while its node's agent
 was down, or while no controller led), and deleted rather than pooled: no agent unplugged it.
+A pod leaves the API before kubelet tears its sandbox down, so a port is judged only once its
+pod has been gone for ``grace`` seconds: a DEL within that time gives it back to its pool
+(judged at once, every pod deleted through kubelet cost its pool a port and a refill).
 
 Only records that name a pod by uid are judged, only once this term's pod informer has
 listed (a pod absent from a cache that has not listed is not gone), and a pod the cache does
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -30,14 +34,19 @@ Release = Callable[[str, str, bool], Awaitable[None]]
 
 
 class GonePods:
-    def __init__(self, service: PoolService, release: Release, get_pod: GetPod) -> None:
+    def __init__(
+        self, service: PoolService, release: Release, get_pod: GetPod, grace: float
+    ) -> None:
         """``release``: the VIF API's release (``VifBroker.release``), the agent's DEL path,
         asked not to pool the port again: the node may still have it plugged (its agent is
         down, or did not unplug it), so it is deleted, never handed to another pod."""
         self._service = service
         self._release = release
         self._get_pod = get_pod
+        self._grace = grace
         self._backoff = Backoff(1.0, 30.0)
+        # (node, attachment, pod uid) -> when its pod was first found gone (monotonic).
+        self._gone_since: dict[tuple[str, str, str], float] = {}
 
     async def run(self, pods: Mapping[ObjectKey, K8sPod], changed: asyncio.Event) -> None:
         """After the pod informer's first list, for one term: a pass at once (ports of pods
@@ -47,22 +56,35 @@ class GonePods:
             try:
                 await self.release_gone(pods)
                 self._backoff.reset()
-                await changed.wait()
+                delay = self._next_due()
             except PodwireError as exc:  # the API or etcd away, not serving: later
                 delay = self._backoff.next()
                 log.warning("controller.gone_pods.retry", error=str(exc), delay=delay)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await changed.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await changed.wait()
+
+    def _next_due(self) -> float | None:
+        """Seconds until the first pod found gone has been gone ``grace`` long; None: none."""
+        if not self._gone_since:
+            return None
+        due = min(self._gone_since.values()) + self._grace - time.monotonic()
+        return max(due, 0.05)
 
     async def release_gone(self, pods: Mapping[ObjectKey, K8sPod]) -> list[str]:
-        """Release the attachments whose pod is gone; returns their ports."""
+        """Release the attachments whose pod has been gone ``grace`` long; returns their
+        ports."""
         released = []
+        now, waiting = time.monotonic(), {}
         for (node, attachment), record in list(self._service.attachments.items()):
             pod = record.pod
             if pod is None or not pod.uid or _cached(pods, pod):
                 continue
             if await self._exists(pod):
+                continue
+            since = self._gone_since.get((node, attachment, pod.uid), now)
+            if now - since < self._grace:
+                waiting[(node, attachment, pod.uid)] = since
                 continue
             log.warning(
                 "controller.pod_gone",
@@ -74,6 +96,7 @@ class GonePods:
             )
             await self._release(node, attachment, False)
             released.append(record.vif.port_id)
+        self._gone_since = waiting  # a DEL meanwhile took the attachment out: forgotten
         return released
 
     async def _exists(self, pod: PodRef) -> bool:
