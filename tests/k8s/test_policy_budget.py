@@ -16,9 +16,17 @@ from typing import Any
 import pytest
 
 from podwire.controller.app import NETPOL_NAME_PREFIX
+from podwire.controller.refusals import policies_in
 from podwire.k8s.budget import MAX_POLICY_RULES, within_budget
 from podwire.k8s.cidrs import allowed_prefixes
-from podwire.k8s.groups import DesiredAddressGroup, DesiredGroup, DesiredPolicy, SgRule, group_name
+from podwire.k8s.groups import (
+    OPEN_INGRESS,
+    DesiredAddressGroup,
+    DesiredGroup,
+    DesiredPolicy,
+    SgRule,
+    group_name,
+)
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
@@ -77,9 +85,9 @@ def test_a_policy_over_the_limit_is_emptied_and_its_address_groups_dropped() -> 
     named = frozenset({SgRule("ingress", "IPv4", "tcp", 8080, 8080)})
     desired = DesiredPolicy(
         groups={
-            group_name(key): DesiredGroup(group_name(key), f"NetworkPolicy {key}", big),
-            "np-named": DesiredGroup("np-named", f"NetworkPolicy {key} where web/TCP=1", named),
-            group_name(other): DesiredGroup(group_name(other), f"NetworkPolicy {other}", small),
+            group_name(key): DesiredGroup(group_name(key), "big", big, key),
+            "np-named": DesiredGroup("np-named", "big where web/TCP=1", named, key),
+            group_name(other): DesiredGroup(group_name(other), "small", small, other),
         },
         address_groups={
             name: DesiredAddressGroup(name, name, frozenset()) for name in ("ag-big", "ag-s")
@@ -182,3 +190,21 @@ async def test_a_policy_too_big_for_neutron_is_named_while_the_others_are_enforc
 def _rule_count(neutron: Any, project_id: str, tag: str, name: str) -> int:
     objects = NetpolObjects(neutron, project_id, tag, NETPOL_NAME_PREFIX)
     return next(len(g.rules) for g in objects.groups() if g.name == name)
+
+
+def test_a_refused_named_port_group_names_its_policy() -> None:
+    """Neutron refusing a policy's named-port group (or an address group its rules name) is
+    told on that policy, not on the others."""
+    key, other = ObjectKey("ns", "web"), ObjectKey("ns", "db")
+    to_ag = frozenset({SgRule("ingress", "IPv4", "udp", 53, 53, remote_address_group="ag")})
+    desired = DesiredPolicy(
+        groups={
+            group_name(key): DesiredGroup(group_name(key), "web", frozenset(), key),
+            "np-named": DesiredGroup("np-named", "web where web/TCP=1", frozenset(), key),
+            group_name(other): DesiredGroup(group_name(other), "db", to_ag, other),
+        },
+        address_groups={},
+    )
+    assert policies_in(desired, [key, other], ["np-named"]) == [key]
+    assert policies_in(desired, [key, other], ["ag"]) == [other]
+    assert policies_in(desired, [key, other], [OPEN_INGRESS]) == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from podwire.errors import PermanentError, RetryableError
-from podwire.k8s.groups import DesiredPolicy, group_name
+from podwire.k8s.groups import DesiredPolicy
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import NeutronOverQuota, NeutronRequestError
 
@@ -46,10 +46,12 @@ def port_refused(exc: BaseException) -> bool:
 def policies_in(
     desired: DesiredPolicy, policies: Iterable[ObjectKey], refusals: Iterable[str]
 ) -> list[ObjectKey]:
-    """The policies whose groups Neutron refused (by name), or whose rules name an address
-    group it refused."""
+    """The policies whose groups (their own or their named ports') Neutron refused (by
+    name), or whose rules name an address group it refused."""
     names = set(refusals)
-    for group in desired.groups.values():
-        if any(rule.remote_address_group in names for rule in group.rules):
-            names.add(group.name)
-    return sorted((key for key in policies if group_name(key) in names), key=str)
+    refused = {
+        group.policy
+        for group in desired.groups.values()
+        if group.name in names or any(rule.remote_address_group in names for rule in group.rules)
+    }
+    return sorted((key for key in policies if key in refused), key=str)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from podwire.k8s.groups import DesiredGroup, DesiredPolicy, group_name
+from podwire.k8s.groups import DesiredGroup, DesiredPolicy
 from podwire.k8s.objects import ObjectKey
 
 MAX_POLICY_RULES = 1000
@@ -56,9 +56,5 @@ def within_budget(
 
 
 def _policy_groups(desired: DesiredPolicy, key: ObjectKey) -> list[DesiredGroup]:
-    """The policy's group, and those of its named ports on ingress (``compile`` describes
-    them as the policy's, followed by what the names mean)."""
-    main = desired.groups.get(group_name(key))
-    named = f"NetworkPolicy {key} where "
-    found = [group for group in desired.groups.values() if group.description.startswith(named)]
-    return ([main] if main is not None else []) + found
+    """The policy's group, and those of its named ports on ingress."""
+    return [group for group in desired.groups.values() if group.policy == key]

@@ -121,7 +121,7 @@ def _policy_groups(
         for rule in policy_rules:
             rules.update(_rules(cluster, policy, direction, rule, address_groups))
     key = policy.meta.key
-    groups = [DesiredGroup(group_name(key), f"NetworkPolicy {key}", frozenset(rules))]
+    groups = [DesiredGroup(group_name(key), f"NetworkPolicy {key}", frozenset(rules), key)]
     selected = [pod for pod in cluster.pods.values() if selects(policy, pod)]
     for numbers in sorted({ingress_numbers(policy, pod) for pod in selected} - {()}):
         named: set[SgRule] = set()
@@ -130,7 +130,7 @@ def _policy_groups(
         meaning = ", ".join(f"{name}/{protocol}={number}" for name, protocol, number in numbers)
         description = f"NetworkPolicy {key} where {meaning}"[:255]
         groups.append(
-            DesiredGroup(named_port_group_name(key, numbers), description, frozenset(named))
+            DesiredGroup(named_port_group_name(key, numbers), description, frozenset(named), key)
         )
     return groups
 

@@ -53,6 +53,9 @@ class DesiredGroup:
     name: str
     description: str
     rules: frozenset[SgRule]
+    # The NetworkPolicy it is made for (its own group and its named ports' groups); None for
+    # the open groups. What a refusal or the rule budget names when it concerns the group.
+    policy: ObjectKey | None = None
 
 
 @dataclass(frozen=True)
