@@ -8,6 +8,7 @@ bounds how long a component lags behind a dependency that came back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,28 @@ class Backoff:
         delay = self.next()
         await asyncio.sleep(delay)
         return delay
+
+
+async def passes_on_wake(
+    one_pass: Callable[[], Awaitable[float | None]],
+    wake: asyncio.Event,
+    backoff: Backoff,
+    on_retry: Callable[[PodwireError, float], None],
+) -> None:
+    """A pass at once, then one after every ``wake`` (or once the delay a pass returned is
+    over, if it returned one); a pass that fails with a PodwireError is told to ``on_retry``
+    (with the delay) and tried again after ``backoff``'s delay, or at the next wake."""
+    while True:
+        wake.clear()
+        try:
+            delay = await one_pass()
+            backoff.reset()
+        except PodwireError as exc:
+            delay = backoff.next()
+            on_retry(exc, delay)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await wake.wait()
 
 
 async def retry_forever(

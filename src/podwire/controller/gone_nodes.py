@@ -13,10 +13,9 @@ backoff."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
-from podwire.backoff import Backoff
+from podwire.backoff import Backoff, passes_on_wake
 from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
 from podwire.k8s.cache import DELETED, Event
@@ -48,18 +47,10 @@ class GoneNodes:
             self._deleted.discard(event.key.name)
 
     async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            try:
-                await self.release_deleted()
-                self._backoff.reset()
-                await self._wake.wait()
-            except PodwireError as exc:
-                delay = self._backoff.next()
-                log.warning("controller.gone_nodes.retry", error=str(exc), delay=delay)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._wake.wait()
+        def retry(exc: PodwireError, delay: float) -> None:
+            log.warning("controller.gone_nodes.retry", error=str(exc), delay=delay)
+
+        await passes_on_wake(self.release_deleted, self._wake, self._backoff, retry)
 
     async def release_deleted(self) -> None:
         for node in sorted(self._deleted):

@@ -14,12 +14,11 @@ API that does not answer releases nothing; the pass is tried again after a backo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from podwire.backoff import Backoff
+from podwire.backoff import Backoff, passes_on_wake
 from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
 from podwire.k8s.objects import K8sPod, ObjectKey
@@ -51,18 +50,15 @@ class GonePods:
     async def run(self, pods: Mapping[ObjectKey, K8sPod], changed: asyncio.Event) -> None:
         """After the pod informer's first list, for one term: a pass at once (ports of pods
         deleted while no controller led), then one after every pod event."""
-        while True:
-            changed.clear()
-            try:
-                await self.release_gone(pods)
-                self._backoff.reset()
-                delay = self._next_due()
-            except PodwireError as exc:  # the API or etcd away, not serving: later
-                delay = self._backoff.next()
-                log.warning("controller.gone_pods.retry", error=str(exc), delay=delay)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await changed.wait()
+
+        async def one_pass() -> float | None:
+            await self.release_gone(pods)
+            return self._next_due()
+
+        def retry(exc: PodwireError, delay: float) -> None:  # the API or etcd away: later
+            log.warning("controller.gone_pods.retry", error=str(exc), delay=delay)
+
+        await passes_on_wake(one_pass, changed, self._backoff, retry)
 
     def _next_due(self) -> float | None:
         """Seconds until the first pod found gone has been gone ``grace`` long; None: none."""

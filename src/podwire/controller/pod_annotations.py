@@ -20,11 +20,10 @@ that went away (the pod goes with it, or its next port replaces them)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from podwire.backoff import Backoff
+from podwire.backoff import Backoff, passes_on_wake
 from podwire.controller.inuse import InUse
 from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
@@ -57,19 +56,15 @@ class PodAnnotator:
         """After the pod informer's first list, for one term: a pass at once, then one after
         every pod event or change of the in-use records (``changed``)."""
         self._service.attachment_listeners.append(changed.set)
+
+        async def one_pass() -> None:
+            await self.annotate(pods)  # the API away: the next pass patches what changed
+
+        def retry(exc: PodwireError, delay: float) -> None:
+            log.warning("controller.pod_annotations.retry", error=str(exc), delay=delay)
+
         try:
-            while True:
-                changed.clear()
-                try:
-                    await self.annotate(pods)
-                    self._backoff.reset()
-                    await changed.wait()
-                except PodwireError as exc:  # the API away: the next pass patches it
-                    delay = self._backoff.next()
-                    log.warning("controller.pod_annotations.retry", error=str(exc), delay=delay)
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(delay):
-                            await changed.wait()
+            await passes_on_wake(one_pass, changed, self._backoff, retry)
         finally:
             self._service.attachment_listeners.remove(changed.set)
 
