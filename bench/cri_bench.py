@@ -174,6 +174,7 @@ class PodwireNode:
         self.network: Any = None
         self.group: Any = None
         self.socket = ""
+        self.settle_groups: list[str] | None = None  # settle counts only this set's ports
 
     def start(self) -> None:
         self.network = private_network(self.conn, self.project, "pwb-cri", "10.79.0.0/24")
@@ -211,8 +212,7 @@ class PodwireNode:
         deadline = time.monotonic() + timeout
         seen, since = None, time.monotonic()
         while time.monotonic() < deadline:
-            pools = self.services.admin("GET", "/v1/pools")["pools"]
-            ready = sum(p["size"] for p in pools if p["key"]["node"] == self.host)
+            ready = self._ready_ports()
             ports = list(self.conn.network.ports(project_id=self.project))
             active = sum(1 for p in ports if p.status == "ACTIVE")
             now = (ready, len(ports), active)
@@ -222,6 +222,21 @@ class PodwireNode:
                 return
             time.sleep(0.25)
         raise StackError(f"the pool of {self.host} did not settle at {BURST} ready ports")
+
+    def _ready_ports(self) -> int:
+        """The node's pooled ports; only those carrying ``settle_groups`` when set (a burst
+        served from another set pays a port update per VIF)."""
+        pools = self.services.admin("GET", "/v1/pools")["pools"]
+        mine = [p for p in pools if p["key"]["node"] == self.host]
+        if self.settle_groups is None:
+            return sum(p["size"] for p in mine)
+        wanted = sorted(self.settle_groups)
+        return sum(
+            len(g["ports"])
+            for p in mine
+            for g in p["groups"]
+            if sorted(g["security_groups"]) == wanted
+        )
 
     def close(self, stack: dict[str, Any]) -> None:
         self.services.stop()

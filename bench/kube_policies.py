@@ -82,6 +82,7 @@ def enforce(stack: dict[str, Any], node: PodwireNode, namespace: str) -> None:
         "count": POOL,
     }
     node.services.admin("POST", "/v1/pools/populate", body)
+    node.settle_groups = groups  # the rounds after this one take ports of this set alone
     node.settle()
 
 
