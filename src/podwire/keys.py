@@ -161,6 +161,30 @@ def address_group(ag_id: str) -> str:
     return address_groups_prefix() + check_segment(ag_id, "address group id")
 
 
+def services_prefix() -> str:
+    """Kubernetes Services, written by the leader controller, read by every agent."""
+    return f"{ROOT}/services/"
+
+
+def service(namespace: str, name: str) -> str:
+    return (
+        services_prefix()
+        + check_segment(namespace, "namespace")
+        + "/"
+        + check_segment(name, "service name")
+    )
+
+
+def parse_service_key(key: str) -> tuple[str, str] | None:
+    """``(namespace, name)`` of a Service's key; None outside the layout (skipped)."""
+    if not key.startswith(services_prefix()):
+        return None
+    parts = key[len(services_prefix()) :].split("/")
+    if len(parts) != 2 or not all(fields.NAME.fullmatch(p) for p in parts):
+        return None
+    return parts[0], parts[1]
+
+
 def parse_global_key(key: str) -> tuple[str, tuple[str, ...]] | None:
     """Split a ``/podwire/global/<kind>/<name>[/<name>]`` key into ``(kind, names)``; None for
     keys outside the layout (readers skip them: a peer may write anything it is allowed to)."""

@@ -31,6 +31,7 @@ from podwire.agent.ports.embedded_plugin import EmbeddedPlugin
 from podwire.agent.ports.memif import MemifService
 from podwire.agent.ports.taps import TapPorts
 from podwire.agent.ports.veth import Plugger, is_nested
+from podwire.agent.services.pods import PodServices
 from podwire.agent.vifs.controller_vifs import ControllerVifSource
 from podwire.agent.vifs.podrelease import PodReleaser
 from podwire.agent.vifs.vifsource import VifSource
@@ -78,6 +79,7 @@ class AgentParts:
     memif: MemifService | None = None
     policy: PolicyEnforcer | None = None
     taps: TapPorts | None = None
+    services: PodServices | None = None
     plugin: DevicePlugin | None = None
     tasks: list[Supervised] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -169,11 +171,14 @@ class Agent:
         node = self._dataplane(stack, etcd, binder, vifs, plugin, memif_binary, kernel)
         memif, policy, taps = node.memif, node.policy, node.taps
         releaser = self._releaser(stack, plugin)
+        services = PodServices(etcd, lambda: checkpoint.entries) if kernel is not None else None
 
         embedded = EmbeddedPlugin(plugin) if plugin is not None else None
         watched = [heartbeat.health, binder.watcher.health, *peers.healths]
         watched += [part.health for part in (policy and policy.watcher, taps) if part]
-        tasks = self._supervised(heartbeat, binder, peers, embedded, releaser, policy, taps)
+        watched += [services.watcher.health] if services is not None else []
+        parts = (embedded, releaser, policy, taps, services)
+        tasks = self._supervised(heartbeat, binder, peers, *parts)
         aside = [part.health for part in (embedded, *tasks) if part is not None]
 
         async def ready() -> tuple[bool, str]:
@@ -194,9 +199,10 @@ class Agent:
                 releaser,
                 self.metrics,
                 memif,
+                services,
             )
         self.parts.binder, self.parts.heartbeat, self.parts.handler = binder, heartbeat, handler
-        self.parts.peers, self.parts.plugin = peers, plugin
+        self.parts.peers, self.parts.plugin, self.parts.services = peers, plugin, services
         self.parts.memif, self.parts.policy, self.parts.taps = memif, policy, taps
         async with asyncio.TaskGroup() as tg:
             for task in tasks:
@@ -219,7 +225,7 @@ class Agent:
         heartbeat: Heartbeat,
         binder: Binder,
         peers: PeerTracker,
-        *others: EmbeddedPlugin | PodReleaser | PolicyEnforcer | TapPorts | None,
+        *others: EmbeddedPlugin | PodReleaser | PolicyEnforcer | TapPorts | PodServices | None,
     ) -> list[Supervised]:
         """Each long-running part restarted on its own failures (a part that lost a batch
         half-way re-lists what it follows before it runs again)."""
@@ -230,7 +236,9 @@ class Agent:
         ]
         for part in others:
             if part is not None:
-                replay = part.watcher.replay if isinstance(part, PolicyEnforcer) else None
+                replay = None
+                if isinstance(part, PolicyEnforcer | PodServices):
+                    replay = part.watcher.replay
                 tasks.append(self._supervise(type(part).__name__, part.run, replay))
         self.parts.tasks.extend(tasks)
         return tasks

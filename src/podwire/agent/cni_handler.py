@@ -30,6 +30,7 @@ from podwire.agent.ports.attach import Attacher, addresses_of
 from podwire.agent.ports.checkpoint import EntryStore
 from podwire.agent.ports.memif import MEMIF_IFNAME, MemifPlan, MemifService
 from podwire.agent.ports.veth import Plugger, PlugSpec, PodInterfaceTaken, is_nested, planned
+from podwire.agent.services.pods import PodServices
 from podwire.agent.vifs.podrelease import PodReleaser
 from podwire.agent.vifs.vifsource import VifSource, vif_request
 from podwire.cni import spec
@@ -70,8 +71,10 @@ class CniHandler:
         pods: PodReleaser | None = None,
         metrics: AgentMetrics | None = None,
         memif: MemifService | None = None,
+        services: PodServices | None = None,
     ) -> None:
         self._settings = settings
+        self._services = services
         self._host_namespaces = host_netns_files(settings.host_netns)
         self._memif = memif
         self._metrics = metrics or AgentMetrics()
@@ -183,6 +186,8 @@ class CniHandler:
                     vif = await self._vifs.request(again, deadline)
                     requested = True
             memif = await self._memif.attach(MemifPlan(req, deadline)) if self._memif else None
+            if self._services is not None:
+                await self._services.sync(entry)
         except BaseException:
             self._attacher.forget(vif.port_id)
             await self._rollback(req.attachment, vif if requested else None)
@@ -351,6 +356,8 @@ class CniHandler:
             self._attacher.forget(entry.vif.port_id)
         await self._vifs.release(attachment, entry.vif if entry else None)
         await self._checkpoint.remove(attachment)
+        if self._services is not None:
+            self._services.forget(attachment)
         self._metrics.attachments.set(len(self._checkpoint.entries))
         pod = entry.pod if entry else None
         if pod and self._pods is not None and not self._pod_attached(pod):

@@ -38,6 +38,7 @@ from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolDeps, PoolService
 from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
+from podwire.controller.service_publish import ServicePublisher
 from podwire.controller.sweeper import NodeSweeper
 from podwire.controller.term import TermGuard
 from podwire.controller.vif_broker import VifBroker
@@ -180,6 +181,7 @@ class Controller:
             gone=GonePods(self.service, self.broker.release, api.pod, kubernetes.gone_pod_grace),
             nodes=GoneNodes(self.service, self.broker.remove_node),
             annotator=PodAnnotator(self.service, api.patch_pod, self._ports_of_pod),
+            services=ServicePublisher(self.etcd, self.leadership.fence),
             namespaces=NamespaceNetworks.for_settings(
                 self.settings,
                 api,

@@ -23,6 +23,7 @@ from podwire.controller.netpol_sync import NetpolReconciler, PortSide
 from podwire.controller.ns_networks import NamespaceNetworks
 from podwire.controller.pod_annotations import PodAnnotator
 from podwire.controller.refusals import port_refused
+from podwire.controller.service_publish import ServicePublisher
 from podwire.errors import KubeApiError, PodwireError, ValidationError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.cache import Cache
@@ -58,11 +59,13 @@ class KubernetesSide:
         namespaces: NamespaceNetworks | None = None,
         nodes: GoneNodes | None = None,
         annotator: PodAnnotator | None = None,
+        services: ServicePublisher | None = None,
     ) -> None:
         """``project_id``: where the groups are made, so the one project whose pods get them.
         ``ports``: what moves the in-use and pooled ports after each pass; ``gone``: what
         releases the ports of pods the API no longer has; ``nodes``: what releases the
-        ports of a Node deleted from the API; ``annotator``: what shows pods their ports."""
+        ports of a Node deleted from the API; ``annotator``: what shows pods their ports;
+        ``services``: what publishes the Services for the agents."""
         self.api = api
         self.project_id = project_id
         self._objects = objects
@@ -73,6 +76,7 @@ class KubernetesSide:
         self._gone = gone
         self._nodes = nodes
         self._annotator = annotator
+        self._services = services
         self.namespaces = namespaces
         if namespaces is not None:
             namespaces.api_problem = lambda: self.reach.problem
@@ -156,6 +160,8 @@ class KubernetesSide:
                 tasks.create_task(shown, name="pod-annotations")
             if self.namespaces is not None:
                 tasks.create_task(self.namespaces.run(watcher), name="namespace-networks")
+            if self._services is not None:
+                tasks.create_task(self._services.run(watcher), name="services")
 
     async def pod_network(self, pod: PodRef) -> str | None:
         """The network of the pod's namespace (``ns_networks``), None for the request's."""

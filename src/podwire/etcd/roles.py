@@ -43,6 +43,7 @@ def node_role(host: str, deployment: Deployment = DEFAULT) -> RoleSpec:
         Grant("read", keys.state_prefix() + "nodes/"),  # peers: VTEPs, alive
         Grant("readwrite", keys.state_node_prefix(host)),
         Grant("read", keys.global_prefix()),
+        Grant("read", keys.services_prefix()),  # Services, translated in its pods
     )
     name = deployment.role_name(f"podwire-node-{keys.check_segment(host, 'node')}")
     return RoleSpec(name, _within(deployment, grants))
@@ -65,7 +66,7 @@ def _within(deployment: Deployment, grants: tuple[Grant, ...]) -> tuple[Grant, .
 
 def _server_grants(component: str) -> tuple[Grant, ...]:
     if component == "ml2":
-        grants = (
+        grants: tuple[Grant, ...] = (
             Grant("readwrite", keys.nodes_prefix()),  # desired ports, written by the forwarder
             Grant("read", keys.state_prefix()),  # feedback and the host cache
             # Watched keys are ranges: a PrefixWatcher lists and watches "key*".
@@ -79,6 +80,7 @@ def _server_grants(component: str) -> tuple[Grant, ...]:
             Grant("read", keys.nodes_prefix()),  # the forwarder's mirror of bound ports
             Grant("read", keys.state_prefix()),  # alive nodes, capabilities
             Grant("readwrite", keys.vifs_prefix()),
+            Grant("readwrite", keys.services_prefix()),  # Kubernetes Services, for agents
             Grant("readwrite", keys.election("controller")),  # watched: a range
             Grant("read", f"{keys.ROOT}/election/"),  # podwire status: every leader
             Grant("read", f"{keys.ROOT}/status/"),  # ml2's report; podwire status

@@ -46,6 +46,7 @@ class KubeApi:
         self.server = str(api.configuration.host)
         self._core = kube_client.CoreV1Api(api)
         self._networking = kube_client.NetworkingV1Api(api)
+        self._discovery = kube_client.DiscoveryV1Api(api)
 
     @classmethod
     async def from_kubeconfig(cls, path: Path) -> KubeApi:
@@ -75,6 +76,8 @@ class KubeApi:
             "pods": self._core.list_pod_for_all_namespaces,
             "nodes": self._core.list_node,
             "networkpolicies": self._networking.list_network_policy_for_all_namespaces,
+            "services": self._core.list_service_for_all_namespaces,
+            "endpointslices": self._discovery.list_endpoint_slice_for_all_namespaces,
         }[kind]
 
     async def list_page(self, kind: str, next_page: str | None = None) -> ListPage:

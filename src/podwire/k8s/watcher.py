@@ -1,6 +1,7 @@
-"""The informers the NetworkPolicy compiler reads (Namespaces, Pods, NetworkPolicies), run
-together, with one wake-up for whoever reconciles: events are many, and a reconciler wants
-to know only that something changed since it last compiled."""
+"""The informers the controller's compilers read (Namespaces, Pods, NetworkPolicies for the
+policies; Services, EndpointSlices and Pods for the Services), run together, with a wake-up
+per consumer: events are many, and a reconciler wants to know only that something it reads
+changed since it last compiled."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from podwire.k8s.informer import WATCH_SECONDS, Informer
 from podwire.k8s.netpol import NetworkPolicy, read_network_policy
 from podwire.k8s.objects import K8sNamespace, K8sPod, read_namespace, read_pod
 from podwire.k8s.reach import ApiReach
+from podwire.k8s.services import EndpointSlice, K8sService, read_endpoint_slice, read_service
 
 
 class KubeWatcher:
@@ -25,22 +27,23 @@ class KubeWatcher:
         self.pods_shown = asyncio.Event()  # the same, for the pod annotations' writer
         # A namespace or a pod came, changed or went (a namespace deleted waits for its pods).
         self.namespaces_changed = asyncio.Event()
+        self.services_changed = asyncio.Event()  # a Service, an EndpointSlice or a pod
         self.reach = reach or ApiReach(api.server)
         self.namespaces: Cache[K8sNamespace] = Cache("namespaces", self._on_event)
         self.pods: Cache[K8sPod] = Cache("pods", self._on_event)
         self.policies: Cache[NetworkPolicy] = Cache("networkpolicies", self._on_event)
-        self.informers: tuple[Informer[Any], ...] = (
-            Informer(
-                api, self.namespaces, read_namespace, watch_seconds=watch_seconds, reach=self.reach
-            ),
-            Informer(api, self.pods, read_pod, watch_seconds=watch_seconds, reach=self.reach),
-            Informer(
-                api,
-                self.policies,
-                read_network_policy,
-                watch_seconds=watch_seconds,
-                reach=self.reach,
-            ),
+        self.services: Cache[K8sService] = Cache("services", self._on_event)
+        self.slices: Cache[EndpointSlice] = Cache("endpointslices", self._on_event)
+        readers: list[tuple[Cache[Any], Any]] = [
+            (self.namespaces, read_namespace),
+            (self.pods, read_pod),
+            (self.policies, read_network_policy),
+            (self.services, read_service),
+            (self.slices, read_endpoint_slice),
+        ]
+        self.informers: tuple[Informer[Any], ...] = tuple(
+            Informer(api, cache, read, watch_seconds=watch_seconds, reach=self.reach)
+            for cache, read in readers
         )
 
     async def run(self) -> None:
@@ -63,9 +66,12 @@ class KubeWatcher:
         )
 
     def _on_event(self, event: Event[Any]) -> None:
-        self.changed.set()
+        if event.kind in (self.namespaces.kind, self.pods.kind, self.policies.kind):
+            self.changed.set()
         if event.kind == self.pods.kind:
             self.pods_changed.set()
             self.pods_shown.set()
         if event.kind in (self.pods.kind, self.namespaces.kind):
             self.namespaces_changed.set()
+        if event.kind in (self.pods.kind, self.services.kind, self.slices.kind):
+            self.services_changed.set()

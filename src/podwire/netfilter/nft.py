@@ -99,7 +99,8 @@ class Nftables:
     (counters, the tables podwire owns)."""
 
     def __init__(self, netns: str = "", on_fallback: Callable[[str], None] | None = None) -> None:
-        """``on_fallback``: told why, each time element changes went as text (a set the
+        """``netns``: a name (``ip netns``) or a namespace file's path (a pod's, as CNI gives
+        it). ``on_fallback``: told why, each time element changes went as text (a set the
         packer does not know: every pod's ADD would then pay libnftables' parse, unseen)."""
         self._lib = _load()
         self._netns = netns
@@ -111,7 +112,8 @@ class Nftables:
 
     def _enter(self) -> None:
         if self._netns and not self._entered:
-            fd = open_netns(netns_path(self._netns))
+            path = self._netns if self._netns.startswith("/") else netns_path(self._netns)
+            fd = open_netns(path)
             try:
                 setns(fd)  # this worker thread stays in the host namespace for good
             finally:

@@ -1,0 +1,1 @@
+"""Kubernetes Services translated in this node's pods."""
