@@ -1,0 +1,283 @@
+"""ClusterIP Services on real kubelets: a controller with ``[kubernetes]`` and two agents run as
+processes, a kube-node per host, kube-controller-manager making the EndpointSlices. Three
+``web`` pods (two hosts) answer every connection with their name, from sockets this test
+opens in their namespaces; a client pod on the second host reaches them through the
+Service's ClusterIP (TCP by a named target port, and UDP), from a socket opened in its
+namespace, so each answer says which backend the translation in the client chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podwire.demo.services import Services
+from podwire.kube.images import TOOLBOX_IMAGE
+from tests.kube.conftest import Cluster, KubeNodeProcess, _namespace
+from tests.kube.netpol_probe import sockets_in
+from tests.kube.test_netpol_table import _delete_groups, _task_pids
+from tests.kube.test_pool import NodeAgent
+from tests.scripted_agent import eventually
+
+pytestmark = [pytest.mark.stack, pytest.mark.netns, pytest.mark.slow]
+
+HOST_INDEXES = (11, 12)
+WEB = {"web-0": 0, "web-1": 1, "web-2": 0}  # pod -> host index in HOST_INDEXES
+CLIENT = ("client", 1)
+TCP_PORT, UDP_PORT = 8080, 5353
+TIMEOUT = 1.0
+
+
+class _Named(asyncio.Protocol):
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.name)  # type: ignore[attr-defined]
+        transport.close()
+
+
+class _NamedEcho(asyncio.DatagramProtocol):
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.transport.sendto(self.name, addr)  # type: ignore[attr-defined]
+
+
+@dataclass
+class Serving:
+    cluster: Cluster
+    services: Services
+    hosts: list[str]
+    nodes: list[KubeNodeProcess]
+    netns: dict[str, str] = field(default_factory=dict)  # pod -> its namespace file
+    roots: dict[str, Path] = field(default_factory=dict)  # pod -> its container's root
+    closers: list[Any] = field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return f"{self.cluster.namespace}-svc"
+
+    async def serve(self, pod: str) -> None:
+        loop = asyncio.get_running_loop()
+        tcp, udp = await sockets_in(self.netns[pod], ["TCP", "UDP"])
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        tcp.bind(("0.0.0.0", TCP_PORT))
+        tcp.listen(128)
+        udp.bind(("0.0.0.0", UDP_PORT))
+        name = pod.encode()
+        self.closers.append(await loop.create_server(lambda: _Named(name), sock=tcp))
+        transport, _ = await loop.create_datagram_endpoint(lambda: _NamedEcho(name), sock=udp)
+        self.closers.append(transport)
+
+    async def ask(self, address: str, port: int, kind: str, times: int) -> list[str]:
+        """What ``times`` connections (or datagrams) from the client got: a name, or
+        "silent" / "refused"."""
+        return [await self._ask_once(address, port, kind) for _ in range(times)]
+
+    async def _ask_once(self, address: str, port: int, kind: str) -> str:
+        loop = asyncio.get_running_loop()
+        (sock,) = await sockets_in(self.netns[CLIENT[0]], [kind])
+        with contextlib.closing(sock):
+            try:
+                async with asyncio.timeout(TIMEOUT):
+                    await loop.sock_connect(sock, (address, port))
+                    if kind == "UDP":
+                        await loop.sock_sendall(sock, b"?")
+                    return (await loop.sock_recv(sock, 64)).decode() or "closed"
+            except TimeoutError:
+                return "silent"
+            except OSError as exc:
+                return type(exc).__name__
+
+
+def _pod(serving: Serving, name: str, host: int, labels: dict[str, str]) -> dict[str, Any]:
+    container = {
+        "name": "toolbox",
+        "image": TOOLBOX_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", "echo yes > /tmp/ready; exec sleep 3600"],
+        "ports": [{"name": "http", "containerPort": TCP_PORT}],
+        # Unready once this test writes something else into the file.
+        "readinessProbe": {
+            "exec": {"command": ["grep", "-q", "yes", "/tmp/ready"]},
+            "periodSeconds": 1,
+            "failureThreshold": 1,
+        },
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": serving.namespace, "labels": labels},
+        "spec": {
+            "containers": [container],
+            "nodeName": serving.hosts[host],
+            "terminationGracePeriodSeconds": 1,
+        },
+    }
+
+
+def _service(serving: Serving) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": serving.namespace},
+        "spec": {
+            "selector": {"app": "web"},
+            "ports": [
+                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": "http"},
+                {"name": "dns", "protocol": "UDP", "port": 53, "targetPort": UDP_PORT},
+            ],
+        },
+    }
+
+
+async def _ready_pods(serving: Serving, count: int) -> dict[str, Any]:
+    async def listing() -> dict[str, Any] | None:
+        listed = await serving.cluster.kubectl.get("pods", "-n", serving.namespace) or {}
+        pods = {pod["metadata"]["name"]: pod for pod in listed.get("items", [])}
+        ready = [
+            pod
+            for pod in pods.values()
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in pod["status"].get("conditions", [])
+            )
+        ]
+        return pods if len(ready) == count else None
+
+    return await eventually(listing, f"{count} pods Ready", 180)
+
+
+async def _learn(serving: Serving, pods: dict[str, Any]) -> None:
+    pids: dict[str, int] = {}
+    for node in serving.nodes:
+        pids |= await _task_pids(node)
+    for name, pod in pods.items():
+        container = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+        serving.netns[name] = f"/proc/{pids[container]}/ns/net"
+        serving.roots[name] = Path(f"/proc/{pids[container]}/root")
+
+
+@pytest.fixture(scope="module")
+async def serving(cluster: Cluster) -> AsyncIterator[Serving]:
+    services = Services(cluster.work / "services", cluster.info["etcd"], cluster.info["neutron"])
+    services.work.mkdir()
+    services.log_level = "INFO"
+    hosts = [cluster.host_name(index) for index in HOST_INDEXES]
+    kubernetes = (
+        f'[kubernetes]\nkubeconfig = "{cluster.info["kubeconfig"]}"\n'
+        f'project_id = "{cluster.network.project_id}"\n'
+    )
+    made = Serving(cluster, services, hosts, [])
+    try:
+        await asyncio.to_thread(services.start_controller, hosts, kubernetes)
+        for index, host in zip(HOST_INDEXES, hosts, strict=True):
+            netns, vtep = cluster.netenv.host(cluster.address_base + index)
+            sock = await asyncio.to_thread(services.start_agent, host, netns, vtep)
+            node = await cluster.start_node(NodeAgent(host, netns, sock))  # type: ignore[arg-type]
+            made.nodes.append(node)
+        await _namespace(cluster.kubectl, made.namespace)
+        manifests = [_pod(made, name, host, {"app": "web"}) for name, host in WEB.items()]
+        manifests.append(_pod(made, CLIENT[0], CLIENT[1], {"app": "client"}))
+        body = {"apiVersion": "v1", "kind": "List", "items": [*manifests, _service(made)]}
+        await cluster.kubectl.run("apply", "-f", "-", stdin=json.dumps(body))
+        await _learn(made, await _ready_pods(made, len(manifests)))
+        for name in WEB:
+            await made.serve(name)
+        yield made
+    finally:
+        for closer in made.closers:
+            closer.close()
+        await _clean_up(made)
+
+
+async def _clean_up(serving: Serving) -> None:
+    kubectl = serving.cluster.kubectl
+    await kubectl.run("delete", "namespace", serving.namespace, "--ignore-not-found")
+    for node in serving.nodes:
+        await serving.cluster.retire(node)
+    services = serving.services
+    controller = services.children.get("controller")
+    if controller is not None and controller.poll() is None:
+        body = {"nodes": serving.hosts}
+        await asyncio.to_thread(services.admin, "POST", "/v1/pools/free", body)
+    await asyncio.to_thread(services.stop)
+    await asyncio.to_thread(_delete_groups, serving.cluster, serving.hosts)
+
+
+async def _cluster_ip(serving: Serving) -> str:
+    found = await serving.cluster.kubectl.get("service", "-n", serving.namespace, "web")
+    assert found is not None
+    return str(found["spec"]["clusterIP"])
+
+
+async def _answers(
+    serving: Serving, kind: str, port: int, times: int, want: set[str], within: float = 30
+) -> list[str]:
+    """Rounds of ``times`` until the answers are exactly ``want``; the last round's."""
+    address = await _cluster_ip(serving)
+    last: list[list[str]] = [[]]
+
+    async def matches() -> bool:
+        last[0] = await serving.ask(address, port, kind, times)
+        return set(last[0]) == want
+
+    try:
+        await eventually(matches, f"{kind} {address}:{port} answered by {sorted(want)}", within)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last round: {last[0]}") from None
+    return last[0]
+
+
+async def test_every_ready_endpoint_answers_over_tcp_and_udp(serving: Serving) -> None:
+    await _answers(serving, "TCP", 80, 40, set(WEB))
+    await _answers(serving, "UDP", 53, 40, set(WEB))
+
+
+async def test_an_unready_endpoint_gets_no_new_connections(serving: Serving) -> None:
+    ready = serving.roots["web-2"] / "tmp" / "ready"
+    ready.write_text("no\n")
+    try:
+        await _answers(serving, "TCP", 80, 30, {"web-0", "web-1"})
+    finally:
+        ready.write_text("yes\n")
+    await _answers(serving, "TCP", 80, 40, set(WEB))
+
+
+async def test_a_policy_denying_the_endpoints_denies_the_service(serving: Serving) -> None:
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "web-closed", "namespace": serving.namespace},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"]},
+    }
+    kubectl = serving.cluster.kubectl
+    await kubectl.run("apply", "-f", "-", stdin=json.dumps(policy))
+    try:
+        await _answers(serving, "TCP", 80, 6, {"silent"}, within=60)
+    finally:
+        await kubectl.run("delete", "networkpolicy", "-n", serving.namespace, "web-closed")
+    await _answers(serving, "TCP", 80, 40, set(WEB), within=60)
+
+
+async def test_a_deleted_service_stops_answering(serving: Serving) -> None:
+    address = await _cluster_ip(serving)
+    await serving.cluster.kubectl.run("delete", "service", "-n", serving.namespace, "web")
+
+    async def silent() -> bool:
+        return set(await serving.ask(address, 80, "TCP", 3)) == {"silent"}
+
+    await eventually(silent, f"{address}:80 no longer answered", 30)
