@@ -39,6 +39,7 @@ SECTIONS = [
     "memif_bench",
     "vm_bench",  # samples capped at 5 boots per variant
     "scale_bench",  # samples = pod create/delete cycles per mode (adaptive, fixed min=5)
+    "service_bench",  # samples = connections per target; control path capped at 100 changes
     "kube_bench",  # the stack gets --kubernetes; samples capped at 40 pods one at a time
     "netpol_bench",  # the stack gets --kubernetes; samples = pods, capped at 200
 ]

@@ -100,6 +100,18 @@ async def _apply(netns: str, text: str) -> None:
         nft.close()
 
 
+def _text(change: str | None) -> str:
+    assert change is not None, "the change needs the table written whole"
+    return change
+
+
+def test_a_change_needing_a_new_picking_chain_asks_for_the_whole_table() -> None:
+    backends = tuple(("10.0.0.1", port) for port in range(1, 20))
+    wide = PodService((PodPort("10.96.77.9", "tcp", 80, backends),), False)
+    assert table.changed(None, wide, table.MADE_AHEAD) is None
+    assert table.changed(None, wide, table.MADE_AHEAD | {"pick_19"}) is not None
+
+
 def _ask(netns: str, kind: int, port: int, times: int) -> list[str]:
     """Answers of ``times`` connections (or datagrams) to the ClusterIP; "refused" and
     "silent" for the two ways of not being answered."""
@@ -145,10 +157,11 @@ def test_a_change_replaces_one_service_and_a_removal_stops_it(pair: Pair) -> Non
     before = {"demo/web": _service(BACKENDS), "demo/other": other}
     asyncio.run(_apply(pair.client, table.whole(before)))
     after = _service(BACKENDS[1:2])
-    asyncio.run(_apply(pair.client, table.changed("demo/web", before["demo/web"], after)))
+    chains = table.chains(before) | table.MADE_AHEAD
+    asyncio.run(_apply(pair.client, _text(table.changed(before["demo/web"], after, chains))))
     assert set(_ask(pair.client, socket.SOCK_STREAM, 80, 20)) == {BACKENDS[1]}
     started = time.monotonic()
-    asyncio.run(_apply(pair.client, table.changed("demo/web", after, None)))
+    asyncio.run(_apply(pair.client, _text(table.changed(after, None, chains))))
     assert _ask(pair.client, socket.SOCK_STREAM, 80, 2) == ["silent", "silent"]
     assert time.monotonic() - started >= 2.0  # nothing translated: nobody answered
     listed = in_ns(pair.client, "nft", "list", "table", "ip", table.TABLE).stdout
@@ -162,7 +175,8 @@ def test_a_service_without_backends_is_refused(pair: Pair) -> None:
     assert _ask(pair.client, socket.SOCK_STREAM, 80, 3) == ["refused"] * 3
     assert _ask(pair.client, socket.SOCK_DGRAM, 53, 3) == ["PermissionError"] * 3
     ready = _service(BACKENDS[:1])
-    asyncio.run(_apply(pair.client, table.changed("demo/web", services["demo/web"], ready)))
+    change = table.changed(services["demo/web"], ready, table.MADE_AHEAD)
+    asyncio.run(_apply(pair.client, _text(change)))
     assert _ask(pair.client, socket.SOCK_STREAM, 80, 3) == [BACKENDS[0]] * 3
 
 

@@ -59,6 +59,15 @@ log = get_logger(__name__)
 LAST_SWEEP_SECONDS = 2.0
 
 
+def _pod_services(
+    stack: contextlib.AsyncExitStack, etcd: EtcdClient, checkpoint: EntryStore[Attachment]
+) -> PodServices:
+    """The Services in this node's pods (its kernel dataplane's pods only)."""
+    services = PodServices(etcd, lambda: checkpoint.entries)
+    stack.callback(services.close)
+    return services
+
+
 def vlan_capable() -> bool:
     """Whether this kernel can make VLAN sub-interfaces (the 8021q module is loaded)."""
     return os.path.exists("/proc/net/vlan") or os.path.exists("/sys/module/8021q")
@@ -171,7 +180,7 @@ class Agent:
         node = self._dataplane(stack, etcd, binder, vifs, plugin, memif_binary, kernel)
         memif, policy, taps = node.memif, node.policy, node.taps
         releaser = self._releaser(stack, plugin)
-        services = PodServices(etcd, lambda: checkpoint.entries) if kernel is not None else None
+        services = _pod_services(stack, etcd, checkpoint) if kernel is not None else None
 
         embedded = EmbeddedPlugin(plugin) if plugin is not None else None
         watched = [heartbeat.health, binder.watcher.health, *peers.healths]

@@ -9,19 +9,19 @@ conntrack turns it back into the ClusterIP's. A pod gets only the backends on it
 network (and those outside every network): on overlapping tenant networks an address means
 a different pod on each.
 
-Layout: a verdict map ``services`` from (ClusterIP, protocol, port) to one chain per Service
-port, whose one rule picks a backend (``numgen random``, or ``jhash`` of the client address
+Layout, all of it sets and maps but for a few fixed chains, so a change of one Service is a
+change of its own elements (no chain is rewritten, and libnftables never loads the others):
+``services`` maps (ClusterIP, protocol, port) to the chain that picks among that many
+backends (``pick_N``: ``numgen random mod N``; ``stick_N``: ``jhash`` of the client address,
 for ClientIP affinity: a pod is one client, so it keeps its backend while the set stays);
-a Service port without backends for this pod is in the set ``unreachable`` and its packets
-are rejected where they are made, so the client learns at once instead of after a timeout
-(a TCP connect is refused, a UDP send fails "Operation not permitted"), as kube-proxy
-refuses such a Service. A change of one Service
-replaces its chains and elements in one transaction: no connection sees half of it, and no
-other Service is touched."""
+that chain looks up (ClusterIP, protocol, port, draw) in ``backends``. A Service port without
+backends for this pod is in the set ``unreachable`` and its packets are rejected where they
+are made, so the client learns at once instead of after a timeout (a TCP connect is
+refused, a UDP send fails "Operation not permitted"), as kube-proxy refuses such a
+Service."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,6 +31,10 @@ TABLE = "podwire_services"
 FAMILY = "ip"
 NAT_PRIORITY = -100  # dstnat: before routing picks the way out
 FILTER_PRIORITY = 0
+KEY = "ip daddr . meta l4proto . th dport"  # what a Service is looked up by
+# Picking chains every table has from the start: a Service scaled within these never needs
+# the table written whole (``changed``).
+MADE_AHEAD = {f"pick_{count}" for count in range(1, 17)}
 
 
 @dataclass(frozen=True)
@@ -65,70 +69,85 @@ def for_network(entry: ServiceEntry, network: str) -> PodService:
     return PodService(tuple(ports), entry.affinity)
 
 
-def chain_name(key: str, port: PodPort) -> str:
-    """Stable and short: the Service's key and the port, hashed (names are free text)."""
-    digest = hashlib.sha256(f"{key} {port.element}".encode()).hexdigest()[:16]
-    return f"s_{digest}"
+def chains(services: Mapping[str, PodService]) -> set[str]:
+    """The picking chains ``services`` need."""
+    return {
+        _chain(port, svc.affinity)
+        for svc in services.values()
+        for port in svc.ports
+        if port.backends
+    }
 
 
 def whole(services: Mapping[str, PodService]) -> str:
     """The table from scratch, replacing whatever a table of that name held."""
+    where = f"{FAMILY} {TABLE}"
     lines = [
-        f"add table {FAMILY} {TABLE}",
-        f"delete table {FAMILY} {TABLE}",
-        f"add table {FAMILY} {TABLE}",
-        f"add map {FAMILY} {TABLE} services"
-        " { type ipv4_addr . inet_proto . inet_service : verdict; }",
-        f"add set {FAMILY} {TABLE} unreachable {{ type ipv4_addr . inet_proto . inet_service; }}",
-        f"add chain {FAMILY} {TABLE} translate"
+        f"add table {where}",
+        f"delete table {where}",
+        f"add table {where}",
+        f"add map {where} backends {{ typeof {KEY} . numgen random mod 2 : ip daddr . th dport; }}",
+        f"add map {where} services {{ type ipv4_addr . inet_proto . inet_service : verdict; }}",
+        f"add set {where} unreachable {{ type ipv4_addr . inet_proto . inet_service; }}",
+        f"add chain {where} translate"
         f" {{ type nat hook output priority {NAT_PRIORITY}; policy accept; }}",
-        f"add rule {FAMILY} {TABLE} translate ip daddr . meta l4proto . th dport vmap @services",
-        f"add chain {FAMILY} {TABLE} refuse"
+        f"add rule {where} translate {KEY} vmap @services",
+        f"add chain {where} refuse"
         f" {{ type filter hook output priority {FILTER_PRIORITY}; policy accept; }}",
-        f"add rule {FAMILY} {TABLE} refuse ip daddr . meta l4proto . th dport @unreachable reject",
+        f"add rule {where} refuse {KEY} @unreachable reject",
     ]
-    for key, service in sorted(services.items()):
-        lines += _added(key, service)
+    lines += _new_chains(chains(services) | MADE_AHEAD, set())
+    for service in services.values():
+        lines += _elements("add", service)
     return "\n".join(lines) + "\n"
 
 
-def changed(key: str, before: PodService | None, after: PodService | None) -> str:
-    """One Service's change, as one transaction's text (empty: nothing to do)."""
+def changed(before: PodService | None, after: PodService | None, present: set[str]) -> str | None:
+    """One Service's change, as one transaction's text (empty: nothing to do); None when it
+    needs a picking chain the table lacks (``present``): then the table is written whole.
+    A chain added to the table later would have to read the ``backends`` map's declaration
+    back from the kernel, which libnftables 1.0.6 cannot ("conflicting protocols specified:
+    ip vs. th"), so chains are only ever made with the table."""
     if before == after:
         return ""
-    lines = _removed(key, before) if before is not None else []
+    if after is not None and not chains({"": after}) <= present:
+        return None
+    lines = []
+    if before is not None:
+        lines += _elements("delete", before)
     if after is not None:
-        lines += _added(key, after)
+        lines += _elements("add", after)
     return "\n".join(lines) + "\n"
 
 
-def _added(key: str, service: PodService) -> list[str]:
+def _new_chains(wanted: set[str], present: set[str]) -> list[str]:
     lines = []
-    for port in service.ports:
-        if not port.backends:
-            lines.append(f"add element {FAMILY} {TABLE} unreachable {{ {port.element} }}")
-            continue
-        chain = chain_name(key, port)
+    for chain in sorted(wanted - present):
+        kind, _, count = chain.partition("_")
+        draw = "jhash ip saddr" if kind == "stick" else "numgen random"
         lines.append(f"add chain {FAMILY} {TABLE} {chain}")
-        lines.append(f"add rule {FAMILY} {TABLE} {chain} {_pick(port, service.affinity)}")
-        lines.append(f"add element {FAMILY} {TABLE} services {{ {port.element} : goto {chain} }}")
+        lines.append(
+            f"add rule {FAMILY} {TABLE} {chain} dnat ip to {KEY} . {draw} mod {count} map @backends"
+        )
     return lines
 
 
-def _removed(key: str, service: PodService) -> list[str]:
+def _chain(port: PodPort, affinity: bool) -> str:
+    return f"{'stick' if affinity else 'pick'}_{len(port.backends)}"
+
+
+def _elements(verb: str, service: PodService) -> list[str]:
+    where = f"{FAMILY} {TABLE}"
     lines = []
     for port in service.ports:
         if not port.backends:
-            lines.append(f"delete element {FAMILY} {TABLE} unreachable {{ {port.element} }}")
+            lines.append(f"{verb} element {where} unreachable {{ {port.element} }}")
             continue
-        lines.append(f"delete element {FAMILY} {TABLE} services {{ {port.element} }}")
-        lines.append(f"delete chain {FAMILY} {TABLE} {chain_name(key, port)}")
+        target = f" : jump {_chain(port, service.affinity)}" if verb == "add" else ""
+        lines.append(f"{verb} element {where} services {{ {port.element}{target} }}")
+        draws = [
+            f"{port.element} . {i}" + (f" : {addr} . {num}" if verb == "add" else "")
+            for i, (addr, num) in enumerate(port.backends)
+        ]
+        lines.append(f"{verb} element {where} backends {{ {', '.join(draws)} }}")
     return lines
-
-
-def _pick(port: PodPort, affinity: bool) -> str:
-    """The rule of one Service port's chain: the backend by a draw, or by the client."""
-    choices = ", ".join(f"{i} : {addr} . {num}" for i, (addr, num) in enumerate(port.backends))
-    count = len(port.backends)
-    draw = f"jhash ip saddr mod {count}" if affinity else f"numgen random mod {count}"
-    return f"meta l4proto {port.protocol} dnat ip to {draw} map {{ {choices} }}"
