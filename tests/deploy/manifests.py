@@ -33,7 +33,9 @@ NEEDS: dict[str, frozenset[Need]] = {
             ("", "namespaces"),
             ("", "pods"),
             ("", "nodes"),
+            ("", "services"),
             ("networking.k8s.io", "networkpolicies"),
+            ("discovery.k8s.io", "endpointslices"),
         )
         for verb in ("get", "list", "watch")
     )

@@ -86,7 +86,8 @@ FORBIDDEN = [
     ("podwire-controller", "update", "namespaces", ""),
     ("podwire-controller", "watch", "secrets", ""),
     ("podwire-controller", "list", "configmaps", ""),
-    ("podwire-controller", "list", "services", ""),
+    ("podwire-controller", "update", "services", ""),
+    ("podwire-controller", "delete", "endpointslices.discovery.k8s.io", ""),
     ("podwire-controller", "bind", "clusterroles.rbac.authorization.k8s.io", ""),
 ]
 
