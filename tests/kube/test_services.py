@@ -65,19 +65,22 @@ class Serving:
     netns: dict[str, str] = field(default_factory=dict)  # pod -> its namespace file
     roots: dict[str, Path] = field(default_factory=dict)  # pod -> its container's root
     closers: list[Any] = field(default_factory=list)
+    namespace: str = ""
 
-    @property
-    def namespace(self) -> str:
-        return f"{self.cluster.namespace}-svc"
+    def __post_init__(self) -> None:
+        self.namespace = self.namespace or f"{self.cluster.namespace}-svc"
 
     async def serve(self, pod: str) -> None:
+        await self.serve_as(pod, pod.encode())
+
+    async def serve_as(self, pod: str, name: bytes) -> None:
+        """Answer every connection to ``pod`` with ``name``."""
         loop = asyncio.get_running_loop()
         tcp, udp = await sockets_in(self.netns[pod], ["TCP", "UDP"])
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         tcp.bind(("0.0.0.0", TCP_PORT))
         tcp.listen(128)
         udp.bind(("0.0.0.0", UDP_PORT))
-        name = pod.encode()
         self.closers.append(await loop.create_server(lambda: _Named(name), sock=tcp))
         transport, _ = await loop.create_datagram_endpoint(lambda: _NamedEcho(name), sock=udp)
         self.closers.append(transport)
@@ -281,3 +284,58 @@ async def test_a_deleted_service_stops_answering(serving: Serving) -> None:
         return set(await serving.ask(address, 80, "TCP", 3)) == {"silent"}
 
     await eventually(silent, f"{address}:80 no longer answered", 30)
+
+
+OVERLAP_CIDR = "10.123.0.0/24"
+
+
+async def test_namespaces_on_networks_with_one_cidr_each_reach_their_own_service(
+    serving: Serving,
+) -> None:
+    """Two namespaces, each on a network of its own with the same CIDR, each with a server,
+    a client and a Service: each client is only ever answered by its own namespace's server.
+    Placed after the other tests: it runs its own pods beside the module's."""
+    cluster, kubectl = serving.cluster, serving.cluster.kubectl
+    net = cluster.neutron.network
+    project = cluster.network.project_id
+    networks = []
+    names = [f"{serving.namespace}-ov{side}" for side in "ab"]
+    try:
+        for name in names:
+            network = net.create_network(name=f"pw-{name}", project_id=project)
+            net.create_subnet(
+                network_id=network.id, cidr=OVERLAP_CIDR, ip_version=4, project_id=project
+            )
+            networks.append(network)
+            await _namespace(kubectl, name)
+            await kubectl.run("annotate", "namespace", name, f"podwire.io/network={network.id}")
+        for name in names:
+            overlap = Serving(
+                cluster, serving.services, serving.hosts, serving.nodes, namespace=name
+            )
+            manifests = [
+                _pod(overlap, "server", 0, {"app": "web"}),
+                _pod(overlap, CLIENT[0], 1, {"app": "client"}),
+                _service(overlap),
+            ]
+            body = {"apiVersion": "v1", "kind": "List", "items": manifests}
+            await kubectl.run("apply", "-f", "-", stdin=json.dumps(body))
+        answered = {}
+        for name in names:
+            overlap = Serving(
+                cluster, serving.services, serving.hosts, serving.nodes, namespace=name
+            )
+            pods = await _ready_pods(overlap, 2)
+            assert all(p["status"]["podIP"].startswith("10.123.0.") for p in pods.values()), pods
+            await _learn(overlap, pods)
+            await overlap.serve_as("server", name.encode())
+            serving.closers += overlap.closers
+            answered[name] = set(await _answers(overlap, "TCP", 80, 10, {name}))
+        assert answered == {name: {name} for name in names}
+    finally:
+        for name in names:
+            await kubectl.run("delete", "namespace", name, "--ignore-not-found")
+        for network in networks:
+            for port in list(net.ports(network_id=network.id)):
+                net.delete_port(port)
+            net.delete_network(network)
