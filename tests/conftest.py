@@ -107,9 +107,11 @@ def kube_stack(work_dir: Path) -> Iterator[dict[str, Any]]:
     """A stack with ``--kubernetes`` (kube-apiserver, kube-controller-manager and
     kube-scheduler with etcd, MariaDB and Neutron) in a data dir of its own: the session's stack
     stays as fast as it was for the tests that need no Kubernetes. Fails at once, naming
-    scripts/setup, if the binaries were never built. Shared by tests/stack and tests/deploy."""
+    scripts/setup, if the binaries were never built. Shared by tests/stack and tests/deploy.
+    With the RPC bus: the Services tests route pods to the apiserver through Neutron's L3
+    agent."""
     kube_control.check_binaries(kube_control.default_bin_dir())
-    proc, info = start_stack(work_dir / "kube-stack", extra=("--kubernetes",))
+    proc, info = start_stack(work_dir / "kube-stack", extra=("--kubernetes", "--rpc"))
     yield info
     stop_stack(proc)
 

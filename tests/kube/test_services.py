@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,15 +23,22 @@ import pytest
 
 from podwire.demo.services import Services
 from podwire.kube.images import TOOLBOX_IMAGE
+from tests.agent.netenv import in_ns, sh
 from tests.kube.conftest import Cluster, KubeNodeProcess, _namespace
 from tests.kube.netpol_probe import sockets_in
 from tests.kube.test_netpol_table import _delete_groups, _task_pids
 from tests.kube.test_pool import NodeAgent
+from tests.neutron_agents.agents import NeutronAgentRun
+from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
+from tests.neutron_agents.routing import router_ports_active
 from tests.scripted_agent import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.netns, pytest.mark.slow]
 
 HOST_INDEXES = (11, 12)
+PHYSNET = "svcext"
+UPLINK = "phys0"
+EXTERNAL_PREFIX = "100.66.0"  # not 198.51.100: the stack finds its address by routing there
 WEB = {"web-0": 0, "web-1": 1, "web-2": 0}  # pod -> host index in HOST_INDEXES
 CLIENT = ("client", 1)
 TCP_PORT, UDP_PORT = 8080, 5353
@@ -66,6 +75,7 @@ class Serving:
     roots: dict[str, Path] = field(default_factory=dict)  # pod -> its container's root
     closers: list[Any] = field(default_factory=list)
     namespace: str = ""
+    uplink: str = ""  # the machine's end of the first host's uplink
 
     def __post_init__(self) -> None:
         self.namespace = self.namespace or f"{self.cluster.namespace}-svc"
@@ -189,7 +199,11 @@ async def serving(cluster: Cluster) -> AsyncIterator[Serving]:
         await asyncio.to_thread(services.start_controller, hosts, kubernetes)
         for index, host in zip(HOST_INDEXES, hosts, strict=True):
             netns, vtep = cluster.netenv.host(cluster.address_base + index)
-            sock = await asyncio.to_thread(services.start_agent, host, netns, vtep)
+            extra = ""
+            if index == HOST_INDEXES[0]:  # the network node: the uplink to the machine
+                made.uplink = _uplink(netns)
+                extra = f'physnet_mappings = {{ {PHYSNET} = "{UPLINK}" }}\n'
+            sock = await asyncio.to_thread(services.start_agent, host, netns, vtep, extra)
             node = await cluster.start_node(NodeAgent(host, netns, sock))  # type: ignore[arg-type]
             made.nodes.append(node)
         await _namespace(cluster.kubectl, made.namespace)
@@ -219,6 +233,72 @@ async def _clean_up(serving: Serving) -> None:
         await asyncio.to_thread(services.admin, "POST", "/v1/pools/free", body)
     await asyncio.to_thread(services.stop)
     await asyncio.to_thread(_delete_groups, serving.cluster, serving.hosts)
+    if serving.uplink:
+        sh("ip", "link", "del", serving.uplink, check=False)
+
+
+def _uplink(host_ns: str) -> str:
+    """A veth from the host's ``phys0`` to this machine's own namespace, which gets the
+    external network's first address: what the router's source NAT reaches the apiserver
+    through (its address is this machine's). Returns the machine's end."""
+    machine_end = f"pwsx{uuid.uuid4().hex[:8]}"
+    sh("ip", "link", "add", machine_end, "type", "veth", "peer", "name", UPLINK, "netns", host_ns)
+    sh("ip", "addr", "add", f"{EXTERNAL_PREFIX}.1/24", "dev", machine_end)
+    sh("ip", "link", "set", machine_end, "up")
+    in_ns(host_ns, "ip", "link", "set", UPLINK, "up")
+    return machine_end
+
+
+@dataclass
+class Routed:
+    router: Any
+    external: Any
+    l3: NeutronAgentRun
+
+
+@pytest.fixture(scope="module")
+async def routed(serving: Serving) -> AsyncIterator[Routed]:
+    """Neutron's L3 agent on the first host, a flat external network on its uplink, and a
+    router with its gateway there and an interface on the pods' network: the pods' way to
+    addresses outside every network, as an OpenStack cloud gives it."""
+    cluster = serving.cluster
+    net = cluster.neutron.network
+    project = cluster.network.project_id
+    netns, _ = cluster.netenv.host(cluster.address_base + HOST_INDEXES[0])
+    out = cluster.work / "services-l3.err"
+    l3 = NeutronAgentRun(Path(cluster.info["data_dir"]), serving.hosts[0], netns, out, kind="l3")
+    external = router = subnet = None
+    try:
+        await alive_in_neutron(cluster.neutron, serving.hosts[0], L3_AGENT)
+        external = net.create_network(
+            name="pw-svc-ext", project_id=project, provider_physical_network=PHYSNET,
+            provider_network_type="flat", is_router_external=True,
+        )  # fmt: skip
+        net.create_subnet(
+            network_id=external.id, cidr=f"{EXTERNAL_PREFIX}.0/24", ip_version=4,
+            project_id=project, gateway_ip=f"{EXTERNAL_PREFIX}.1", is_dhcp_enabled=False,
+            allocation_pools=[{"start": f"{EXTERNAL_PREFIX}.10", "end": f"{EXTERNAL_PREFIX}.99"}],
+        )  # fmt: skip
+        router = net.create_router(
+            name="pw-svc", project_id=project, external_gateway_info={"network_id": external.id}
+        )
+        subnet = next(iter(net.subnets(network_id=cluster.network.id)))
+        net.add_interface_to_router(router, subnet_id=subnet.id)
+        await router_ports_active(cluster.neutron, router.id, 2)
+        yield Routed(router, external, l3)
+    finally:
+        if router is not None:
+            if subnet is not None:
+                with contextlib.suppress(Exception):
+                    net.remove_interface_from_router(router, subnet_id=subnet.id)
+            net.delete_router(router, ignore_missing=True)
+        l3.stop()
+        for agent in net.agents(host=serving.hosts[0], agent_type=L3_AGENT):
+            net.delete_agent(agent)
+        if external is not None:
+            for port in list(net.ports(network_id=external.id)):
+                net.delete_port(port)
+            net.delete_network(external)
 
 
 async def _cluster_ip(serving: Serving) -> str:
@@ -339,3 +419,42 @@ async def test_namespaces_on_networks_with_one_cidr_each_reach_their_own_service
             for port in list(net.ports(network_id=network.id)):
                 net.delete_port(port)
             net.delete_network(network)
+
+
+async def test_the_kubernetes_service_reaches_the_apiserver_through_the_router(
+    serving: Serving, routed: Routed
+) -> None:
+    """Its endpoint is the apiserver's own address, outside every network: the pod reaches
+    it through its network's router and the router's source NAT."""
+    found = await serving.cluster.kubectl.get("service", "-n", "default", "kubernetes")
+    assert found is not None
+    address = str(found["spec"]["clusterIP"])
+
+    async def answered() -> bool:
+        return await _https_livez(serving.netns[CLIENT[0]], address) == "ok"
+
+    await eventually(answered, f"GET https://{address}/livez from a pod answered ok", 60)
+
+
+async def _https_livez(netns: str, address: str) -> str:
+    (sock,) = await sockets_in(netns, ["TCP"])
+
+    def get() -> str:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # the question is reach, not trust
+        sock.settimeout(3)
+        try:
+            sock.connect((address, 443))
+            with context.wrap_socket(sock) as tls:
+                tls.sendall(b"GET /livez HTTP/1.1\r\nHost: kubernetes\r\nConnection: close\r\n\r\n")
+                reply = b""
+                while chunk := tls.recv(4096):
+                    reply += chunk
+            return reply.decode(errors="replace").rsplit("\r\n\r\n", 1)[-1].strip()
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            sock.close()
+
+    return await asyncio.to_thread(get)
