@@ -76,6 +76,7 @@ class Serving:
     closers: list[Any] = field(default_factory=list)
     namespace: str = ""
     uplink: str = ""  # the machine's end of the first host's uplink
+    host_ns: list[str] = field(default_factory=list)  # each host's namespace
 
     def __post_init__(self) -> None:
         self.namespace = self.namespace or f"{self.cluster.namespace}-svc"
@@ -199,6 +200,7 @@ async def serving(cluster: Cluster) -> AsyncIterator[Serving]:
         await asyncio.to_thread(services.start_controller, hosts, kubernetes)
         for index, host in zip(HOST_INDEXES, hosts, strict=True):
             netns, vtep = cluster.netenv.host(cluster.address_base + index)
+            made.host_ns.append(netns)
             extra = ""
             if index == HOST_INDEXES[0]:  # the network node: the uplink to the machine
                 made.uplink = _uplink(netns)
@@ -264,7 +266,7 @@ async def routed(serving: Serving) -> AsyncIterator[Routed]:
     cluster = serving.cluster
     net = cluster.neutron.network
     project = cluster.network.project_id
-    netns, _ = cluster.netenv.host(cluster.address_base + HOST_INDEXES[0])
+    netns = serving.host_ns[0]
     out = cluster.work / "services-l3.err"
     l3 = NeutronAgentRun(Path(cluster.info["data_dir"]), serving.hosts[0], netns, out, kind="l3")
     external = router = subnet = None
