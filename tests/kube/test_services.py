@@ -460,3 +460,50 @@ async def _https_livez(netns: str, address: str) -> str:
             sock.close()
 
     return await asyncio.to_thread(get)
+
+
+async def test_a_pod_resolves_services_by_name_and_connects(
+    serving: Serving, routed: Routed
+) -> None:
+    """The pod's resolver is the kube-dns Service (kubelet's clusterDNS), whose endpoint is the
+    stack's CoreDNS on this machine: reached through the router as the apiserver is."""
+    kubectl = serving.cluster.kubectl
+    if serving.cluster.info.get("cluster_dns") is None:
+        pytest.skip("the stack runs without CoreDNS: scripts/setup builds it")
+    named = _service(serving)
+    named["metadata"]["name"] = "named"
+    await kubectl.run("apply", "-f", "-", stdin=json.dumps(named))
+    found = await kubectl.get("service", "-n", serving.namespace, "named")
+    assert found is not None
+    fqdn = f"named.{serving.namespace}.svc.cluster.local"
+    last = [""]
+
+    async def resolves(name: str, address: str) -> bool:
+        last[0] = await kubectl.run(
+            "exec", "-n", serving.namespace, CLIENT[0], "--", "nslookup", name, check=False
+        )
+        return address in last[0]
+
+    kubernetes = await kubectl.get("service", "-n", "default", "kubernetes")
+    assert kubernetes is not None
+    for name, address in (
+        ("kubernetes.default.svc.cluster.local", kubernetes["spec"]["clusterIP"]),
+        (fqdn, found["spec"]["clusterIP"]),
+        ("named", found["spec"]["clusterIP"]),  # the pod's search path
+    ):
+        try:
+            await eventually(lambda n=name, a=address: resolves(n, a), f"{name} -> {address}", 60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{last[0]}") from None
+
+    async def connects() -> bool:
+        last[0] = await kubectl.run(
+            "exec", "-n", serving.namespace, CLIENT[0], "--", "nc", "-w", "2", fqdn, "80",
+            check=False,
+        )  # fmt: skip
+        return last[0].strip() in WEB
+
+    try:
+        await eventually(connects, f"nc {fqdn} 80 answered by a web pod", 30)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{last[0]}") from None

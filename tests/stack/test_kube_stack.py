@@ -10,7 +10,9 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
+import struct
 import subprocess
 import time
 import urllib.error
@@ -198,3 +200,41 @@ def test_down_restart_and_crash_leave_nothing_behind(work_dir: Path) -> None:
     assert wait_gone([pid for name, pid in again["pids"].items() if name != "supervisor"])
     assert cli("stack", "down", "--data-dir", str(data_dir)).returncode == 0
     assert not procs.pids_marked(str(data_dir))
+
+
+def _a_records(server: tuple[str, int], name: str) -> list[str]:
+    """The IPv4 answers of one A query over UDP (a minimal client: no library needed)."""
+    query = struct.pack("!HHHHHH", 0x5057, 0x0100, 1, 0, 0, 0)
+    query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    query += struct.pack("!HH", 1, 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(5)
+        sock.sendto(query, server)
+        reply = sock.recv(4096)
+    answers = struct.unpack("!H", reply[6:8])[0]
+    offset = len(query)
+    found = []
+    for _ in range(answers):
+        offset += 2  # a compressed name pointing at the question
+        kind, _, _, length = struct.unpack("!HHIH", reply[offset : offset + 10])
+        offset += 10
+        if kind == 1:
+            found.append(socket.inet_ntoa(reply[offset : offset + length]))
+        offset += length
+    return found
+
+
+def test_coredns_serves_the_cluster_zone_behind_kube_dns(kube_stack: dict[str, Any]) -> None:
+    if "cluster_dns" not in kube_stack:
+        pytest.skip("the stack runs without CoreDNS: scripts/setup builds it")
+    port = kube_stack["ports"]["coredns"]
+    address = urlsplit(kube_stack["kube_apiserver"]).hostname or ""
+    name = "kubernetes.default.svc.cluster.local"
+    assert _a_records((address, port), name) == [kube_control.service_ip()]
+    service = json.loads(ok(kubectl(kube_stack, "get", "svc", "-n", "kube-system", "kube-dns",
+                                    "-o", "json")))  # fmt: skip
+    assert service["spec"]["clusterIP"] == kube_stack["cluster_dns"]
+    piece = json.loads(ok(kubectl(kube_stack, "get", "endpointslice", "-n", "kube-system",
+                                  "kube-dns-stack", "-o", "json")))  # fmt: skip
+    assert piece["endpoints"][0]["addresses"] == [address]
+    assert {p["port"] for p in piece["ports"]} == {port}

@@ -86,9 +86,14 @@ class KubeletFiles:
 
 
 def configuration(
-    files: KubeletFiles, runtime_socket: str, node_ip: str, client_ca: Path
+    files: KubeletFiles,
+    runtime_socket: str,
+    node_ip: str,
+    client_ca: Path,
+    cluster_dns: str | None = None,
 ) -> dict[str, object]:
-    """The KubeletConfiguration (kubelet.config.k8s.io/v1beta1) of one node."""
+    """The KubeletConfiguration (kubelet.config.k8s.io/v1beta1) of one node; ``cluster_dns``:
+    the pods' resolver (the stack's kube-dns Service), else the node's own resolv.conf."""
     serving = node_pki.serving_pair(files.pki)
     endpoint = f"unix://{runtime_socket}"
     return {
@@ -117,6 +122,7 @@ def configuration(
         "rotateCertificates": False,
         "podLogsDir": str(files.pod_logs),
         "clusterDomain": "cluster.local",
+        **({"clusterDNS": [cluster_dns]} if cluster_dns else {}),
         "resolvConf": "/etc/resolv.conf",
         "evictionHard": {
             "memory.available": "1Mi",

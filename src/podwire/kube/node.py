@@ -157,7 +157,9 @@ class KubeNode:
         )
         for directory in (files.device_plugins, files.container_logs, files.pod_logs):
             directory.mkdir(parents=True, exist_ok=True)
-        body = configuration(files, self.containerd.socket, node_ip, facts.pki.ca.cert)
+        body = configuration(
+            files, self.containerd.socket, node_ip, facts.pki.ca.cert, facts.cluster_dns
+        )
         write_configuration(files, body)
         self._kubelet_argv = argv(facts.kubelet, files, host, node_ip, self.options.netns)
         self._spawn_kubelet()

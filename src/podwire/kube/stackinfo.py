@@ -21,6 +21,7 @@ class StackFacts:
     apiserver: str  # https://ADDRESS:PORT
     bin_dir: Path  # kubelet, kubectl, ...
     pki: Pki  # the stack's CA (DIR/kube/pki)
+    cluster_dns: str | None = None  # the kube-dns Service's address, when the stack runs DNS
 
     @property
     def api_ip(self) -> str:
@@ -47,7 +48,13 @@ def read(data_dir: Path) -> StackFacts:
             f"the stack on {data_dir} runs without Kubernetes: start it with"
             " podwire stack up --kubernetes"
         )
-    facts = StackFacts(apiserver, Path(bin_dir), Pki(data_dir / "kube" / "pki"))
+    dns = info.get("cluster_dns")
+    facts = StackFacts(
+        apiserver,
+        Path(bin_dir),
+        Pki(data_dir / "kube" / "pki"),
+        dns if isinstance(dns, str) and dns else None,
+    )
     if not facts.kubelet.is_file():
         raise KubeError(
             f"kubelet is not in {facts.bin_dir}: run scripts/setup, which builds the"

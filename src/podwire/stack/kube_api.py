@@ -73,6 +73,28 @@ def create_if_absent(url: str, context: ssl.SSLContext, path: str, body: object)
         raise StackError(f"kube-apiserver unreachable for POST {path}: {exc}") from exc
 
 
+def put(url: str, context: ssl.SSLContext, path: str, body: object) -> None:
+    """PUT ``body`` (made or replaced, unconditionally): a restarted stack's own object,
+    whose contents may have changed (a new port)."""
+    request = urllib.request.Request(
+        f"{url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="PUT",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:  # PUT makes only some kinds: create it
+            collection = path.rsplit("/", 1)[0]
+            create_if_absent(url, context, collection, body)
+            return
+        raise StackError(f"kube-apiserver refused PUT {path}: {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise StackError(f"kube-apiserver unreachable for PUT {path}: {exc}") from exc
+
+
 def grant_kubelet_client(url: str, context: ssl.SSLContext) -> None:
     """Lets the apiserver's kubelet client identity use the kubelets' API (exec, logs)."""
     body = binding("podwire:kube-apiserver-kubelet-client", KUBELET_API_ROLE, KUBELET_CLIENT.name)

@@ -31,9 +31,9 @@ from podwire.errors import StackError
 from podwire.etcd.admin import ROOT_USER
 from podwire.files import atomic_write
 from podwire.log import get_logger
-from podwire.stack import etcd_auth, etcd_server, kube_api, kube_control, procs
+from podwire.stack import etcd_auth, etcd_server, kube_api, kube_control, kube_dns, procs
 from podwire.stack.mariadb import MariaDB
-from podwire.stack.netutil import http_ok, pick_port, wait_until
+from podwire.stack.netutil import free_port, http_ok, pick_port, wait_until
 from podwire.stack.neutron_conf import NeutronConfig
 from podwire.stack.rabbitmq import RabbitMQ
 
@@ -140,8 +140,10 @@ class Stack:
         if rabbit:
             self._wait_ready("rabbitmq", rabbit.ready)
             self._wait_ready(RPC_SERVER, lambda: rabbit.consumed(RPC_QUEUES))
+        dns_port = None
         if plane:
             self._wait_kubernetes(plane)
+            dns_port = self._start_dns(plane, ports)
         neutron_urls = [f"http://127.0.0.1:{port}/" for port in neutron_ports.values()]
         info = {
             "etcd": endpoints[0],
@@ -151,12 +153,14 @@ class Stack:
             "neutron_servers": neutron_urls,
             **({"transport_url": rabbit.transport_url} if rabbit else {}),
             **(_kube_entries(plane) if plane else {}),
+            **({"cluster_dns": kube_dns.DNS_SERVICE_IP} if dns_port else {}),
             "data_dir": str(self.data_dir),
             "ports": {
                 **etcd_server.port_entries(etcds),
                 **neutron_ports,
                 **(_rabbitmq_ports(rabbit) if rabbit else {}),
                 **(_kube_ports(plane) if plane else {}),
+                **({kube_dns.COREDNS: dns_port} if dns_port else {}),
             },
             "pids": {"supervisor": os.getpid(), **{n: p.pid for n, p in self.children.items()}},
             "cmdlines": {
@@ -202,6 +206,32 @@ class Stack:
         # first, and the apiserver's graceful shutdown then waits for etcd for ever.
         self._spawn(kube_control.APISERVER, plane.apiserver_argv(), death_signal="KILL")
         return plane
+
+    def _start_dns(self, plane: kube_control.ControlPlane, ports: dict[str, int]) -> int | None:
+        """CoreDNS and its Service, when scripts/setup built it; None without (logged)."""
+        binary = kube_dns.default_binary()
+        if not binary.is_file():
+            log.warning("stack.dns_skipped", reason=f"no CoreDNS at {binary}: run scripts/setup")
+            return None
+        port = pick_port(ports.get(kube_dns.COREDNS, 0))
+        ready_port = free_port()
+        corefile = plane.root / "Corefile"
+        kube_dns.write_corefile(corefile, plane.admin_kubeconfig, port, ready_port)
+        self._spawn(kube_dns.COREDNS, kube_dns.argv(binary, corefile))
+        self._wait_ready(
+            kube_dns.COREDNS, functools.partial(http_ok, f"http://127.0.0.1:{ready_port}/ready")
+        )
+        context = kube_api.admin_context(plane.pki)
+        kube_api.create_if_absent(
+            plane.url, context, "/api/v1/namespaces/kube-system/services", kube_dns.service()
+        )
+        kube_api.put(
+            plane.url,
+            context,
+            "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices/kube-dns-stack",
+            kube_dns.endpoint_slice(plane.address, port),
+        )
+        return port
 
     def _wait_kubernetes(self, plane: kube_control.ControlPlane) -> None:
         """The controller manager and the scheduler start once the apiserver is ready: before
