@@ -56,6 +56,12 @@ def test_demo_pods_reach_each_other_groups_and_policies_decide_cnf_answers_nothi
             r" after kubectl apply; allowing the peer by pod selector -> 3 of 3, in force",
             out,
         )
+        # A Service by name across hosts: CoreDNS through kube-dns, both backends answering.
+        assert re.search(
+            r"Services: web\.podwire-demo\.svc\.cluster\.local -> 10\.96\.[\d.]+ \(CoreDNS.*\);"
+            r" 16 of 16 connections by name from host 2 answered, by web-1, web-2;",
+            out,
+        )
     if not (kube_missing() or cnf.missing()):
         assert re.search(r"memif CNF pod .* pinged from host 2: \d+ of 50 answered, RTT p50", out)
     else:

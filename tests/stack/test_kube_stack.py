@@ -215,7 +215,7 @@ def _a_records(server: tuple[str, int], name: str) -> list[str]:
     offset = len(query)
     found = []
     for _ in range(answers):
-        offset += 2  # a compressed name pointing at the question
+        offset = _past_name(reply, offset)
         kind, _, _, length = struct.unpack("!HHIH", reply[offset : offset + 10])
         offset += 10
         if kind == 1:
@@ -224,13 +224,32 @@ def _a_records(server: tuple[str, int], name: str) -> list[str]:
     return found
 
 
+def _past_name(reply: bytes, offset: int) -> int:
+    """The offset after the name at ``offset``: labels up to the root, or a pointer."""
+    while reply[offset]:
+        if reply[offset] >= 0xC0:
+            return offset + 2
+        offset += 1 + reply[offset]
+    return offset + 1
+
+
 def test_coredns_serves_the_cluster_zone_behind_kube_dns(kube_stack: dict[str, Any]) -> None:
     if "cluster_dns" not in kube_stack:
         pytest.skip("the stack runs without CoreDNS: scripts/setup builds it")
     port = kube_stack["ports"]["coredns"]
     address = urlsplit(kube_stack["kube_apiserver"]).hostname or ""
     name = "kubernetes.default.svc.cluster.local"
-    assert _a_records((address, port), name) == [kube_control.service_ip()]
+    found: list[list[str]] = [[]]
+
+    def answered() -> bool:  # UDP: a lost datagram is asked again
+        try:
+            found[0] = _a_records((address, port), name)
+        except TimeoutError:
+            return False
+        return bool(found[0])
+
+    assert eventually(answered, 30), f"no answer from CoreDNS at {address}:{port}"
+    assert found[0] == [kube_control.service_ip()]
     service = json.loads(ok(kubectl(kube_stack, "get", "svc", "-n", "kube-system", "kube-dns",
                                     "-o", "json")))  # fmt: skip
     assert service["spec"]["clusterIP"] == kube_stack["cluster_dns"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from podwire import keys
 from podwire.config import EtcdSettings
-from podwire.demo import cnf, kubestep, netpolstep, router, secgroups, vmstep
+from podwire.demo import cnf, kubestep, netpolstep, router, secgroups, servicestep, vmstep
 from podwire.demo.kube import NAMESPACE, Kube, kubelet_root
 from podwire.demo.kube import missing as kube_missing
 from podwire.demo.pods import Pod, cni, cni_conf, new_pod
@@ -110,6 +110,7 @@ class Scenario:
         self._kubernetes()  # its pods take pooled ports too: after the CNI figures
         self._security_groups(network.id)
         self._router(network.id, sg.id)
+        self._services()
         self._memif_cnf(network.id, sg.id)
         self._vm(network.id, sg.id)
         return self.figures
@@ -262,6 +263,18 @@ class Scenario:
             return
         step("Kubernetes: 4 pods through kube-apiserver (kubectl apply), 2 per host")
         figures = kubestep.run(self.kube, self.neutron, HOSTS, self.pods, self.nodes_ready_s)
+        self.figures.more += figures.lines()
+
+    def _services(self) -> None:
+        missing = self.kube_missing or self.router_missing
+        if not missing and "cluster_dns" not in self.kube.stack:
+            missing = "the stack runs without CoreDNS (scripts/setup builds it)"
+        if missing:
+            self.figures.more += servicestep.ServiceFigures(skipped=missing).lines()
+            return
+        step("Services: web (a backend on each host) by its name from a kube pod on host 2")
+        servicestep.route_to_machine(self.outside, router.EXTERNAL_CIDR)
+        figures = servicestep.run(self.kube, HOSTS, "kube-pod-2")
         self.figures.more += figures.lines()
 
     def _memif_cnf(self, network_id: str, sg_id: str) -> None:

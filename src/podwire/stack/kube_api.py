@@ -73,6 +73,22 @@ def create_if_absent(url: str, context: ssl.SSLContext, path: str, body: object)
         raise StackError(f"kube-apiserver unreachable for POST {path}: {exc}") from exc
 
 
+def ensure(url: str, context: ssl.SSLContext, collection: str, name: str, body: object) -> None:
+    """``body`` made unless an object of that name is there (a restarted stack's): asked
+    first, since some kinds refuse a second create with 422 rather than 409 (a Service whose
+    cluster IP its first self holds)."""
+    request = urllib.request.Request(f"{url}{collection}/{name}", method="GET")
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise StackError(f"kube-apiserver refused GET {collection}/{name}: {exc.code}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise StackError(f"kube-apiserver unreachable for GET {collection}/{name}: {exc}") from exc
+    create_if_absent(url, context, collection, body)
+
+
 def put(url: str, context: ssl.SSLContext, path: str, body: object) -> None:
     """PUT ``body`` (made or replaced, unconditionally): a restarted stack's own object,
     whose contents may have changed (a new port)."""

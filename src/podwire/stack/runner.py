@@ -222,8 +222,12 @@ class Stack:
             kube_dns.COREDNS, functools.partial(http_ok, f"http://127.0.0.1:{ready_port}/ready")
         )
         context = kube_api.admin_context(plane.pki)
-        kube_api.create_if_absent(
-            plane.url, context, "/api/v1/namespaces/kube-system/services", kube_dns.service()
+        kube_api.ensure(
+            plane.url,
+            context,
+            "/api/v1/namespaces/kube-system/services",
+            "kube-dns",
+            kube_dns.service(),
         )
         kube_api.put(
             plane.url,
