@@ -39,11 +39,13 @@ SECTIONS = [
     "memif_bench",
     "vm_bench",  # samples capped at 5 boots per variant
     "scale_bench",  # samples = pod create/delete cycles per mode (adaptive, fixed min=5)
-    "service_bench",  # samples = connections per target; control path capped at 100 changes
+    # samples = connections per target; control paths capped at 100 changes; gets --kubernetes
+    "service_bench",
     "kube_bench",  # the stack gets --kubernetes; samples capped at 40 pods one at a time
     "netpol_bench",  # the stack gets --kubernetes; samples = pods, capped at 200
 ]
-KUBERNETES = {"kube_bench", "netpol_bench"}  # the sections that need the stack's Kubernetes
+# The sections that need the stack's Kubernetes.
+KUBERNETES = {"kube_bench", "netpol_bench", "service_bench"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,10 @@ Service of three backends, as an agent writes it): TCP connection setup (connect
 backend's first byte) to the ClusterIP and to a backend's own address, alternated in one
 client process; iperf3 throughput through the ClusterIP and direct, alternated.
 
+Control path from the API (``service_api.py``): the same Services made in the stack's
+kube-apiserver, the controller with ``[kubernetes]`` in this process publishing them; from an
+EndpointSlice patched until every pod's table holds the change.
+
 Control path (the stack's real etcd, the agent's ``PodServices`` in this process, ``PODS`` pod
 namespaces): ``SERVICES`` Services of 10 endpoints each are published and written into every
 pod, then one endpoint of one Service is replaced: from the etcd put until every pod's table
@@ -25,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from bench import service_api as api_path
 from bench.stats import row
 from podwire import keys
 from podwire.agent.services import table
@@ -32,15 +37,14 @@ from podwire.agent.services.pods import PodServices
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
-from podwire.schema.checkpoints import Attached, Attachment
+from podwire.schema.checkpoints import Attachment
 from podwire.schema.services import Backend, ServiceEntry, ServicePort, read_service_entry
-from podwire.schema.vif import Vif
 from tests.agent.netenv import in_ns, sh
 from tests.etcd_tools import delete_prefix
 
 CLUSTER_IP = "10.96.88.8"
 BACKENDS = ("10.202.0.2", "10.202.0.3", "10.202.0.4")
-NETWORK = "6d1f0c2a-0000-4000-8000-00000000beef"
+NETWORK = api_path.NETWORK
 SERVICES = 1000
 ENDPOINTS = 10
 PODS = 10
@@ -75,7 +79,9 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     with _pair() as (client, server):
         rows += _setup_rows(client, server, max(50, samples))
         rows += _throughput_rows(client, server, max(3, min(samples // 50, 6)))
-    rows += asyncio.run(_control(stack, max(20, min(samples, CHANGES_MAX))))
+    changes = max(20, min(samples, CHANGES_MAX))
+    rows += asyncio.run(_control(stack, changes))
+    rows += asyncio.run(api_path.run(stack, SERVICES, ENDPOINTS, PODS, changes))
     return rows
 
 
@@ -172,7 +178,7 @@ async def _control(stack: dict[str, Any], changes: int) -> list[dict[str, Any]]:
     root = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
     namespace = f"/pwb-svc-{uuid.uuid4().hex[:8]}"
     etcd = root.within(namespace)
-    pods = _pods(PODS)
+    pods = api_path.pod_attachments(PODS)
     try:
         for ns in pods.values():
             sh("ip", "netns", "add", ns.netns.rsplit("/", 1)[1])
@@ -199,14 +205,12 @@ async def _change_cost(
     etcd: EtcdClient, pods: dict[str, Attachment], services: int, changes: int
 ) -> list[float]:
     follower = PodServices(etcd, lambda: pods)
-    entries = {
-        keys.service("bench", f"s{i}"): _entry(i, range(ENDPOINTS)) for i in range(services)
-    }
+    entries = {keys.service("bench", f"s{i}"): _entry(i, range(ENDPOINTS)) for i in range(services)}
     for key, entry in entries.items():
         await etcd.put(key, entry.encode())
     task = asyncio.create_task(follower.run())
     try:
-        await _until(lambda: _written(follower, pods, len(entries)))
+        await api_path.until(lambda: _written(follower, pods, len(entries)))
         took = []
         for change in range(changes):
             index = change % services
@@ -215,7 +219,9 @@ async def _change_cost(
             started = time.perf_counter()
             await etcd.put(key, entry.encode())
             wanted = table.for_network(read_service_entry(entry.encode(), key), NETWORK)
-            await _until(lambda: all(follower.holds(a).get(key) == wanted for a in pods))
+            await api_path.until(
+                lambda k=key, w=wanted: all(follower.holds(a).get(k) == w for a in pods)
+            )
             took.append((time.perf_counter() - started) * 1000)
         return took
     finally:
@@ -227,14 +233,6 @@ def _written(follower: PodServices, pods: dict[str, Attachment], count: int) -> 
     return all(len(follower.holds(attachment)) == count for attachment in pods)
 
 
-async def _until(check: Any, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the pods' Service tables did not follow etcd")
-        await asyncio.sleep(0.0005)
-
-
 def _entry(index: int, endpoints: range) -> ServiceEntry:
     backends = tuple(
         Backend(f"10.{100 + n // 250 % 100}.{n % 250}.{1 + index % 250}", 8080, NETWORK)
@@ -242,17 +240,3 @@ def _entry(index: int, endpoints: range) -> ServiceEntry:
     )
     ip = f"10.96.{index // 250}.{1 + index % 250}"
     return ServiceEntry(f"bench/s{index}", (ip,), False, (ServicePort("tcp", 80, backends),))
-
-
-def _pods(count: int) -> dict[str, Attachment]:
-    tag = uuid.uuid4().hex[:6]
-    found = {}
-    for index in range(count):
-        attachment = f"pwb{tag}{index}:eth0"
-        vif = Vif(f"port-{index}", NETWORK, "project", "02:00:00:00:00:01", 1450, [])
-        attached = Attached("h", "02:00:00:00:00:02", "eth0", "02:00:00:00:00:01", 1450, "", ())
-        netns = f"/run/netns/pwb-svc-p-{tag}-{index}"
-        found[attachment] = Attachment(
-            attachment, f"pwb{tag}{index}", "eth0", "bench", netns, None, vif, attached
-        )
-    return found

@@ -1,0 +1,171 @@
+"""An endpoint change from the Kubernetes API to the pods' tables: ``SERVICES`` selector-less
+Services with hand-made EndpointSlices (the apiserver's own ``kubernetes`` Service is one)
+in the stack's kube-apiserver; the controller with ``[kubernetes]`` in this process (its
+informers, its compiler, its fenced etcd writes); the agent's ``PodServices`` with pod
+namespaces of their own. A sample: one slice's endpoint replaced with a JSON patch, until
+every pod's table holds the new address."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from kubernetes_asyncio import client as kube_client
+from kubernetes_asyncio import config as kube_config
+
+from bench.controllers import serving_controller
+from bench.pool_sync_bench import _register, _settings
+from bench.stats import row
+from podwire import keys
+from podwire.agent.services.pods import PodServices
+from podwire.config import EtcdSettings, KubernetesSettings
+from podwire.etcd import EtcdClient
+from podwire.schema.checkpoints import Attached, Attachment
+from podwire.schema.vif import Vif
+from tests.agent.netenv import sh
+from tests.etcd_tools import delete_prefix
+
+NETWORK = "6d1f0c2a-0000-4000-8000-00000000beef"  # the bench pods' network
+CREATING = 20  # API requests in flight while the Services are made
+PORT = 8080
+
+
+async def run(
+    stack: dict[str, Any], services: int, endpoints: int, pods: int, changes: int
+) -> list[dict[str, Any]]:
+
+    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    configuration = kube_client.Configuration()
+    await kube_config.load_kube_config(
+        config_file=stack["kubeconfig"], client_configuration=configuration
+    )
+    api = kube_client.ApiClient(configuration)
+    namespace = f"pwb-svcapi-{uuid.uuid4().hex[:6]}"
+    node = f"{namespace}-node"
+    attached = pod_attachments(pods)
+    try:
+        for pod in attached.values():
+            sh("ip", "netns", "add", pod.netns.rsplit("/", 1)[1])
+        core, discovery = kube_client.CoreV1Api(api), kube_client.DiscoveryV1Api(api)
+        await core.create_namespace({"metadata": {"name": namespace}})
+        await _make(core, discovery, namespace, services, endpoints)
+        await _register(etcd, node)
+        settings = _settings(stack, node)
+        settings = replace(
+            settings,
+            kubernetes=KubernetesSettings(
+                kubeconfig=stack["kubeconfig"], project_id=uuid.uuid4().hex
+            ),
+        )
+        async with serving_controller(settings, etcd):
+            took = await _changes(etcd, discovery, namespace, attached, services, changes)
+    finally:
+        await kube_client.CoreV1Api(api).delete_namespace(namespace)
+        await api.close()
+        for pod in attached.values():
+            sh("ip", "netns", "del", pod.netns.rsplit("/", 1)[1], check=False)
+        await delete_prefix(etcd, keys.state_node_prefix(node))
+        await etcd.close()
+    name = (
+        f"Service: EndpointSlice patched in the API -> in force in {pods} pods' tables,"
+        f" {services} Services x {endpoints} endpoints (controller + agent)"
+    )
+    return [row(name, took)]
+
+
+async def _make(core: Any, discovery: Any, namespace: str, count: int, endpoints: int) -> None:
+    slots = asyncio.Semaphore(CREATING)
+
+    async def one(index: int) -> None:
+        async with slots:
+            service = {
+                "metadata": {"name": f"s{index}"},
+                "spec": {"ports": [{"name": "http", "protocol": "TCP", "port": 80}]},
+            }
+            await core.create_namespaced_service(namespace, service)
+            await discovery.create_namespaced_endpoint_slice(
+                namespace, _slice(index, range(endpoints))
+            )
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def _slice(index: int, endpoints: range) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"s{index}", "labels": {"kubernetes.io/service-name": f"s{index}"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [_address(index, n)]} for n in endpoints],
+        "ports": [{"name": "http", "protocol": "TCP", "port": PORT}],
+    }
+
+
+def _address(index: int, n: int) -> str:
+    return f"10.{100 + n // 250 % 100}.{n % 250}.{1 + index % 250}"
+
+
+async def _changes(
+    etcd: EtcdClient,
+    discovery: Any,
+    namespace: str,
+    pods: dict[str, Attachment],
+    services: int,
+    changes: int,
+) -> list[float]:
+    follower = PodServices(etcd, lambda: pods)
+    task = asyncio.create_task(follower.run())
+    try:
+
+        def published(attachment: str) -> int:
+            held = follower.holds(attachment)
+            return sum(1 for key in held if key.startswith(keys.services_prefix() + namespace))
+
+        await until(lambda: all(published(a) == services for a in pods), within=300)
+        took = []
+        for change in range(changes):
+            index = change % services
+            address = _address(index, 1000 + change)
+            patch = [{"op": "replace", "path": "/endpoints/0/addresses/0", "value": address}]
+            key = keys.service(namespace, f"s{index}")
+            started = time.perf_counter()
+            await discovery.patch_namespaced_endpoint_slice(
+                f"s{index}", namespace, patch, _content_type="application/json-patch+json"
+            )
+            await until(lambda k=key, x=address: all(_holds(follower, a, k, x) for a in pods))
+            took.append((time.perf_counter() - started) * 1000)
+        return took
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        follower.close()
+
+
+def _holds(follower: PodServices, attachment: str, key: str, address: str) -> bool:
+    held = follower.holds(attachment).get(key)
+    return held is not None and any(
+        backend[0] == address for port in held.ports for backend in port.backends
+    )
+
+
+async def until(check: Any, within: float = 120.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the pods' Service tables did not follow etcd")
+        await asyncio.sleep(0.0005)
+
+
+def pod_attachments(count: int) -> dict[str, Attachment]:
+    tag = uuid.uuid4().hex[:6]
+    found = {}
+    for index in range(count):
+        attachment = f"pwb{tag}{index}:eth0"
+        vif = Vif(f"port-{index}", NETWORK, "project", "02:00:00:00:00:01", 1450, [])
+        attached = Attached("h", "02:00:00:00:00:02", "eth0", "02:00:00:00:00:01", 1450, "", ())
+        netns = f"/run/netns/pwb-svc-p-{tag}-{index}"
+        found[attachment] = Attachment(
+            attachment, f"pwb{tag}{index}", "eth0", "bench", netns, None, vif, attached
+        )
+    return found
