@@ -26,6 +26,7 @@ from podwire.etcd import EtcdClient
 from podwire.schema.checkpoints import Attached, Attachment
 from podwire.schema.vif import Vif
 from tests.agent.netenv import sh
+from tests.agent.service_tables import holds
 from tests.etcd_tools import delete_prefix
 
 NETWORK = "6d1f0c2a-0000-4000-8000-00000000beef"  # the bench pods' network
@@ -119,7 +120,7 @@ async def _changes(
     try:
 
         def published(attachment: str) -> int:
-            held = follower.holds(attachment)
+            held = holds(follower, attachment)
             return sum(1 for key in held if key.startswith(keys.services_prefix() + namespace))
 
         await until(lambda: all(published(a) == services for a in pods), within=300)
@@ -143,7 +144,7 @@ async def _changes(
 
 
 def _holds(follower: PodServices, attachment: str, key: str, address: str) -> bool:
-    held = follower.holds(attachment).get(key)
+    held = holds(follower, attachment).get(key)
     return held is not None and any(
         backend[0] == address for port in held.ports for backend in port.backends
     )

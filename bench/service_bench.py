@@ -40,6 +40,7 @@ from podwire.netfilter import Nftables
 from podwire.schema.checkpoints import Attachment
 from podwire.schema.services import Backend, ServiceEntry, ServicePort, read_service_entry
 from tests.agent.netenv import in_ns, sh
+from tests.agent.service_tables import holds
 from tests.etcd_tools import delete_prefix
 
 CLUSTER_IP = "10.96.88.8"
@@ -220,7 +221,7 @@ async def _change_cost(
             await etcd.put(key, entry.encode())
             wanted = table.for_network(read_service_entry(entry.encode(), key), NETWORK)
             await api_path.until(
-                lambda k=key, w=wanted: all(follower.holds(a).get(k) == w for a in pods)
+                lambda k=key, w=wanted: all(holds(follower, a).get(k) == w for a in pods)
             )
             took.append((time.perf_counter() - started) * 1000)
         return took
@@ -230,7 +231,7 @@ async def _change_cost(
 
 
 def _written(follower: PodServices, pods: dict[str, Attachment], count: int) -> bool:
-    return all(len(follower.holds(attachment)) == count for attachment in pods)
+    return all(len(holds(follower, attachment)) == count for attachment in pods)
 
 
 def _entry(index: int, endpoints: range) -> ServiceEntry:

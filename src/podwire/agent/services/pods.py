@@ -139,11 +139,6 @@ class PodServices:
             self._views[network] = view
         return view
 
-    def holds(self, attachment: str) -> Mapping[str, PodService]:
-        """What the pod's table was last written to hold (empty: no table yet)."""
-        held = self._tables.get(attachment)
-        return held.services if held is not None else {}
-
     def forget(self, attachment: str) -> None:
         """The pod is gone (DEL): its namespace and table with it."""
         held = self._tables.pop(attachment, None)
