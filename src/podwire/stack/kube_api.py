@@ -54,61 +54,51 @@ def binding(name: str, role: str, user: str) -> dict[str, object]:
     }
 
 
+def _send(url: str, context: ssl.SSLContext, method: str, path: str, body: object = None) -> int:
+    """One request as the admin; returns the HTTP status (an error status too: what it
+    means is the caller's to say); raises when the apiserver cannot be reached."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {} if body is None else {"Content-Type": "application/json"}
+    request = urllib.request.Request(f"{url}{path}", data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        raise StackError(f"kube-apiserver unreachable for {method} {path}: {exc}") from exc
+
+
+def _refused(method: str, path: str, status: int) -> StackError:
+    return StackError(f"kube-apiserver refused {method} {path}: {status}")
+
+
 def create_if_absent(url: str, context: ssl.SSLContext, path: str, body: object) -> None:
     """POST ``body``; an object of that name already there (a restarted stack) is kept."""
-    request = urllib.request.Request(
-        f"{url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=context):
-            return
-    except urllib.error.HTTPError as exc:
-        if exc.code == 409:
-            return
-        raise StackError(f"kube-apiserver refused POST {path}: {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise StackError(f"kube-apiserver unreachable for POST {path}: {exc}") from exc
+    status = _send(url, context, "POST", path, body)
+    if status >= 300 and status != 409:
+        raise _refused("POST", path, status)
 
 
 def ensure(url: str, context: ssl.SSLContext, collection: str, name: str, body: object) -> None:
     """``body`` made unless an object of that name is there (a restarted stack's): asked
     first, since some kinds refuse a second create with 422 rather than 409 (a Service whose
     cluster IP its first self holds)."""
-    request = urllib.request.Request(f"{url}{collection}/{name}", method="GET")
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=context):
-            return
-    except urllib.error.HTTPError as exc:
-        if exc.code != 404:
-            raise StackError(f"kube-apiserver refused GET {collection}/{name}: {exc.code}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise StackError(f"kube-apiserver unreachable for GET {collection}/{name}: {exc}") from exc
-    create_if_absent(url, context, collection, body)
+    status = _send(url, context, "GET", f"{collection}/{name}")
+    if status == 404:
+        create_if_absent(url, context, collection, body)
+    elif status >= 300:
+        raise _refused("GET", f"{collection}/{name}", status)
 
 
 def put(url: str, context: ssl.SSLContext, path: str, body: object) -> None:
     """PUT ``body`` (made or replaced, unconditionally): a restarted stack's own object,
     whose contents may have changed (a new port)."""
-    request = urllib.request.Request(
-        f"{url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="PUT",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10, context=context):
-            return
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:  # PUT makes only some kinds: create it
-            collection = path.rsplit("/", 1)[0]
-            create_if_absent(url, context, collection, body)
-            return
-        raise StackError(f"kube-apiserver refused PUT {path}: {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise StackError(f"kube-apiserver unreachable for PUT {path}: {exc}") from exc
+    status = _send(url, context, "PUT", path, body)
+    if status == 404:  # PUT makes only some kinds: create it
+        create_if_absent(url, context, path.rsplit("/", 1)[0], body)
+    elif status >= 300:
+        raise _refused("PUT", path, status)
 
 
 def grant_kubelet_client(url: str, context: ssl.SSLContext) -> None:
