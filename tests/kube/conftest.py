@@ -25,6 +25,7 @@ import pytest
 from podwire import keys
 from podwire.agent import naming
 from podwire.config import EtcdSettings
+from podwire.demo.services import Services
 from podwire.errors import StackError
 from podwire.etcd import EtcdClient
 from podwire.kube import leftovers
@@ -332,3 +333,38 @@ async def cluster(
             await agent.stop()
         delete_project_resources(neutron, project)
         made.netenv.cleanup()
+
+
+async def stop_services(
+    cluster: Cluster, services: Services, hosts: list[str], nodes: list[KubeNodeProcess]
+) -> None:
+    """A module's own controller and agents (``podwire.demo.services``) gone, and what they
+    leave in the cluster's project: the kube-nodes retired, the hosts' pools freed while the
+    controller still runs, the processes stopped, then ``delete_groups``."""
+    for node in nodes:
+        await cluster.retire(node)
+    controller = services.children.get("controller")
+    if controller is not None and controller.poll() is None:
+        body = {"nodes": hosts}
+        await asyncio.to_thread(services.admin, "POST", "/v1/pools/free", body)
+    await asyncio.to_thread(services.stop)
+    await asyncio.to_thread(delete_groups, cluster, hosts)
+
+
+def delete_groups(cluster: Cluster, hosts: list[str]) -> None:
+    """What a stopped controller of a module leaves in the cluster's project: ports of
+    its hosts, and ports that still carry a policy's group (a port recycling when it stopped
+    keeps its groups), then the reconciler's groups and address groups, so nothing is left
+    for the next controller of that project."""
+    net = cluster.neutron.network
+    project = cluster.network.project_id
+    groups = [g for g in net.security_groups(project_id=project) if g.name.startswith("podwire-np")]
+    ids = {group.id for group in groups}
+    for port in list(net.ports(project_id=project)):
+        if port.binding_host_id in hosts or ids & set(port.security_group_ids or ()):
+            net.delete_port(port)
+    for group in groups:
+        net.delete_security_group(group)
+    for address_group in list(net.address_groups(project_id=project)):
+        if address_group.name.startswith("podwire-ag"):
+            net.delete_address_group(address_group)

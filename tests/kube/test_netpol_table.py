@@ -24,7 +24,7 @@ from podwire.demo.services import Services
 from podwire.k8s.groups import group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.kube.images import TOOLBOX_IMAGE
-from tests.kube.conftest import SUBNET, Cluster, KubeNodeProcess, _namespace
+from tests.kube.conftest import SUBNET, Cluster, KubeNodeProcess, _namespace, stop_services
 from tests.kube.netpol_probe import Servers, measure, probe
 from tests.kube.netpol_spec import Cell, Pod, Spec, World
 from tests.kube.test_pool import NodeAgent
@@ -265,34 +265,7 @@ async def _clean_up(policed: Policed) -> None:
     try:
         await eventually(gone, "the table's pods deleted", 120)
     finally:
-        for node in policed.nodes:
-            await policed.cluster.retire(node)
-        services = policed.services
-        controller = services.children.get("controller")
-        if controller is not None and controller.poll() is None:
-            body = {"nodes": policed.hosts}
-            await asyncio.to_thread(services.admin, "POST", "/v1/pools/free", body)
-        await asyncio.to_thread(services.stop)
-        await asyncio.to_thread(_delete_groups, policed.cluster, policed.hosts)
-
-
-def _delete_groups(cluster: Cluster, hosts: list[str]) -> None:
-    """What the stopped controller leaves of this module in the cluster's project: ports of
-    its hosts, and ports that still carry a policy's group (a port recycling when it stopped
-    keeps its groups), then the reconciler's groups and address groups, so nothing is left
-    for the next controller of that project."""
-    net = cluster.neutron.network
-    project = cluster.network.project_id
-    groups = [g for g in net.security_groups(project_id=project) if g.name.startswith("podwire-np")]
-    ids = {group.id for group in groups}
-    for port in list(net.ports(project_id=project)):
-        if port.binding_host_id in hosts or ids & set(port.security_group_ids or ()):
-            net.delete_port(port)
-    for group in groups:
-        net.delete_security_group(group)
-    for address_group in list(net.address_groups(project_id=project)):
-        if address_group.name.startswith("podwire-ag"):
-            net.delete_address_group(address_group)
+        await stop_services(policed.cluster, policed.services, policed.hosts, policed.nodes)
 
 
 def _differences(expected: dict[Cell, bool], measured: dict[Cell, bool]) -> list[str]:

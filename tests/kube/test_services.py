@@ -24,9 +24,9 @@ import pytest
 from podwire.demo.services import Services
 from podwire.kube.images import TOOLBOX_IMAGE
 from tests.agent.netenv import in_ns, sh
-from tests.kube.conftest import Cluster, KubeNodeProcess, _namespace
+from tests.kube.conftest import Cluster, KubeNodeProcess, _namespace, stop_services
 from tests.kube.netpol_probe import sockets_in
-from tests.kube.test_netpol_table import _delete_groups, _task_pids
+from tests.kube.test_netpol_table import _task_pids
 from tests.kube.test_pool import NodeAgent
 from tests.neutron_agents.agents import NeutronAgentRun
 from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
@@ -226,15 +226,7 @@ async def serving(cluster: Cluster) -> AsyncIterator[Serving]:
 async def _clean_up(serving: Serving) -> None:
     kubectl = serving.cluster.kubectl
     await kubectl.run("delete", "namespace", serving.namespace, "--ignore-not-found")
-    for node in serving.nodes:
-        await serving.cluster.retire(node)
-    services = serving.services
-    controller = services.children.get("controller")
-    if controller is not None and controller.poll() is None:
-        body = {"nodes": serving.hosts}
-        await asyncio.to_thread(services.admin, "POST", "/v1/pools/free", body)
-    await asyncio.to_thread(services.stop)
-    await asyncio.to_thread(_delete_groups, serving.cluster, serving.hosts)
+    await stop_services(serving.cluster, serving.services, serving.hosts, serving.nodes)
     if serving.uplink:
         sh("ip", "link", "del", serving.uplink, check=False)
 
