@@ -198,6 +198,7 @@ async def test_agent_with_a_too_narrow_role_or_a_wrong_password_exits_with_one_l
             assert proc.returncode == 2
             last = err.decode().strip().splitlines()[-1]
             assert last.startswith("podwire agent: error: ") and expected in last, err.decode()
-            if password == "pw":  # a peers' or the policy's listing, whichever asked first
-                assert re.search(r"etcd list /podwire/(state/nodes|global)/: ", last), last
+            if password == "pw":  # the peers', the policy's or the Services' listing, whichever
+                # asked first
+                assert re.search(r"etcd list /podwire/(state/nodes|global|services)/: ", last), last
             assert "Traceback" not in err.decode()
