@@ -9,11 +9,11 @@ only values podwire wrote are ever touched (the prefix is podwire's alone)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 
 from podwire import keys
-from podwire.backoff import Backoff
+from podwire.backoff import Backoff, passes_on_wake
+from podwire.controller.inuse import MAX_TXN_OPS
 from podwire.errors import NotLeader, PodwireError
 from podwire.etcd.client import Compare, EtcdClient, delete_op, put_op
 from podwire.k8s.objects import ObjectKey
@@ -22,8 +22,6 @@ from podwire.k8s.watcher import KubeWatcher
 from podwire.log import get_logger
 
 log = get_logger(__name__)
-
-MAX_TXN_OPS = 100  # etcd's default limit is 128 operations per transaction
 
 
 class ServicePublisher:
@@ -34,24 +32,20 @@ class ServicePublisher:
         self._backoff = Backoff(0.2, 10.0)
 
     async def run(self, watcher: KubeWatcher) -> None:
-        """A pass after every change of a Service, an EndpointSlice or a pod; a failed pass
-        again after a backoff (the next pass rereads the prefix)."""
-        changed = watcher.services_changed
-        changed.set()
-        while True:
-            await changed.wait()
-            changed.clear()
-            try:
-                await self.sync(watcher)
-                self._backoff.reset()
-            except NotLeader:
-                raise
-            except PodwireError as exc:
-                self._written = None
-                delay = self._backoff.next()
-                log.warning("controller.services.retry", error=str(exc), delay=delay)
-                await asyncio.sleep(delay)
-                changed.set()
+        """A pass at once, then after every change of a Service, an EndpointSlice or a pod;
+        a failed pass again after a backoff or the next change (rereading the prefix). A
+        term that ended is not retried: it ends this side."""
+
+        async def one_pass() -> None:
+            await self.sync(watcher)
+
+        def retry(exc: PodwireError, delay: float) -> None:
+            if isinstance(exc, NotLeader):
+                raise exc
+            self._written = None
+            log.warning("controller.services.retry", error=str(exc), delay=delay)
+
+        await passes_on_wake(one_pass, watcher.services_changed, self._backoff, retry)
 
     async def sync(self, watcher: KubeWatcher) -> int:
         """One pass; returns how many values it wrote or deleted."""

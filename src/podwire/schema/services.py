@@ -96,7 +96,7 @@ def _port(value: Any, what: str) -> ServicePort:
     return ServicePort(
         protocol=obj.req("protocol", lambda v, w: fields.one_of(v, w, PROTOCOLS)),
         port=obj.req("port", _port_number),
-        backends=tuple(sorted(set(backends), key=_order)),
+        backends=sorted_backends(backends),
     )
 
 

@@ -38,12 +38,10 @@ class PodServices:
         self._views: dict[str, dict[str, PodService]] = {}
         self._tables: dict[str, _PodTable] = {}  # by attachment: what each holds
         self._locks: dict[str, asyncio.Lock] = {}
-        self.listed = asyncio.Event()
 
     async def run(self) -> None:
         async for batch in self.watcher.batches():
             changed = self._take(batch)
-            self.listed.set()
             await self.sync_all(changed)
 
     def _take(self, batch: WatchBatch) -> set[str]:
