@@ -48,6 +48,7 @@ def fake_stack_json(data_dir: Path, **entries: Any) -> None:
         ("no-stack", "no stack is running on"),
         ("no-kubernetes", "runs without Kubernetes: start it with podwire stack up --kubernetes"),
         ("no-binaries", "kubelet is not in"),
+        ("bad-cluster-dns", "stack.json: cluster_dns: 224.0.0.1 is not a unicast host address"),
     ],
 )
 def test_refusals_are_one_line_naming_the_cause(
@@ -59,8 +60,11 @@ def test_refusals_are_one_line_naming_the_cause(
         netns = "pwt-missing"
     if case == "no-kubernetes":
         fake_stack_json(tmp_path)
-    if case == "no-binaries":
-        fake_stack_json(tmp_path, kube_apiserver="https://192.0.2.2:1", kube_bin_dir=str(tmp_path))
+    if case in ("no-binaries", "bad-cluster-dns"):
+        dns = {"cluster_dns": "224.0.0.1"} if case == "bad-cluster-dns" else {}
+        fake_stack_json(
+            tmp_path, kube_apiserver="https://192.0.2.2:1", kube_bin_dir=str(tmp_path), **dns
+        )
     extra = ("--node-ip", "192.0.2.300") if case == "bad-node-ip" else ()
     done = kube_node(tmp_path, host, netns, *extra)
     assert done.returncode == 2

@@ -9,8 +9,10 @@ from __future__ import annotations
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from podwire.errors import KubeError
+from podwire.errors import KubeError, ValidationError
+from podwire.schema import fields
 from podwire.stack import procs
 from podwire.stack.kube_pki import Pki
 from podwire.stack.runner import read_stack_json
@@ -48,12 +50,8 @@ def read(data_dir: Path) -> StackFacts:
             f"the stack on {data_dir} runs without Kubernetes: start it with"
             " podwire stack up --kubernetes"
         )
-    dns = info.get("cluster_dns")
     facts = StackFacts(
-        apiserver,
-        Path(bin_dir),
-        Pki(data_dir / "kube" / "pki"),
-        dns if isinstance(dns, str) and dns else None,
+        apiserver, Path(bin_dir), Pki(data_dir / "kube" / "pki"), _cluster_dns(info, data_dir)
     )
     if not facts.kubelet.is_file():
         raise KubeError(
@@ -61,3 +59,15 @@ def read(data_dir: Path) -> StackFacts:
             " Kubernetes binaries once per machine"
         )
     return facts
+
+
+def _cluster_dns(info: dict[str, Any], data_dir: Path) -> str | None:
+    """The kube-dns Service's address the stack wrote, if it runs DNS; refused if it is no
+    IPv4 address (kubelet would take it and every pod's resolver would be wrong)."""
+    value = info.get("cluster_dns")
+    if value is None:
+        return None
+    try:
+        return str(fields.host_address(value, f"{data_dir}/stack.json: cluster_dns", version=4))
+    except ValidationError as exc:
+        raise KubeError(str(exc)) from exc

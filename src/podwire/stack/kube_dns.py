@@ -25,11 +25,13 @@ def default_binary() -> Path:
     return Path(sys.prefix) / "share" / "podwire-coredns" / COREDNS
 
 
-def write_corefile(path: Path, kubeconfig: Path, port: int, ready_port: int) -> None:
+def write_corefile(
+    path: Path, kubeconfig: Path, port: int, ready_port: int, health_port: int
+) -> None:
     """Every address on ``port``; readiness and health on loopback only."""
     text = f""".:{port} {{
     errors
-    health 127.0.0.1:{ready_port + 1}
+    health 127.0.0.1:{health_port}
     ready 127.0.0.1:{ready_port}
     kubernetes cluster.local in-addr.arpa ip6.arpa {{
         kubeconfig {kubeconfig}

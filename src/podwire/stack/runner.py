@@ -214,9 +214,9 @@ class Stack:
             log.warning("stack.dns_skipped", reason=f"no CoreDNS at {binary}: run scripts/setup")
             return None
         port = pick_port(ports.get(kube_dns.COREDNS, 0))
-        ready_port = free_port()
+        ready_port, health_port = free_port(), free_port()
         corefile = plane.root / "Corefile"
-        kube_dns.write_corefile(corefile, plane.admin_kubeconfig, port, ready_port)
+        kube_dns.write_corefile(corefile, plane.admin_kubeconfig, port, ready_port, health_port)
         self._spawn(kube_dns.COREDNS, kube_dns.argv(binary, corefile))
         self._wait_ready(
             kube_dns.COREDNS, functools.partial(http_ok, f"http://127.0.0.1:{ready_port}/ready")
