@@ -98,12 +98,13 @@ def _slice(index: int, endpoints: range) -> dict[str, Any]:
     return {
         "metadata": {"name": f"s{index}", "labels": {"kubernetes.io/service-name": f"s{index}"}},
         "addressType": "IPv4",
-        "endpoints": [{"addresses": [_address(index, n)]} for n in endpoints],
+        "endpoints": [{"addresses": [endpoint_address(index, n)]} for n in endpoints],
         "ports": [{"name": "http", "protocol": "TCP", "port": PORT}],
     }
 
 
-def _address(index: int, n: int) -> str:
+def endpoint_address(index: int, n: int) -> str:
+    """The ``n``-th endpoint of Service ``index``: distinct for every pair the benches use."""
     return f"10.{100 + n // 250 % 100}.{n % 250}.{1 + index % 250}"
 
 
@@ -127,7 +128,7 @@ async def _changes(
         took = []
         for change in range(changes):
             index = change % services
-            address = _address(index, 1000 + change)
+            address = endpoint_address(index, 1000 + change)
             patch = [{"op": "replace", "path": "/endpoints/0/addresses/0", "value": address}]
             key = keys.service(namespace, f"s{index}")
             started = time.perf_counter()

@@ -235,9 +235,6 @@ def _written(follower: PodServices, pods: dict[str, Attachment], count: int) -> 
 
 
 def _entry(index: int, endpoints: range) -> ServiceEntry:
-    backends = tuple(
-        Backend(f"10.{100 + n // 250 % 100}.{n % 250}.{1 + index % 250}", 8080, NETWORK)
-        for n in endpoints
-    )
+    backends = tuple(Backend(api_path.endpoint_address(index, n), 8080, NETWORK) for n in endpoints)
     ip = f"10.96.{index // 250}.{1 + index % 250}"
     return ServiceEntry(f"bench/s{index}", (ip,), False, (ServicePort("tcp", 80, backends),))
