@@ -368,3 +368,41 @@ def delete_groups(cluster: Cluster, hosts: list[str]) -> None:
     for address_group in list(net.address_groups(project_id=project)):
         if address_group.name.startswith("podwire-ag"):
             net.delete_address_group(address_group)
+
+
+def module_services(cluster: Cluster, name: str, log_level: str = "") -> Services:
+    """A module's own controller and agents, run as processes on the cluster's stack, in
+    a work dir of their own (``name``)."""
+    services = Services(cluster.work / name, cluster.info["etcd"], cluster.info["neutron"])
+    services.work.mkdir()
+    if log_level:
+        services.log_level = log_level
+    return services
+
+
+def kubernetes_toml(cluster: Cluster) -> str:
+    """The controller's ``[kubernetes]`` for the cluster's project (more keys may follow)."""
+    return (
+        f'[kubernetes]\nkubeconfig = "{cluster.info["kubeconfig"]}"\n'
+        f'project_id = "{cluster.network.project_id}"\n'
+    )
+
+
+async def container_pids(nodes: list[KubeNodeProcess]) -> dict[str, int]:
+    """containerd's tasks on ``nodes`` (container id -> pid), as ``ctr task ls`` lists them."""
+    pids: dict[str, int] = {}
+    for node in nodes:
+        proc = await asyncio.create_subprocess_exec(
+            *("ctr", "--address", node.announced["containerd_socket"], "--namespace", "k8s.io"),
+            *("task", "ls"),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await proc.communicate()
+        rows = [line.split() for line in out.decode().splitlines()[1:]]
+        pids |= {row[0]: int(row[1]) for row in rows if len(row) >= 2}
+    return pids
+
+
+def pod_pid(pod: dict[str, Any], pids: dict[str, int]) -> int:
+    """The pid of the pod's (first) container, from the API's view of the pod."""
+    return pids[pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]]

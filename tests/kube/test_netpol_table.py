@@ -24,7 +24,17 @@ from podwire.demo.services import Services
 from podwire.k8s.groups import group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.kube.images import TOOLBOX_IMAGE
-from tests.kube.conftest import SUBNET, Cluster, KubeNodeProcess, _namespace, stop_services
+from tests.kube.conftest import (
+    SUBNET,
+    Cluster,
+    KubeNodeProcess,
+    _namespace,
+    container_pids,
+    kubernetes_toml,
+    module_services,
+    pod_pid,
+    stop_services,
+)
 from tests.kube.netpol_probe import Servers, measure, probe
 from tests.kube.netpol_spec import Cell, Pod, Spec, World
 from tests.kube.test_pool import NodeAgent
@@ -179,27 +189,12 @@ async def _running(policed: Policed, count: int) -> dict[str, dict[str, Any]]:
     return await eventually(listing, f"{count} pods Running", 180)
 
 
-async def _task_pids(node: KubeNodeProcess) -> dict[str, int]:
-    """containerd's tasks on ``node`` (container id -> pid), as ``ctr task ls`` lists them."""
-    proc = await asyncio.create_subprocess_exec(
-        *("ctr", "--address", node.announced["containerd_socket"], "--namespace", "k8s.io"),
-        *("task", "ls"),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    out, _ = await proc.communicate()
-    rows = [line.split() for line in out.decode().splitlines()[1:]]
-    return {row[0]: int(row[1]) for row in rows if len(row) >= 2}
-
-
 async def _learn_pods(policed: Policed, listed: dict[str, dict[str, Any]]) -> None:
     """Each pod's address from the API and its namespace file from its container's pid."""
-    pids: dict[str, int] = {}
-    for node in policed.nodes:
-        pids |= await _task_pids(node)
+    pids = await container_pids(policed.nodes)
     for key, pod in listed.items():
         policed.world.pods[key].ip = pod["status"]["podIP"]
-        container = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-        policed.netns[key] = f"/proc/{pids[container]}/ns/net"
+        policed.netns[key] = f"/proc/{pod_pid(pod, pids)}/ns/net"
 
 
 async def _make_pods(policed: Policed) -> None:
@@ -231,14 +226,9 @@ async def _make_pods(policed: Policed) -> None:
 async def policed(cluster: Cluster) -> AsyncIterator[Policed]:
     """A controller with ``[kubernetes]`` for the cluster's project, an enforcing agent and a
     kube-node on each of two hosts of this module, and the 12 pods, serving."""
-    services = Services(cluster.work / "netpol", cluster.info["etcd"], cluster.info["neutron"])
-    services.work.mkdir()
-    services.log_level = "INFO"
+    services = module_services(cluster, "netpol", "INFO")
     hosts = [cluster.host_name(index) for index in HOST_INDEXES]
-    kubernetes = (
-        f'[kubernetes]\nkubeconfig = "{cluster.info["kubeconfig"]}"\n'
-        f'project_id = "{cluster.network.project_id}"\n'
-    )
+    kubernetes = kubernetes_toml(cluster)
     nodes: list[KubeNodeProcess] = []
     made = Policed(cluster, services, hosts, nodes)
     try:

@@ -24,9 +24,17 @@ import pytest
 from podwire.demo.services import Services
 from podwire.kube.images import TOOLBOX_IMAGE
 from tests.agent.netenv import in_ns, sh
-from tests.kube.conftest import Cluster, KubeNodeProcess, _namespace, stop_services
+from tests.kube.conftest import (
+    Cluster,
+    KubeNodeProcess,
+    _namespace,
+    container_pids,
+    kubernetes_toml,
+    module_services,
+    pod_pid,
+    stop_services,
+)
 from tests.kube.netpol_probe import sockets_in
-from tests.kube.test_netpol_table import _task_pids
 from tests.kube.test_pool import NodeAgent
 from tests.neutron_agents.agents import NeutronAgentRun
 from tests.neutron_agents.conftest import L3_AGENT, alive_in_neutron
@@ -176,25 +184,18 @@ async def _ready_pods(serving: Serving, count: int) -> dict[str, Any]:
 
 
 async def _learn(serving: Serving, pods: dict[str, Any]) -> None:
-    pids: dict[str, int] = {}
-    for node in serving.nodes:
-        pids |= await _task_pids(node)
+    pids = await container_pids(serving.nodes)
     for name, pod in pods.items():
-        container = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-        serving.netns[name] = f"/proc/{pids[container]}/ns/net"
-        serving.roots[name] = Path(f"/proc/{pids[container]}/root")
+        pid = pod_pid(pod, pids)
+        serving.netns[name] = f"/proc/{pid}/ns/net"
+        serving.roots[name] = Path(f"/proc/{pid}/root")
 
 
 @pytest.fixture(scope="module")
 async def serving(cluster: Cluster) -> AsyncIterator[Serving]:
-    services = Services(cluster.work / "services", cluster.info["etcd"], cluster.info["neutron"])
-    services.work.mkdir()
-    services.log_level = "INFO"
+    services = module_services(cluster, "services", "INFO")
     hosts = [cluster.host_name(index) for index in HOST_INDEXES]
-    kubernetes = (
-        f'[kubernetes]\nkubeconfig = "{cluster.info["kubeconfig"]}"\n'
-        f'project_id = "{cluster.network.project_id}"\n'
-    )
+    kubernetes = kubernetes_toml(cluster)
     made = Serving(cluster, services, hosts, [])
     try:
         await asyncio.to_thread(services.start_controller, hosts, kubernetes)
