@@ -39,7 +39,7 @@ _.Allocate
 _.PreStartContainer
 
 # The memif master's per-port stats record, read whole in the C struct's order
-# (agent/memif_master.PortStats); a field nothing shows yet is still on the wire.
+# (memif/master.py, PortStats); a field nothing shows yet is still on the wire.
 _.connects
 
 # prometheus_client calls a custom collector's describe() when it is registered.

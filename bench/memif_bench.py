@@ -27,9 +27,9 @@ from typing import Any
 
 from bench.stats import row
 from podwire.agent import naming
-from podwire.agent.ports import memif_master
 from podwire.config import MemifSettings
 from podwire.memif import build as memif_build
+from podwire.memif import master as memif_master
 from podwire.netlink import HostNetlink, Netlink
 from tests.testpmd import Testpmd, available, memif_vdev
 

@@ -26,14 +26,15 @@ from typing import Any
 from bench import cni_bench
 from bench.stats import row
 from podwire import keys
-from podwire.agent.policy import ruleset
-from podwire.agent.policy.compile import PolicyInputs, PortPolicy, compile_ruleset
+from podwire.agent import naming
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
 from podwire.neutron.client import neutron_connection
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
+from podwire.sgpolicy import ruleset
+from podwire.sgpolicy.compile import PolicyInputs, PortPolicy, compile_ruleset
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.sgnet import SgHost, SgPod, numbered_ports, wait_applied
 from tests.etcd_tools import delete_prefix
@@ -144,7 +145,7 @@ async def _member_apply_rows(samples: int) -> list[dict[str, Any]]:
 
     def compiled(found: list[str]) -> ruleset.Ruleset:
         inputs = PolicyInputs({group.sg_id: group}, {remote: {"m": tuple(found)}}, {}, ports)
-        return compile_ruleset(inputs).ruleset
+        return compile_ruleset(inputs, naming.DEVICES).ruleset
 
     fallbacks: list[str] = []
     nft = Nftables(env.namespace("sgm"), on_fallback=fallbacks.append)
@@ -393,7 +394,7 @@ def _iperf(port_security: bool, runs: int = 3) -> list[float]:
         rules += [Rule(str(uuid.uuid4()), "egress", "IPv4")]
         group = SecurityGroup(sg, tuple(rules))
         compiled = compile_ruleset(
-            PolicyInputs({sg: group}, {}, {}, [p.policy() for p in host.pods])
+            PolicyInputs({sg: group}, {}, {}, [p.policy() for p in host.pods]), naming.DEVICES
         )
         subprocess.run(
             ["ip", "netns", "exec", host.ns, "nft", "-f", "-"],

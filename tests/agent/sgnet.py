@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podwire.agent.policy.compile import PortPolicy
 from podwire.agent.policy.enforcer import PolicyEnforcer
 from podwire.schema.ports import AddressPair, DesiredPort, FixedIp
+from podwire.sgpolicy.compile import PortPolicy
 from tests.agent.netenv import NetEnv, in_ns
 
 ECHO = str(Path(__file__).with_name("echopeer.py"))

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from podwire import keys
-from podwire.agent.ports.memif_master import PortStats, is_running
 from podwire.config import EtcdSettings
 from podwire.deviceplugin.model import PodName
 from podwire.etcd import EtcdClient
 from podwire.memif import build as memif_build
+from podwire.memif.master import PortStats, is_running
 from podwire.schema import nodes
 from podwire.schema.checkpoints import MemifEntry, memif_entry
 from tests import testpmd

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from podwire.agent import naming
-from podwire.agent.ports import memif_master
 from podwire.config import MemifSettings
 from podwire.memif import build as memif_build
+from podwire.memif import master as memif_master
 from podwire.netlink import HostNetlink, Netlink
 from tests.agent import memif_client as mc
 from tests.agent.netenv import NetEnv, in_ns

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from podwire.agent import naming
-from podwire.agent.ports import memif_master
-from podwire.agent.ports.memif_master import MasterControl, PortSpec, PortStats
 from podwire.config import MemifSettings
 from podwire.memif import build as memif_build
+from podwire.memif import master as memif_master
+from podwire.memif.master import MasterControl, PortSpec, PortStats
 from podwire.netlink import HostNetlink, Netlink
 from tests.agent import memif_client as mc
 from tests.agent.netenv import NetEnv, in_ns

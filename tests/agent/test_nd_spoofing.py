@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.policy import ruleset
-from podwire.agent.policy.compile import PolicyInputs, compile_ruleset
+from podwire.agent import naming
 from podwire.netfilter import Nftables
 from podwire.schema.ports import AddressPair
 from podwire.schema.secgroups import Rule, SecurityGroup
+from podwire.sgpolicy import ruleset
+from podwire.sgpolicy.compile import PolicyInputs, compile_ruleset
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.sgnet import SgHost, SgPod, ping
 
@@ -86,7 +87,9 @@ async def _enforced(host: SgHost) -> Nftables:
             Rule(_rid(3), "egress", "IPv4"),
         ),
     )
-    compiled = compile_ruleset(PolicyInputs({OPEN: group}, {}, {}, [p.policy() for p in host.pods]))
+    compiled = compile_ruleset(
+        PolicyInputs({OPEN: group}, {}, {}, [p.policy() for p in host.pods]), naming.DEVICES
+    )
     assert compiled.problems == []
     nft = Nftables(host.ns)
     await nft.apply(ruleset.replace(compiled.ruleset))

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from podwire.agent.policy import ruleset
-from podwire.agent.policy.compile import PolicyInputs, PortPolicy, compile_ruleset
+from podwire.agent import naming
 from podwire.netfilter import Nftables, NftError
 from podwire.netfilter.elements import Element, ElementChange, IfName, Mac
 from podwire.netfilter.nfnl import bodies
 from podwire.schema.secgroups import Rule, SecurityGroup
+from podwire.sgpolicy import ruleset
+from podwire.sgpolicy.compile import PolicyInputs, PortPolicy, compile_ruleset
 from tests.agent.netenv import NetEnv
 from tests.agent.sgnet import nft_shape, numbered_ports
 
@@ -65,7 +66,7 @@ def two() -> Iterator[tuple[Nftables, Nftables]]:
 
 
 async def _both(two: tuple[Nftables, Nftables], old: PolicyInputs) -> ruleset.Ruleset:
-    base = compile_ruleset(old).ruleset
+    base = compile_ruleset(old, naming.DEVICES).ruleset
     for nft in two:
         await nft.apply(ruleset.replace(base))
     return base
@@ -77,7 +78,7 @@ async def test_pods_and_rules_changed_by_packed_elements_end_where_text_does(
     packed, text = two
     base = await _both(two, _inputs(list(range(1, 21)), 1000))
     # two pods gone, two new, a rule's port range moved: set elements only
-    new = compile_ruleset(_inputs([*range(1, 21), 21, 22][2:], 2000)).ruleset
+    new = compile_ruleset(_inputs([*range(1, 21), 21, 22][2:], 2000), naming.DEVICES).ruleset
     change = ruleset.change(base, new)
     assert change is not None and change.elements_only
     assert {c.set_name for c in change.elements} >= {"ports", "src4", "src6", "src_mac", "nd6"}
@@ -124,7 +125,7 @@ async def test_remote_group_intervals_are_packed_and_end_where_text_does(
     ]
     base = await _both(two, _inputs([1, 2], 1000, steps[0]))
     for members in steps[1:]:
-        new = compile_ruleset(_inputs([1, 2], 1000, members)).ruleset
+        new = compile_ruleset(_inputs([1, 2], 1000, members), naming.DEVICES).ruleset
         change = ruleset.change(base, new)
         assert change is not None and change.elements_only
         assert {c.set_name for c in change.elements} == {f"rg4_{REMOTE}"}

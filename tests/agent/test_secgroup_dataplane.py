@@ -11,12 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from podwire.agent.policy import ruleset
-from podwire.agent.policy.compile import PolicyInputs, compile_ruleset
+from podwire.agent import naming
 from podwire.agent.policy.enforcer import apply_change
 from podwire.netfilter import Nftables
 from podwire.schema.ports import AddressPair
 from podwire.schema.secgroups import Rule, SecurityGroup
+from podwire.sgpolicy import ruleset
+from podwire.sgpolicy.compile import PolicyInputs, compile_ruleset
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.sgnet import SgHost, nft_shape, ping, reaches
 
@@ -77,7 +78,7 @@ async def test_rules_groups_prefixes_and_port_security(host: SgHost) -> None:
     nft = Nftables(host.ns)
     try:
         web = SecurityGroup(WEB, _web_rules())
-        first = compile_ruleset(_inputs(host, web, [a.ip6, b.ip6]))
+        first = compile_ruleset(_inputs(host, web, [a.ip6, b.ip6]), naming.DEVICES)
         assert first.problems == [] and first.enforced == 4
         await nft.apply(ruleset.replace(first.ruleset))
 
@@ -104,7 +105,7 @@ async def test_rules_groups_prefixes_and_port_security(host: SgHost) -> None:
 
         # one change: a rule added, a member removed; applied as a difference
         web2 = SecurityGroup(WEB, _web_rules((5002,)))
-        second = compile_ruleset(_inputs(host, web2, [b.ip6]))
+        second = compile_ruleset(_inputs(host, web2, [b.ip6]), naming.DEVICES)
         change = ruleset.change(first.ruleset, second.ruleset)
         assert change is not None and change.text()
         await apply_change(nft, change)
@@ -125,11 +126,11 @@ async def test_change_reaches_what_replace_builds(host: SgHost) -> None:
     nft = Nftables(host.ns)
     try:
         web = SecurityGroup(WEB, _web_rules())
-        old = compile_ruleset(_inputs(host, web, [p.ip4 for p in pods]))
+        old = compile_ruleset(_inputs(host, web, [p.ip4 for p in pods]), naming.DEVICES)
         await nft.apply(ruleset.replace(old.ruleset))
         host.pods.pop()  # a port goes, its policy with it; rules and members change
         new = compile_ruleset(
-            _inputs(host, SecurityGroup(WEB, _web_rules((22, 80))), [pods[0].ip4])
+            _inputs(host, SecurityGroup(WEB, _web_rules((22, 80))), [pods[0].ip4]), naming.DEVICES
         )
         change = ruleset.change(old.ruleset, new.ruleset)
         assert change is not None and change.text()

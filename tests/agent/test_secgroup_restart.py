@@ -13,14 +13,15 @@ from dataclasses import dataclass
 import pytest
 
 from podwire import keys
+from podwire.agent import naming
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.policy import ruleset
-from podwire.agent.policy.compile import compile_ruleset
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
+from podwire.sgpolicy import ruleset
+from podwire.sgpolicy.compile import compile_ruleset
 from tests.agent.netenv import NetEnv
 from tests.agent.sgnet import nft_shape, numbered_ports, wait_applied
 from tests.etcd_tools import delete_prefix
@@ -178,7 +179,7 @@ async def test_pods_coming_and_going_leave_the_tables_a_full_compilation_builds(
         inputs.ports = enforcer._port_policies()
         inputs.kept = enforcer._kept_now(inputs.ports)
         inputs.policy_ids = enforcer._policy_ids
-        await other.apply(ruleset.replace(compile_ruleset(inputs).ruleset))
+        await other.apply(ruleset.replace(compile_ruleset(inputs, naming.DEVICES).ruleset))
         assert nft_shape(await nft.query("list ruleset")) == nft_shape(
             await other.query("list ruleset")
         )

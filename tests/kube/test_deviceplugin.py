@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from podwire.agent.ports.memif_master import is_running
 from podwire.config import DevicePluginSettings
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.checkpoint import CheckpointStore
@@ -27,6 +26,7 @@ from podwire.deviceplugin.model import Allocation
 from podwire.deviceplugin.podresources import PodResourcesClient
 from podwire.errors import PodwireError
 from podwire.kube.node import node_dir
+from podwire.memif.master import is_running
 from podwire.schema.checkpoints import memif_entry
 from podwire.stack import procs
 from tests.agent.harness import HostAgent

@@ -16,8 +16,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podwire.agent.policy import intervals, ruleset
-from podwire.agent.policy.compile import (
+from podwire.agent import naming
+from podwire.etcd import KeyValue, WatchEvent
+from podwire.netfilter.elements import Element
+from podwire.schema.ports import AddressPair, DesiredPort, FixedIp
+from podwire.schema.secgroups import Rule, SecurityGroup
+from podwire.sgpolicy import intervals, ruleset
+from podwire.sgpolicy.compile import (
     PolicyInputs,
     PortPolicy,
     compile_ruleset,
@@ -26,11 +31,7 @@ from podwire.agent.policy.compile import (
     policy_sets,
     with_ports,
 )
-from podwire.agent.policy.store import PolicyStore
-from podwire.etcd import KeyValue, WatchEvent
-from podwire.netfilter.elements import Element
-from podwire.schema.ports import AddressPair, DesiredPort, FixedIp
-from podwire.schema.secgroups import Rule, SecurityGroup
+from podwire.sgpolicy.store import PolicyStore
 
 SG = "5e5e5e5e-0000-4000-8000-000000000001"
 
@@ -113,7 +114,7 @@ def _admits(rule: Rule, address: int, proto: int, port: int) -> bool:
 @given(st.lists(rules, max_size=12), st.randoms(use_true_random=False))
 def test_elements_are_disjoint_and_admit_the_union(chosen: list[Rule], rnd: random.Random) -> None:
     group = SecurityGroup(SG, tuple(chosen))
-    compiled = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [_port()]))
+    compiled = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [_port()]), naming.DEVICES)
     name = policy_name((SG,))
     found = compiled.ruleset.sets.get(("inet", f"{name}_in4"))
     boxes = _boxes(found.elements) if found else []
@@ -144,7 +145,9 @@ def test_elements_are_disjoint_and_admit_the_union(chosen: list[Rule], rnd: rand
 def test_missing_group_and_remote_group_deny_and_are_reported() -> None:
     other = "5e5e5e5e-0000-4000-8000-000000000002"
     group = SecurityGroup(SG, (Rule(_rule_id(1), "ingress", "IPv4", 6, 22, 22, None, other),))
-    compiled = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [_port((SG, other))]))
+    compiled = compile_ruleset(
+        PolicyInputs({SG: group}, {}, {}, [_port((SG, other))]), naming.DEVICES
+    )
     assert any(f"security group {other} is not published yet" in p for p in compiled.problems)
     assert any(f"remote group {other} is not published yet" in p for p in compiled.problems)
     rg = compiled.ruleset.sets[("inet", f"rg4_{other}")]
@@ -155,7 +158,7 @@ def test_missing_group_and_remote_group_deny_and_are_reported() -> None:
 
 def test_change_of_a_ruleset_to_itself_is_empty_and_replace_is_whole() -> None:
     group = SecurityGroup(SG, (Rule(_rule_id(1), "ingress", "IPv4", 6, 22, 22, None),))
-    compiled = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [_port()]))
+    compiled = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [_port()]), naming.DEVICES)
     same = ruleset.change(compiled.ruleset, compiled.ruleset)
     assert same is not None and same.text() == "" and same.elements_only
     text = ruleset.replace(compiled.ruleset)
@@ -168,7 +171,7 @@ def test_port_security_off_is_not_enforced() -> None:
     off = PortPolicy(
         DesiredPort(**{**off.port.__dict__, "port_security_enabled": False}), off.ifname
     )
-    compiled = compile_ruleset(PolicyInputs({}, {}, {}, [off]))
+    compiled = compile_ruleset(PolicyInputs({}, {}, {}, [off]), naming.DEVICES)
     assert compiled.enforced == 0
     assert compiled.ruleset.sets[("bridge", "ports")].elements == frozenset()
 
@@ -182,7 +185,9 @@ def test_a_port_may_advertise_exactly_the_ipv6_addresses_it_may_send_from() -> N
     port = dataclasses.replace(
         item.port, fixed_ips=(*item.port.fixed_ips, v6), allowed_address_pairs=(pair,)
     )
-    sets = compile_ruleset(PolicyInputs({}, {}, {}, [PortPolicy(port, item.ifname)])).ruleset.sets
+    sets = compile_ruleset(
+        PolicyInputs({}, {}, {}, [PortPolicy(port, item.ifname)]), naming.DEVICES
+    ).ruleset.sets
 
     def addresses(name: str) -> set[str]:
         return {e.text().rsplit(" . ", 1)[1] for e in sets[("bridge", name)].elements}
@@ -254,7 +259,7 @@ def test_bad_values_never_raise_and_never_allow(changes: dict[str, Any], garbage
     )
     inputs = store.inputs()
     inputs.ports = [_port()]
-    compiled = compile_ruleset(inputs)
+    compiled = compile_ruleset(inputs, naming.DEVICES)
     elements = compiled.ruleset.sets[("inet", f"{policy_name((SG,))}_in4")].elements
     assert "0.0.0.0/0 . 6 . 22" in {e.text() for e in elements}  # the good rule stays enforced
     parsed = store.groups[SG].rules
@@ -281,7 +286,7 @@ def test_bad_values_never_raise_and_never_allow(changes: dict[str, Any], garbage
     alone.apply(WatchEvent("put", key, store.groups[SG].encode().encode(), 1))
     expected = alone.inputs()
     expected.ports = [_port()]
-    assert compiled.ruleset == compile_ruleset(expected).ruleset
+    assert compiled.ruleset == compile_ruleset(expected, naming.DEVICES).ruleset
 
 
 def test_status_shows_enforcement_per_node() -> None:
@@ -304,8 +309,8 @@ def test_status_shows_enforcement_per_node() -> None:
 
 def test_a_kept_group_set_keeps_its_chains_and_no_port_maps_to_it() -> None:
     group = SecurityGroup(SG, (Rule("r1", "ingress", "IPv4", 6, 80, 80, "10.0.0.0/8"),))
-    without = compile_ruleset(PolicyInputs({SG: group}, {}, {}, []))
-    kept = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [], kept=[(SG,)]))
+    without = compile_ruleset(PolicyInputs({SG: group}, {}, {}, []), naming.DEVICES)
+    kept = compile_ruleset(PolicyInputs({SG: group}, {}, {}, [], kept=[(SG,)]), naming.DEVICES)
     name = policy_name((SG,))
     assert ("inet", f"{name}_in") not in without.ruleset.chains
     assert ("inet", f"{name}_in") in kept.ruleset.chains
@@ -317,8 +322,10 @@ def test_a_kept_group_set_keeps_its_chains_and_no_port_maps_to_it() -> None:
     # With a port of that set, kept or not is the same ruleset.
     port = [_port()]
     assert (
-        compile_ruleset(PolicyInputs({SG: group}, {}, {}, port, kept=[(SG,)])).ruleset
-        == compile_ruleset(PolicyInputs({SG: group}, {}, {}, port)).ruleset
+        compile_ruleset(
+            PolicyInputs({SG: group}, {}, {}, port, kept=[(SG,)]), naming.DEVICES
+        ).ruleset
+        == compile_ruleset(PolicyInputs({SG: group}, {}, {}, port), naming.DEVICES).ruleset
     )
 
 
@@ -355,9 +362,9 @@ def test_ports_changed_on_their_own_give_what_a_full_compilation_gives(
     before = list({i: _spec_port(i, *rest) for i, *rest in before_specs}.values())
     after = list({i: _spec_port(i, *rest) for i, *rest in after_specs}.values())
     kept = sorted(policy_sets(before, []) | policy_sets(after, []))  # the same policies
-    old = compile_ruleset(PolicyInputs(groups, {}, {}, before, kept=kept))
+    old = compile_ruleset(PolicyInputs(groups, {}, {}, before, kept=kept), naming.DEVICES)
     full = compile_ruleset(
-        PolicyInputs(groups, {}, {}, after, kept=kept, policy_ids=old.policy_ids)
+        PolicyInputs(groups, {}, {}, after, kept=kept, policy_ids=old.policy_ids), naming.DEVICES
     )
     assert full.policy_ids == old.policy_ids
     ids = old.policy_ids

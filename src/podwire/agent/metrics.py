@@ -17,8 +17,8 @@ CNI_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 
 
 class MemifCounters(Protocol):
-    """What the metrics read of a memif port's counters (``memif_master.PortStats``): a seam,
-    so the metrics, which every part of the agent uses, depend on none of them."""
+    """What the metrics read of a memif port's counters (``podwire.memif.master.PortStats``): a
+    seam, so the metrics, which every part of the agent uses, depend on none of them."""
 
     @property
     def name(self) -> str: ...

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import hashlib
 
+from podwire.sgpolicy.compile import DevicePrefixes
+
 MARK = "podwire:agent"
 BRIDGE_PREFIX = "pwbr"
 VXLAN_PREFIX = "pwvx"
 VLAN_PREFIX = "pwvl"
+# What the security-group ruleset tells the agent's bridges and VXLAN devices by.
+DEVICES = DevicePrefixes(bridge=BRIDGE_PREFIX, vxlan=VXLAN_PREFIX)
 
 
 def is_marked(alias: str) -> bool:

@@ -1,1 +1,2 @@
-"""Security groups and port security on the node: store, compiler, ruleset, enforcer."""
+"""Security groups and port security on the node: the enforcer, which follows the policy in
+etcd and applies what ``podwire.sgpolicy`` compiles from it."""

@@ -22,9 +22,17 @@ import time
 from dataclasses import dataclass
 
 from podwire import keys
+from podwire.agent import naming
 from podwire.agent.metrics import AgentMetrics
-from podwire.agent.policy import readback, ruleset
-from podwire.agent.policy.compile import (
+from podwire.backoff import Backoff, retry_forever
+from podwire.errors import PodwireError, RetryableError
+from podwire.etcd import EtcdClient, PrefixWatcher
+from podwire.log import get_logger
+from podwire.netfilter import Nftables, NftError
+from podwire.schema import nodes as values
+from podwire.schema.ports import DesiredPort
+from podwire.sgpolicy import readback, ruleset
+from podwire.sgpolicy.compile import (
     Compiled,
     GroupSet,
     PortPolicy,
@@ -34,15 +42,8 @@ from podwire.agent.policy.compile import (
     secured_ports,
     with_ports,
 )
-from podwire.agent.policy.marks import MAX_POLICY_ID
-from podwire.agent.policy.store import PolicyStore
-from podwire.backoff import Backoff, retry_forever
-from podwire.errors import PodwireError, RetryableError
-from podwire.etcd import EtcdClient, PrefixWatcher
-from podwire.log import get_logger
-from podwire.netfilter import Nftables, NftError
-from podwire.schema import nodes as values
-from podwire.schema.ports import DesiredPort
+from podwire.sgpolicy.marks import MAX_POLICY_ID
+from podwire.sgpolicy.store import PolicyStore
 
 log = get_logger(__name__)
 
@@ -326,7 +327,7 @@ class PolicyEnforcer:
             inputs = self.store.inputs()
             inputs.ports, inputs.kept, inputs.policy_ids = ports, kept, self._policy_ids
             inputs.remote_macs = self._remote
-            compiled = compile_ruleset(inputs)
+            compiled = compile_ruleset(inputs, naming.DEVICES)
         return compiled, by_id
 
     def _ports_only(

@@ -10,13 +10,13 @@ from ``<grant dir>/memif.json``. The port filter (security groups, anti-spoofing
 the port, keyed on the tap's name, before the tap exists, exactly as for a veth: a restarted
 master's tap comes back under the same name and is filtered from its first frame.
 
-One master process serves every memif of the node (``memif_master``); it outlives the agent.
-A supervision loop restarts it when it died (every memif is added again), adds a port it lost,
-tears a memif down when its grant's dir is gone (kubelet released the grant), and keeps each
-port on the path Neutron allows: two memif ports of one network whose Neutron ports both have
-port security off (and so no security groups) exchange frames ring to ring inside the master
-(the shared path); any other port's frames go through its tap, filtered by the kernel. A port
-that leaves the shared path has its rules put in force first, then the master is told.
+One master process serves every memif of the node (``podwire.memif.master``); it outlives the
+agent. A supervision loop restarts it when it died (every memif is added again), adds a port it
+lost, tears a memif down when its grant's dir is gone (kubelet released the grant), and keeps
+each port on the path Neutron allows: two memif ports of one network whose Neutron ports both
+have port security off (and so no security groups) exchange frames ring to ring inside the
+master (the shared path); any other port's frames go through its tap, filtered by the kernel. A
+port that leaves the shared path has its rules put in force first, then the master is told.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from podwire.agent import naming
 from podwire.agent.cni.request import CniRequest
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.ports import checkpoint as checkpoints
-from podwire.agent.ports import memif_master
 from podwire.agent.ports.attach import Attacher, Gate, gate_open
 from podwire.agent.vifs.vifsource import VifSource, vif_request
 from podwire.config import MemifSettings
@@ -42,6 +41,7 @@ from podwire.deviceplugin import MemifInfo
 from podwire.errors import PodwireError
 from podwire.files import atomic_write
 from podwire.log import get_logger
+from podwire.memif import master as memif_master
 from podwire.netlink import HostNetlink, Netlink
 from podwire.schema import fields
 from podwire.schema.checkpoints import MemifEntry

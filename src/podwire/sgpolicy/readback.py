@@ -14,9 +14,9 @@ import hashlib
 import json
 from typing import Any
 
-from podwire.agent.policy.ruleset import FAMILIES, TABLE
 from podwire.errors import PermanentError
 from podwire.netfilter import Nftables, NftError
+from podwire.sgpolicy.ruleset import FAMILIES, TABLE
 
 
 class ReadBackError(PermanentError):

@@ -9,7 +9,6 @@ layout is skipped. Nothing here raises on bad input.
 from __future__ import annotations
 
 from podwire import keys
-from podwire.agent.policy.compile import PolicyInputs
 from podwire.errors import ValidationError
 from podwire.etcd import WatchEvent
 from podwire.log import get_logger
@@ -19,6 +18,7 @@ from podwire.schema.secgroups import (
     parse_group_member,
     parse_security_group,
 )
+from podwire.sgpolicy.compile import PolicyInputs
 
 log = get_logger(__name__)
 

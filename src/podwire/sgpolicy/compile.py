@@ -33,10 +33,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from podwire.agent import naming
-from podwire.agent.policy import intervals, marks
-from podwire.agent.policy.marks import MAX_POLICY_ID
-from podwire.agent.policy.ruleset import NftChain, NftSet, Ruleset
 from podwire.errors import PermanentError
 from podwire.netfilter.elements import (
     Addresses,
@@ -49,6 +45,9 @@ from podwire.netfilter.elements import (
 )
 from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import EGRESS, INGRESS, Rule, SecurityGroup
+from podwire.sgpolicy import intervals, marks
+from podwire.sgpolicy.marks import MAX_POLICY_ID
+from podwire.sgpolicy.ruleset import NftChain, NftSet, Ruleset
 
 FULL = {4: (0, 2**32 - 1), 6: (0, 2**128 - 1)}
 ANY_PROTO = (0, 255)
@@ -74,6 +73,16 @@ class PortPolicy:
 
 
 GroupSet = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DevicePrefixes:
+    """How the ruleset tells the devices the agent makes by their names (the agent's
+    ``naming``): its bridges, where the inet table sees bridged frames, and its VXLAN
+    devices, whose frames come from other nodes."""
+
+    bridge: str
+    vxlan: str
 
 
 class TooManyPolicies(PermanentError):
@@ -105,7 +114,7 @@ class Compiled:
     policy_ids: dict[GroupSet, int]  # to pass in again with the next inputs
 
 
-def compile_ruleset(inputs: PolicyInputs) -> Compiled:
+def compile_ruleset(inputs: PolicyInputs, devices: DevicePrefixes) -> Compiled:
     """Raises ``TooManyPolicies`` past 65,535 sets of groups on the node."""
     ruleset = Ruleset()
     problems: list[str] = []
@@ -119,8 +128,8 @@ def compile_ruleset(inputs: PolicyInputs) -> Compiled:
         ]
     policies = {policy_name(sgs): sgs for sgs in policy_sets(inputs.ports, inputs.kept)}
     ids = policy_ids(inputs.policy_ids, set(policies.values()))
-    _bridge_table(ruleset, secured, ids, inputs.remote_macs)
-    _inet_base(ruleset)
+    _bridge_table(ruleset, secured, ids, inputs.remote_macs, devices)
+    _inet_base(ruleset, devices)
     egress: set[Element] = set()
     ingress: set[Element] = set()
     referenced: dict[str, set[str]] = {"g": set(), "a": set()}
@@ -191,9 +200,10 @@ def _bridge_table(
     secured: list[PortPolicy],
     ids: dict[GroupSet, int],
     remote: dict[str, frozenset[str]] | None,
+    devices: DevicePrefixes,
 ) -> None:
     hook_pre = "type filter hook prerouting priority -200; policy accept;"
-    checked = () if remote is None else (f'iifname "{naming.VXLAN_PREFIX}*" goto from_remote',)
+    checked = () if remote is None else (f'iifname "{devices.vxlan}*" goto from_remote',)
     ruleset.add_chain(
         NftChain("bridge", "prerouting", (*checked, "iifname @ports goto port_security"), hook_pre)
     )
@@ -384,10 +394,10 @@ def _link_local(mac: str) -> str:
 # -- the inet table: stateful security groups -------------------------------------------
 
 
-def _inet_base(ruleset: Ruleset) -> None:
+def _inet_base(ruleset: Ruleset, devices: DevicePrefixes) -> None:
     hook = "type filter hook forward priority -10; policy accept;"
     ruleset.add_chain(
-        NftChain("inet", "forward", (f'iifname "{naming.BRIDGE_PREFIX}*" jump bridged',), hook)
+        NftChain("inet", "forward", (f'iifname "{devices.bridge}*" jump bridged',), hook)
     )
     ruleset.add_chain(
         NftChain(
