@@ -54,13 +54,3 @@ _.gname
 _.gid
 _.mtime
 _.linkname
-
-# NOT reviewed as hooks: production code only tests or benchmarks call, in folders other work
-# was changing when vulture moved to src only (#40). Each goes with that work: deleted, or
-# moved into tests/ as a helper, as etcd's delete_prefix and compact were; then its line here.
-_.recovery  # controller/app.py Controller.recovery
-_.neutron_call_count  # controller/metrics.py
-_.calls  # controller/neutron_ops.py NeutronOps.calls
-_.cached_network  # controller/neutron_ops.py
-_.verified  # controller/recovery.py
-_.lists  # k8s/informer.py

@@ -22,6 +22,7 @@ from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect, neutron_connection
 from podwire.schema.vif import VifRequest
 from tests.etcd_tools import delete_prefix
+from tests.neutron_calls import neutron_call_count
 
 WARM_PORTS = 200
 
@@ -96,11 +97,11 @@ async def _warm_and_pods(
             reqs = [
                 VifRequest(f"w{r}-{i}:eth0", net.id, net.project_id, ()) for i in range(WARM_PORTS)
             ]
-            before = ctl.metrics.neutron_call_count()
+            before = neutron_call_count(ctl.metrics)
             started = time.perf_counter()
             await asyncio.gather(*(broker.request(nodes[0], q) for q in reqs))
             rates.append(WARM_PORTS / (time.perf_counter() - started))
-            calls += ctl.metrics.neutron_call_count() - before
+            calls += neutron_call_count(ctl.metrics) - before
             await asyncio.gather(*(broker.release(nodes[0], q.attachment) for q in reqs))
             await recycle_once(service, ctl.neutron, ctl.settings.pool)
         rows = [

@@ -219,7 +219,7 @@ async def _back_to_min(fleet: Fleet, pool: PoolSettings) -> str:
     limit = pool.idle_ttl + 30
     while time.monotonic() - started < limit:
         sizes = [service.pool_size(k) for k in service.pool_keys()]
-        if not service.recyclable() and all(s <= pool.min for s in sizes):
+        if not service.pools.recyclable() and all(s <= pool.min for s in sizes):
             return f"{time.monotonic() - started:.1f} (ttl {pool.idle_ttl:g})"
         await asyncio.sleep(0.2)
     return f"not within {limit:.0f}"

@@ -45,17 +45,20 @@ async def test_the_checkpointed_attachment_keeps_a_disputed_port(
     live = f"{cid}:eth0"
     record = await etcd.get(keys.vif(node.name, live))
     assert record is not None
-    port = controller.service.node_attachments(node.name)[live].port_id
+    port = controller.service.term.attachments.vifs_of_node(node.name)[live].port_id
     await etcd.put(keys.vif(node.name, "restored:eth0"), record.value)
     await new_term(_Running(controller))
-    assert set(controller.service.node_attachments(node.name)) == {live, "restored:eth0"}
+    assert set(controller.service.term.attachments.vifs_of_node(node.name)) == {
+        live,
+        "restored:eth0",
+    }
 
     status = await acni(plugin, "STATUS", agent.conf(vxnet.id))  # the agent lists its VIFs
     assert status.code == 0, status.stdout
-    assert set(controller.service.node_attachments(node.name)) == {live}
+    assert set(controller.service.term.attachments.vifs_of_node(node.name)) == {live}
     await recycle_once(controller.service, controller.neutron, controller.settings.pool)
     assert controller.service.pools.pool_of(port) is None
     assert port not in controller.service.pools.recyclable()
-    assert controller.service.node_attachments(node.name)[live].port_id == port
+    assert controller.service.term.attachments.vifs_of_node(node.name)[live].port_id == port
     delete = await acni(plugin, "DEL", agent.conf(vxnet.id), container_id=cid)
     assert delete.code == 0, delete.stdout

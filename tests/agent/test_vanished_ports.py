@@ -75,7 +75,7 @@ async def test_ports_deleted_in_neutron_are_not_handed_out(
     await eventually(agreed, "the deleted ports out of the pool", timeout=10)
     later = await asyncio.gather(*(_add(plugin, agent, netenv, vxnet) for _ in range(3)))
     assert [r.code for r, _ in later] == [0, 0, 0], [r.stdout for r, _ in later]
-    held = controller.service.node_attachments(node.name)
+    held = controller.service.term.attachments.vifs_of_node(node.name)
     assert {held[f"{cid}:eth0"].port_id for _, cid in later}.isdisjoint(deleted)
 
 
@@ -109,7 +109,7 @@ async def test_a_port_deleted_between_answer_and_wiring_is_replaced(
     source.request = answer_then_delete  # type: ignore[method-assign]
     result, cid = await _add(plugin, agent, netenv, vxnet)
     assert result.code == 0, result.stdout
-    held = controller.service.node_attachments(node.name)[f"{cid}:eth0"]
+    held = controller.service.term.attachments.vifs_of_node(node.name)[f"{cid}:eth0"]
     assert vanished and held.port_id != vanished[0]
     assert result.json["interfaces"][1]["mac"] == held.mac_address
 

@@ -113,7 +113,7 @@ async def test_gc_releases_vifs_the_checkpoint_never_recorded(
     veth = naming.host_veth("crashed:eth0")
     in_ns(agent.netns, "ip", "link", "add", veth, "type", "veth", "peer", "name", "pwtc0")
     in_ns(agent.netns, "ip", "link", "set", veth, "alias", naming.MARK)
-    assert set(controller.service.node_attachments(node.name)) == {
+    assert set(controller.service.term.attachments.vifs_of_node(node.name)) == {
         f"{kept_cid}:eth0",
         "crashed:eth0",
     }
@@ -121,7 +121,7 @@ async def test_gc_releases_vifs_the_checkpoint_never_recorded(
     keep = [{"containerID": kept_cid, "ifname": "eth0"}]
     gc = await acni(plugin, "GC", agent.conf(vxnet.id, **{"cni.dev/valid-attachments": keep}))
     assert gc.code == 0, gc.stdout
-    assert set(controller.service.node_attachments(node.name)) == {f"{kept_cid}:eth0"}
+    assert set(controller.service.term.attachments.vifs_of_node(node.name)) == {f"{kept_cid}:eth0"}
     assert "eth0" in links_in(kept_ns)  # the valid attachment is untouched
     assert veth not in links_in(agent.netns)
     await recycle_once(controller.service, controller.neutron, controller.settings.pool)
@@ -166,5 +166,5 @@ async def test_del_succeeds_for_every_id_add_accepted(
     for netns in ("", "relative/path", f"/run/netns/{ns}-gone"):
         delete = await acni(plugin, "DEL", conf, container_id=cid, netns=netns)
         assert delete.code == 0, (netns, delete.stdout)
-    assert controller.service.node_attachments(node.name) == {}
+    assert controller.service.term.attachments.vifs_of_node(node.name) == {}
     assert links_in(ns) == ["lo"]

@@ -92,7 +92,7 @@ async def test_pool_grows_with_a_burst_and_shrinks_after_the_ttl(
     await eventually(grown, "released ports back in the pool", timeout=10)
 
     async def at_min() -> bool:
-        return service.pools.size(key) == 1 and not service.recyclable()
+        return service.pools.size(key) == 1 and not service.pools.recyclable()
 
     await eventually(at_min, "the idle pool shrunk to pool.min", timeout=TTL + 10)
     snap = service.snapshot(key)

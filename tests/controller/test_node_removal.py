@@ -55,7 +55,7 @@ async def _released_everything(
     assert _ports_of(neutron, network, node) == set()  # pool ports and in-use ones
     records, _ = await etcd.get_prefix(keys.vifs_prefix(node.name))
     assert records == []
-    assert running.service.node_attachments(node.name) == {}
+    assert running.service.term.attachments.vifs_of_node(node.name) == {}
     key = PoolKey(node.name, network.project_id, network.id)
     assert key not in running.service.pool_keys()
     # The addresses are free: another port takes one of them at once.
@@ -115,15 +115,17 @@ async def test_a_node_dead_for_node_release_after_releases_its_ports(
     sweeper = running.controller.sweeper
     await nodes.kill(node)  # its agent is gone: the alive key's lease revoked
     await sweeper.sweep_once()  # found dead: the clock starts
-    assert len(running.service.node_attachments(node.name)) == 3  # a restart is no death
+    assert (
+        len(running.service.term.attachments.vifs_of_node(node.name)) == 3
+    )  # a restart is no death
 
     async def released() -> bool:
         await sweeper.sweep_once()
-        return not running.service.node_attachments(node.name)
+        return not running.service.term.attachments.vifs_of_node(node.name)
 
     await eventually(released, "the dead node released")
     await _released_everything(neutron, etcd, running, network, node, vifs)
     assert running.controller.metrics.nodes_released.labels("dead")._value.get() == 1
-    held = running.service.node_attachments(survivor.name)
+    held = running.service.term.attachments.vifs_of_node(survivor.name)
     assert sorted(v.port_id for v in held.values()) == sorted(v["port_id"] for v in kept)
     assert _ports_of(neutron, network, survivor) == {v["port_id"] for v in kept}

@@ -64,8 +64,8 @@ async def test_a_released_duplicate_leaves_the_port_with_the_other_record(
     await new_term(running)
 
     service = running.service
-    assert set(service.node_attachments(node.name)) == {"live:eth0", "restored:eth0"}
-    assert service.disputed(node.name) == {port: ["live:eth0", "restored:eth0"]}
+    assert set(service.term.attachments.vifs_of_node(node.name)) == {"live:eth0", "restored:eth0"}
+    assert service.term.attachments.disputed_on(node.name) == {port: ["live:eth0", "restored:eth0"]}
     async with http.get(
         f"{running.url}/v1/nodes/{node.name}/vifs",
         headers={"Authorization": f"Bearer {node.token}"},
@@ -77,8 +77,8 @@ async def test_a_released_duplicate_leaves_the_port_with_the_other_record(
     await recycle_once(service, running.controller.neutron, running.controller.settings.pool)
     key = PoolKey(node.name, network.project_id, network.id)
     assert port not in pooled_ports(running, key)
-    assert service.node_attachments(node.name)["live:eth0"].port_id == port
-    assert service.disputed(node.name) == {}
+    assert service.term.attachments.vifs_of_node(node.name)["live:eth0"].port_id == port
+    assert service.term.attachments.disputed_on(node.name) == {}
     status, other = await request_vif(http, running.url, node, vif_body("next:eth0", network))
     assert status == 200 and other["vif"]["port_id"] != port
 
@@ -121,7 +121,7 @@ async def test_a_release_racing_its_request_is_served_in_arrival_order(
             delete = timed(release_vif(http, running.url, node, name))
             (delete_status, deleted), (post_status, posted) = await asyncio.gather(delete, post)
         assert (post_status, delete_status) == (200, 204)
-        held = name in service.node_attachments(node.name)
+        held = name in service.term.attachments.vifs_of_node(node.name)
         assert held == (posted > deleted), f"try {attempt}: held={held}"
         if held:
             assert await release_vif(http, running.url, node, name) == 204

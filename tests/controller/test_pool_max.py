@@ -58,4 +58,4 @@ async def test_release_bursts_never_leave_more_than_max_free(
 
 async def _settled(service: Any) -> bool:
     await service.drain()
-    return not service.recyclable()
+    return not service.pools.recyclable()

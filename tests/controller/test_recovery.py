@@ -24,6 +24,7 @@ from tests.controller.conftest import (
     settings_for,
     vif_body,
 )
+from tests.neutron_calls import neutron_call_count
 
 
 async def _mirror_trusted(etcd: EtcdClient) -> bool:
@@ -61,7 +62,9 @@ async def test_recovery_from_the_mirror_is_verified_against_neutron(
         return bool(report.verified)
 
     await eventually(verified, "background verification")
-    assert second.service.neutron.cached_network(network.id) is not None
+    calls = neutron_call_count(second.controller.metrics)
+    await second.service.neutron.network(network.id, None)  # cached by the verification
+    assert neutron_call_count(second.controller.metrics) == calls
     # An unbound port of ours younger than the margin could be one being created right now,
     # so it stays (made after the recovery started: the test's pace cannot age it).
     leftover = neutron.network.create_port(

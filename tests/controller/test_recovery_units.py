@@ -45,7 +45,7 @@ async def test_the_pool_gauge_follows_recovery_takes_and_releases() -> None:
     assert w.gauge(KEY) == 1
     assert w.metrics.registry.get_sample_value("podwire_vifs_in_use") == 1
     await w.broker.release("n1", "c1:eth0")
-    assert w.service.recyclable() == {vif.port_id: KEY}
+    assert w.service.pools.recyclable() == {vif.port_id: KEY}
     assert w.metrics.registry.get_sample_value("podwire_vifs_in_use") == 0
 
 

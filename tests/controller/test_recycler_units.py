@@ -30,7 +30,7 @@ async def _released(w: World, *numbers: int) -> list[str]:
     w.service.serving = True
     for n in numbers:
         await w.broker.release("n1", f"c{n}:eth0")
-    assert set(w.service.recyclable()) == set(ids)
+    assert set(w.service.pools.recyclable()) == set(ids)
     return ids
 
 
@@ -40,7 +40,7 @@ async def test_a_released_port_returns_with_the_sgs_neutron_has_now() -> None:
     w.neutron.ports[port_id] = replace(w.neutron.ports[port_id], security_group_ids=["sg-b"])
     assert await recycle_once(w.service, w.ops, PoolSettings()) == (1, 0)
     assert w.service.snapshot(KEY).groups == [(("sg-b",), [port_id])]
-    assert w.service.recyclable() == {}
+    assert w.service.pools.recyclable() == {}
     assert w.gauge(KEY) == 1
     assert w.neutron.updates == []  # no port_debug: no renaming
 

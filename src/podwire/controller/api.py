@@ -223,11 +223,11 @@ class ControllerApi:
         return web.Response(status=204)
 
     async def list_vifs(self, _: web.Request, node: str) -> web.Response:
-        vifs = self.service.node_attachments(node)
+        vifs = self.service.term.attachments.vifs_of_node(node)
         return web.json_response(
             {
                 "attachments": {a: v.to_json() for a, v in vifs.items()},
-                "disputed": self.service.disputed(node),
+                "disputed": self.service.term.attachments.disputed_on(node),
             }
         )
 

@@ -112,7 +112,7 @@ class Controller:
             lambda: leader_url(etcd),
         )
         self._runner: web.AppRunner | None = None
-        self.recovery: RecoveryReport | None = None  # the last one, for tests and operators
+        self.recovery: RecoveryReport | None = None  # the current term's (readiness names it)
 
     def url(self) -> str:
         """Where this controller serves (what it writes into the election key)."""
@@ -128,12 +128,20 @@ class Controller:
             notes.append(f"kubernetes: {kubernetes}")
         note = "; ".join(notes)
         if self.service.serving:
-            return True, "leader, pools recovered" + (f"; {note}" if note else "")
+            return True, f"leader, {self._recovered()}" + (f"; {note}" if note else "")
         if self.leadership.is_leader:
             return False, "leader, recovering pools" + (f": {note}" if note else "")
         if self.leadership.losses:
             return False, "standby: leadership was lost, campaigning again"
         return False, "standby or recovering"
+
+    def _recovered(self) -> str:
+        """Pools recovered from the forwarder's mirror are served at once and checked against
+        Neutron behind (leftovers deleted, vanished ports dropped): readiness says which."""
+        report = self.recovery
+        if report is not None and report.source == "etcd" and not report.verified:
+            return "pools recovered from etcd, checking them against Neutron"
+        return "pools recovered"
 
     async def start_http(self) -> None:
         host, _, port = self.settings.controller.listen.rpartition(":")

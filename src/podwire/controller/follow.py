@@ -18,7 +18,7 @@ import contextlib
 from podwire import keys
 from podwire.controller.mirror import mirrored_vif
 from podwire.controller.pool_service import PoolService
-from podwire.controller.pools import PoolKey
+from podwire.controller.pools import PoolKey, Pools
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchBatch, WatchEvent
@@ -62,9 +62,25 @@ class MirrorFollower:
                 log.warning("controller.mirror.bad_value", key=event.key[:300], error=str(exc))
         if found is not None:
             self._ports[port_id] = found
-            service.port_seen(*found)
+            _port_seen(service.term.pools, *found)
             return
         known = self._ports.get(port_id)
         if known is not None and known[0].node == node:  # not a move's put that came first
             del self._ports[port_id]
-            service.port_gone(port_id, node)
+            _port_gone(service.term.pools, port_id, node)
+
+
+def _port_seen(pools: Pools, key: PoolKey, vif: Vif) -> None:
+    """The mirror shows a port of ours bound (anew or changed): see ``Pools.seen``."""
+    if pools.seen(key, vif):
+        log.debug("pool.port_current", key=key, port=vif.port_id)
+
+
+def _port_gone(pools: Pools, port_id: str, node: str) -> None:
+    """The mirror no longer shows the port bound to ``node`` (deleted, unbound, moved):
+    a free or recycling port of that node is forgotten; an in-use one stays its pod's
+    until released (its agent learns of it from the same mirror)."""
+    key = pools.pool_of(port_id) or pools.recyclable().get(port_id)
+    if key is not None and key.node == node:
+        pools.forget(port_id)
+        log.info("pool.port_gone", key=key, port=port_id)

@@ -65,13 +65,3 @@ class ControllerMetrics:
             ["result"],
             registry=k,
         )
-
-    def neutron_call_count(self) -> float:
-        """Total Neutron calls so far for work (the bench checks the hot path adds none);
-        the leader's readiness probes (``op="probe"``) are not counted."""
-        total = 0.0
-        for metric in self.neutron_calls.collect():
-            for sample in metric.samples:
-                if sample.name.endswith("_total") and sample.labels.get("op") != "probe":
-                    total += sample.value
-        return total

@@ -95,11 +95,6 @@ class NeutronOps:
         self._failure = None
         return result
 
-    @property
-    def calls(self) -> int:
-        """Calls made so far (tests count what a refused request cost)."""
-        return self._calls
-
     async def _write(self, op: str, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._term is not None:
             self._term.check(f"Neutron {op}")
@@ -121,9 +116,6 @@ class NeutronOps:
         await self._call("probe", self._client.list_networks, limit=1)
 
     # --- cached lookups -------------------------------------------------------------------
-
-    def cached_network(self, network_id: str) -> NetworkInfo | None:
-        return self._networks.get(network_id)
 
     async def network(self, name_or_id: str, project_id: str | None) -> NetworkInfo:
         """The network a request names, if its project may use it (its own or a shared one;

@@ -1,9 +1,12 @@
-"""The pools and in-use attachments of one leader term, and the term's background work.
+"""One leader term's state, started and ended with the term, and the term's background work.
 
-Three parts work on this state, each with one job: ``PoolService`` (here) owns it, starts and
-ends it with the term, and is what recovery, recycling, the mirror and the sweeper change it
-through; ``vif_broker.VifBroker`` serves the VIF API's requests and releases;
-``pool_admin.PoolAdmin`` runs the admin operations (populate, free, shrink, remove).
+A term holds three owners, each the only writer of its own state: ``pools.Pools`` (free and
+recycling ports), ``attachments.Attachments`` (in-use records) and ``refill.Refiller``
+(Neutron creates under way). ``PoolService`` (here) renews them when a term begins, loads what
+recovery finds, and runs the term's background tasks. The jobs on that state live beside it:
+``vif_broker.VifBroker`` serves the VIF API's requests and releases, ``pool_admin.PoolAdmin``
+the admin operations, ``recycler`` the released ports, ``follow`` the forwarder's mirror,
+``sweeper`` the dead nodes and leftovers.
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any
 
 from podwire.config import PoolSettings
+from podwire.controller.attachments import Attachments
 from podwire.controller.drivers import NodeDrivers
 from podwire.controller.errors import NotServing
 from podwire.controller.inuse import InUse, InUseStore
@@ -28,7 +31,6 @@ from podwire.controller.pools import (
     Pools,
     PoolsView,
     SgKey,
-    with_sgs,
 )
 from podwire.controller.refill import Refiller
 from podwire.controller.sizing import Target
@@ -36,10 +38,6 @@ from podwire.log import get_logger
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)
-
-# How long a request whose pool holds only ports the mirror does not show yet waits for them
-# once its refill is done: the forwarder writes within milliseconds while it runs.
-UNSEEN_WAIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -76,24 +74,20 @@ class TermState:
 
     pools: Pools
     refiller: Refiller
-    attachments: dict[tuple[str, str], InUse] = field(default_factory=dict)
-    # Ports several in-use records hold (a restored or hand-edited etcd): port -> records.
-    disputed: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    attachments: Attachments
 
 
 class PoolService:
-    """Owns the pools and the in-use attachments of one leader term.
-
-    Recovery, recycling, the sweeper, the broker and the admin change them only through this
-    class or ``term``'s pools, whose changes report every size, so the gauges follow.
-    """
+    """Begins and ends a leader term's state; its owners report every change, so the
+    gauges follow."""
 
     def __init__(self, deps: PoolDeps) -> None:
         self._deps = deps
         self._pool_gauges: dict[PoolKey, Any] = {}
         self._mirror: MirrorView | None = None
         pools = self._new_pools()
-        self.term = TermState(pools, Refiller(pools, deps.settings, deps.metrics, deps.liveness))
+        refiller = Refiller(pools, deps.settings, deps.metrics, deps.liveness)
+        self.term = TermState(pools, refiller, Attachments(self._attachments_changed))
         self._background: set[asyncio.Future[Any]] = set()
         self._group: asyncio.TaskGroup | None = None
         self.serving = False
@@ -110,8 +104,8 @@ class PoolService:
             gauge = self._pool_gauges[key] = self._deps.metrics.pool_size.labels(*key)
         gauge.set(size)
 
-    def attachments_changed(self) -> None:
-        self._deps.metrics.in_use.set(len(self.term.attachments))
+    def _attachments_changed(self, count: int) -> None:
+        self._deps.metrics.in_use.set(count)
         for listener in self.attachment_listeners:
             listener()
 
@@ -121,11 +115,15 @@ class PoolService:
 
     @property
     def attachments(self) -> Mapping[tuple[str, str], InUse]:
-        return MappingProxyType(self.term.attachments)
+        return self.term.attachments.view
 
     @property
     def neutron(self) -> NeutronOps:
         return self._deps.neutron
+
+    @property
+    def drivers(self) -> NodeDrivers:
+        return self._deps.drivers
 
     @property
     def metrics(self) -> ControllerMetrics:
@@ -134,17 +132,6 @@ class PoolService:
     @property
     def liveness(self) -> Liveness:
         return self._deps.liveness
-
-    def disputed(self, node: str) -> dict[str, list[str]]:
-        """This node's ports held by several attachments: port -> attachments."""
-        return {
-            port_id: sorted(att for n, att in holders if n == node)
-            for port_id, holders in self.term.disputed.items()
-            if any(n == node for n, _ in holders)
-        }
-
-    def node_attachments(self, node: str) -> dict[str, Vif]:
-        return {att: r.vif for (n, att), r in self.term.attachments.items() if n == node}
 
     def keep(self, refill: asyncio.Future[int]) -> None:
         """A refill no request awaits any more: drain() and the term's end still wait for
@@ -189,8 +176,6 @@ class PoolService:
             self.term.pools, self._deps.settings, self._deps.metrics, self._deps.liveness
         )
         self.term.attachments.clear()
-        self.term.disputed.clear()
-        self.attachments_changed()
 
     async def drain(self) -> None:
         """Wait for background refills and port updates (tests and shutdown use it)."""
@@ -202,41 +187,12 @@ class PoolService:
             raise NotServing("controller is not serving yet (recovering or standby); retry")
 
     async def adopt_in_use(self) -> set[str]:
-        """Load the in-use attachments from etcd into this term; returns their port ids.
-
-        A port held by several records (a restored or hand-edited etcd) is *disputed*: all
-        its records are kept, none of their releases puts it back in a pool while another
-        holds it, and the node's agent settles it (the attachment its checkpoint names keeps
-        the port, it releases the others: ``GET .../vifs`` lists the disputes)."""
+        """Load the in-use attachments from etcd into this term; returns their port ids."""
         records, _ = await self._deps.store.load()
-        holders: dict[str, set[tuple[str, str]]] = {}
         for record in records:
-            self.term.attachments[(record.node, record.attachment)] = record
             self.term.pools.adopt(record.key, record.vif)
-            holders.setdefault(record.vif.port_id, set()).add((record.node, record.attachment))
-        self.term.disputed = {port: held for port, held in holders.items() if len(held) > 1}
-        for port_id, held in sorted(self.term.disputed.items()):
-            log.warning(
-                "controller.inuse.duplicate",
-                port=port_id,
-                records=sorted("/".join(h) for h in held),
-            )
-        self.attachments_changed()
+        self.term.attachments.load(records)
         return {record.vif.port_id for record in records}
-
-    def port_seen(self, key: PoolKey, vif: Vif) -> None:
-        """The mirror shows a port of ours bound (anew or changed): see ``Pools.seen``."""
-        if self.term.pools.seen(key, vif):
-            log.debug("pool.port_current", key=key, port=vif.port_id)
-
-    def port_gone(self, port_id: str, node: str) -> None:
-        """The mirror no longer shows the port bound to ``node`` (deleted, unbound, moved):
-        a free or recycling port of that node is forgotten; an in-use one stays its pod's
-        until released (its agent learns of it from the same mirror)."""
-        key = self.term.pools.pool_of(port_id) or self.term.pools.recyclable().get(port_id)
-        if key is not None and key.node == node:
-            self.term.pools.forget(port_id)
-            log.info("pool.port_gone", key=key, port=port_id)
 
     def add_free(self, key: PoolKey, vifs: list[Vif]) -> None:
         """Pool ready ports (found by recovery); waiting requests get them first."""
@@ -261,7 +217,7 @@ class PoolService:
         return self.term.pools.size(key)
 
     def snapshot(self, key: PoolKey) -> PoolSnapshot:
-        in_use = sum(1 for record in self.term.attachments.values() if record.key == key)
+        in_use = sum(1 for record in self.attachments.values() if record.key == key)
         return PoolSnapshot(
             key=key,
             size=self.term.pools.size(key),
@@ -273,36 +229,6 @@ class PoolService:
             target=self.term.refiller.sizer.target(key, time.monotonic()),
             unseen=self.term.pools.unseen(key),
         )
-
-    def recyclable(self) -> dict[str, PoolKey]:
-        """Released ports waiting to be recycled, with the pool each goes back to."""
-        return self.term.pools.recyclable()
-
-    def forget(self, port_id: str) -> None:
-        """Drop every trace of a port that Neutron no longer has."""
-        self.term.pools.forget(port_id)
-
-    def return_recycled(self, key: PoolKey, port_id: str, sgs: list[str]) -> None:
-        """A recycled port back in its pool, carrying the SGs Neutron reports now."""
-        vif = self.term.pools.vif(port_id)
-        self.term.pools.finish_recycle(port_id)
-        if vif is not None:
-            self.term.pools.add(key, [with_sgs(vif, sgs)])
-            self.term.refiller.sizer.returned(key, time.monotonic())
-
-    async def delete_recycled(self, key: PoolKey, port_id: str) -> None:
-        """Delete a released port (pool full or binding failed) through its node's driver."""
-        vif = self.term.pools.vif(port_id)
-        driver = await self._deps.drivers.for_node(key.node)
-        if vif is not None:
-            await driver.delete(key, [vif])
-        self.term.pools.forget(port_id)
-
-    async def dead_nodes(self) -> set[str]:
-        """Nodes with pools or attachments here but no live agent."""
-        alive = await self._deps.liveness.alive_nodes()
-        known = {key.node for key in self.term.pools.pool_keys()}
-        return (known | {node for node, _ in self.term.attachments}) - alive
 
 
 def _log_refill_failure(refill: asyncio.Future[int]) -> None:

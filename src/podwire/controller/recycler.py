@@ -9,14 +9,15 @@ port is deleted instead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Protocol
 
 from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
 from podwire.controller.neutron_ops import PortOps
-from podwire.controller.pool_service import PoolService
-from podwire.controller.pools import PoolKey
+from podwire.controller.pool_service import PoolService, TermState
+from podwire.controller.pools import PoolKey, with_sgs
 from podwire.log import get_logger
 from podwire.neutron.vifs import binding_failed, is_bound
 
@@ -35,7 +36,7 @@ async def recycle_once(
     service: PoolService, neutron: PortOps, settings: PoolSettings, facts: PortFacts | None = None
 ) -> tuple[int, int]:
     """Return recyclable ports to pools or delete them; returns (returned, deleted)."""
-    pending = service.recyclable()
+    pending = service.pools.recyclable()
     if not pending:
         return 0, 0
     mirrored = await facts.bound_sgs(pending) if facts is not None else None
@@ -46,20 +47,38 @@ async def recycle_once(
     for port_id, key in pending.items():
         sgs = current.get(port_id)
         if sgs is None:  # deleted in Neutron meanwhile
-            service.forget(port_id)
+            service.term.pools.forget(port_id)
             continue
         if port_id in failed or (settings.max and service.pool_size(key) >= settings.max):
-            await service.delete_recycled(key, port_id)
+            await _delete(service, key, port_id)
             deleted += 1
             continue
         if settings.port_debug:
             await neutron.update_port(port_id, name=AVAILABLE_NAME, device_id="")
-        service.return_recycled(key, port_id, sgs)
+        _return(service.term, key, port_id, sgs)
         returned += 1
     # A pass per release burst: routine ones are debug, the ones that cost Neutron are not.
     report = log.info if deleted or asked else log.debug
     report("pool.recycled", returned=returned, deleted=deleted, asked_neutron=len(asked))
     return returned, deleted
+
+
+def _return(term: TermState, key: PoolKey, port_id: str, sgs: list[str]) -> None:
+    """A recycled port back in its pool, carrying the SGs Neutron reports now."""
+    vif = term.pools.vif(port_id)
+    term.pools.finish_recycle(port_id)
+    if vif is not None:
+        term.pools.add(key, [with_sgs(vif, sgs)])
+        term.refiller.sizer.returned(key, time.monotonic())
+
+
+async def _delete(service: PoolService, key: PoolKey, port_id: str) -> None:
+    """Delete a released port (pool full or binding failed) through its node's driver."""
+    vif = service.pools.vif(port_id)
+    driver = await service.drivers.for_node(key.node)
+    if vif is not None:
+        await driver.delete(key, [vif])
+    service.term.pools.forget(port_id)
 
 
 async def _current_sgs(

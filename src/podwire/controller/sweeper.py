@@ -44,7 +44,7 @@ class NodeSweeper:
 
     async def sweep_once(self) -> tuple[set[str], int]:
         """One pass; returns the nodes whose pools were freed and the unbound ports deleted."""
-        dead = await self._service.dead_nodes()
+        dead = await self._dead_nodes()
         await self._release_long_dead(dead)
         freeing = dead & self._dead_before
         self._dead_before = dead - freeing
@@ -52,6 +52,12 @@ class NodeSweeper:
             await self._admin.remove_nodes(freeing)
             log.info("controller.nodes_removed", nodes=sorted(freeing))
         return freeing, await self._sweep_unbound()
+
+    async def _dead_nodes(self) -> set[str]:
+        """Nodes with pools or attachments here but no live agent."""
+        alive = await self._service.liveness.alive_nodes()
+        known = {key.node for key in self._service.pools.pool_keys()}
+        return (known | {node for node, _ in self._service.attachments}) - alive
 
     async def _release_long_dead(self, dead: set[str]) -> None:
         now = time.monotonic()

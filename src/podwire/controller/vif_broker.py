@@ -114,9 +114,7 @@ class VifBroker:
         except BaseException:
             await self._undo_take(driver, key, vif)
             raise
-        vanished = self._term.attachments.get((node, req.attachment))
-        self._term.attachments[(node, req.attachment)] = record
-        self._service.attachments_changed()
+        vanished = self._term.attachments.hold(record)
         if vanished is not None:
             await self._vanished(driver, vanished)
         if self._deps.settings.port_debug:
@@ -245,7 +243,7 @@ class VifBroker:
                 return False
             moved = replace(record, vif=with_sgs(record.vif, wanted))
             await self._deps.store.put(moved)
-            self._term.attachments[ident] = moved
+            self._term.attachments.hold(moved)
             self._term.pools.adopt(record.key, moved.vif)
             return True
 
@@ -270,7 +268,7 @@ class VifBroker:
         it, so it must not go to another pod)."""
         self._service.check_serving()
         ident = (node, attachment)
-        if ident not in self._term.attachments and ident not in self._locks:
+        if self._term.attachments.get(ident) is None and ident not in self._locks:
             return
         async with self._serialised(ident):
             record = await self._drop_record(ident)
@@ -291,10 +289,8 @@ class VifBroker:
         if record is None:
             return None
         await self._deps.store.delete(*ident)
-        del self._term.attachments[ident]
-        self._service.attachments_changed()
         self._term.refiller.sizer.released(record.key, time.monotonic())
-        return None if self._still_held(ident, record) else record
+        return self._term.attachments.drop(ident)
 
     async def remove_node(self, node: str, reason: str) -> list[str]:
         """Everything a node held, as when it is deleted from the cluster: its attachments'
@@ -304,10 +300,10 @@ class VifBroker:
         (deleting a port already gone is no error). ``reason``: ``removed`` (an operator) or
         ``dead`` (no agent for ``pool.node_release_after``)."""
         self._service.check_serving()
-        held = {i: r for i, r in self._term.attachments.items() if i[0] == node}
+        held = self._term.attachments.of_node(node)
         doomed: dict[PoolKey, list[Vif]] = {}
         for ident, record in held.items():
-            if not self._held_elsewhere(ident, record):
+            if not self._term.attachments.held_elsewhere(ident, record):
                 doomed.setdefault(record.key, []).append(record.vif)
         driver = await self._deps.drivers.for_node(node)
         for key, vifs in doomed.items():
@@ -323,28 +319,6 @@ class VifBroker:
         log.warning("controller.node_released", node=node, reason=reason, pool_ports=freed,
                     ports=released)  # fmt: skip
         return released
-
-    def _held_elsewhere(self, ident: tuple[str, str], record: InUse) -> bool:
-        """Whether another node's record holds this port too (a dispute): it is not deleted."""
-        holders = self._term.disputed.get(record.vif.port_id, set())
-        return any(other[0] != ident[0] for other in holders)
-
-    def _still_held(self, ident: tuple[str, str], record: InUse) -> bool:
-        """Whether another record still holds the released record's port (a dispute): then
-        the port stays with it and goes back to no pool."""
-        holders = self._term.disputed.get(record.vif.port_id)
-        if holders is None:
-            return False
-        holders.discard(ident)
-        log.warning(
-            "controller.inuse.duplicate_dropped",
-            port=record.vif.port_id,
-            dropped=f"{ident[0]}/{ident[1]}",
-            kept=sorted(f"{n}/{a}" for n, a in holders),
-        )
-        if len(holders) <= 1:
-            del self._term.disputed[record.vif.port_id]
-        return bool(holders)
 
     async def _background_refill(
         self, key: PoolKey, wanted: SgKey, driver: PortDriver, network: NetworkInfo

@@ -93,7 +93,9 @@ class Informer(Generic[T]):
         self.lists += 1
         self.listed.set()
         self._answered()
-        log.info("k8s.listed", kind=self.kind, objects=len(found), version=self.version)
+        log.info(  # lists: 1, then one more per 410 Gone (no periodic relist)
+            "k8s.listed", kind=self.kind, objects=len(found), version=self.version, lists=self.lists
+        )
 
     async def watch_once(self) -> None:
         assert self.version is not None
