@@ -31,6 +31,7 @@ from podwire.sgpolicy.compile import (
     policy_sets,
     with_ports,
 )
+from podwire.sgpolicy.rules import DROP, ChainRule
 from podwire.sgpolicy.store import PolicyStore
 
 SG = "5e5e5e5e-0000-4000-8000-000000000001"
@@ -153,7 +154,7 @@ def test_missing_group_and_remote_group_deny_and_are_reported() -> None:
     rg = compiled.ruleset.sets[("inet", f"rg4_{other}")]
     assert rg.elements == frozenset()  # the rule naming it matches nothing
     chain = compiled.ruleset.chains[("inet", f"{policy_name(tuple(sorted((SG, other))))}_in")]
-    assert chain.rules[-1] == "counter drop"
+    assert chain.rules[-1] == ChainRule(counter=True, verdict=DROP)
 
 
 def test_change_of_a_ruleset_to_itself_is_empty_and_replace_is_whole() -> None:

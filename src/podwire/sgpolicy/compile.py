@@ -47,17 +47,40 @@ from podwire.schema.ports import DesiredPort
 from podwire.schema.secgroups import EGRESS, INGRESS, Rule, SecurityGroup
 from podwire.sgpolicy import intervals, marks
 from podwire.sgpolicy.marks import MAX_POLICY_ID
+from podwire.sgpolicy.rules import (
+    DROP,
+    RETURN,
+    AnyOf,
+    ChainRule,
+    ConnState,
+    CtState,
+    Equals,
+    EtherType,
+    GoTo,
+    Icmpv6Type,
+    InSet,
+    IpProto,
+    JumpTo,
+    Match,
+    NameStartsWith,
+    PacketField,
+    SetMarkBits,
+    VerdictMap,
+)
 from podwire.sgpolicy.ruleset import NftChain, NftSet, Ruleset
 
 FULL = {4: (0, 2**32 - 1), 6: (0, 2**128 - 1)}
 ANY_PROTO = (0, 255)
 ANY_PORT = (0, 65535)
 ADDR_TYPE = {4: "ipv4_addr", 6: "ipv6_addr"}
-SADDR = {4: "ip saddr", 6: "ip6 saddr"}
-DADDR = {4: "ip daddr", 6: "ip6 daddr"}
-ICMP_MATCH = {4: "icmp type . icmp code", 6: "icmpv6 type . icmpv6 code"}
+SADDR = {4: PacketField.IP_SADDR, 6: PacketField.IP6_SADDR}
+DADDR = {4: PacketField.IP_DADDR, 6: PacketField.IP6_DADDR}
+ICMP_MATCH = {
+    4: (PacketField.ICMP_TYPE, PacketField.ICMP_CODE),
+    6: (PacketField.ICMPV6_TYPE, PacketField.ICMPV6_CODE),
+}
 ICMP_TYPES = {4: "icmp_type . icmp_code", 6: "icmpv6_type . icmpv6_code"}
-PORTS_MATCH = "meta l4proto . th dport"
+PORTS_MATCH = (PacketField.L4PROTO, PacketField.TH_DPORT)
 PORTS_TYPE = "inet_proto . inet_service"
 PORT_KINDS = ("inet_proto", "inet_service")  # the fields of PORTS_TYPE and of ICMP_TYPES
 ICMP_KINDS = {4: ("icmp_type", "icmp_code"), 6: ("icmpv6_type", "icmpv6_code")}
@@ -203,42 +226,27 @@ def _bridge_table(
     devices: DevicePrefixes,
 ) -> None:
     hook_pre = "type filter hook prerouting priority -200; policy accept;"
-    checked = () if remote is None else (f'iifname "{devices.vxlan}*" goto from_remote',)
-    ruleset.add_chain(
-        NftChain("bridge", "prerouting", (*checked, "iifname @ports goto port_security"), hook_pre)
-    )
+    from_vxlan = NameStartsWith(_IIF, devices.vxlan)
+    checked = () if remote is None else (ChainRule((from_vxlan,), verdict=GoTo("from_remote")),)
+    ruleset.add_chain(NftChain("bridge", "prerouting", (*checked, _TO_PORT_SECURITY), hook_pre))
     # What arrives from another node carries the source MAC of one of its ports of that
     # network, as it published them: frames claiming any other MAC are dropped.
-    ruleset.add_chain(
-        NftChain("bridge", "from_remote", ("iifname . ether saddr @remote_src return", "drop"))
-    )
+    ruleset.add_chain(NftChain("bridge", "from_remote", _FROM_REMOTE))
     elements = frozenset(
         Element((IfName(device), Mac(mac)))
         for device, macs in (remote or {}).items()
         for mac in macs
     )
     ruleset.add_set(NftSet("bridge", "remote_src", "type ifname . ether_addr;", elements))
-    ruleset.add_chain(NftChain("bridge", "port_security", _port_security_rules()))
-    ruleset.add_chain(NftChain("bridge", "nd_target", _nd_target_rules()))
+    ruleset.add_chain(NftChain("bridge", "port_security", _PORT_SECURITY))
+    ruleset.add_chain(NftChain("bridge", "nd_target", _ND_TARGET))
     hook_fwd = "type filter hook forward priority -200; policy accept;"
-    ruleset.add_chain(
-        NftChain(
-            "bridge",
-            "forward",
-            # Only frames from or to a port podwire enforces get its mark (there is no bridge
-            # name match in this kernel's bridge family).
-            ("iifname @ports goto mark_ports", "oifname @ports goto mark_ports"),
-            hook_fwd,
-        )
-    )
-    # Two maps give both ends their policy id in their own bits, the other bits kept (a port
-    # that is not podwire's adds nothing).
-    marking = (marks.CLEAR, "oifname vmap @ports_rx", "iifname vmap @ports")
-    ruleset.add_chain(NftChain("bridge", "mark_ports", marking))
+    ruleset.add_chain(NftChain("bridge", "forward", _TO_MARK_PORTS, hook_fwd))
+    ruleset.add_chain(NftChain("bridge", "mark_ports", _MARK_PORTS))
     for policy in ids.values():
         sends, receives = marks.sender(policy), marks.receiver(policy)
         for chain, bits in ((f"mark_{policy}", sends), (f"mark_rx_{policy}", receives)):
-            rule = f"meta mark set meta mark | {bits:#x}"
+            rule = ChainRule(statement=SetMarkBits(bits))
             ruleset.add_chain(NftChain("bridge", chain, (rule,)))
     per_port = [port_elements(item, ids[group_set(item.port)]) for item in secured]
     for name, spec in PORT_SETS.items():
@@ -246,12 +254,10 @@ def _bridge_table(
         ruleset.add_set(NftSet("bridge", name, spec, elements))
 
 
-# The target address of a neighbour solicitation or advertisement (RFC 4861 4.3, 4.4: after
-# type, code, checksum and 32 bits of flags). nft 1.0.6 (Debian 12) has no name for it and
-# will not compare a raw payload with an ``ipv6_addr`` key, so the ND sets
-# are declared by ``typeof`` and hold the addresses as 128-bit integers, the same bytes.
-ND_TARGET = "@th,64,128"
-ND_KEY = f"typeof iifname . ether saddr . {ND_TARGET};"
+# An ND message's target address (``PacketField.ND_TARGET``): nft 1.0.6 (Debian 12) will not
+# compare its raw payload with an ``ipv6_addr`` key, so the ND sets are declared by ``typeof``
+# and hold the addresses as 128-bit integers, the same bytes.
+ND_KEY = f"typeof iifname . ether saddr . {PacketField.ND_TARGET.value};"
 
 # The bridge sets that hold a port's own elements, with their declarations.
 PORT_SETS = {
@@ -312,40 +318,100 @@ def with_ports(
     return out
 
 
-def _port_security_rules() -> tuple[str, ...]:
-    """What a port with port security may send (Neutron's spoofing rules, in one chain)."""
-    dad = "mld-listener-report, nd-neighbor-solicit, mld2-listener-report"
-    return (
-        "iifname . ether saddr != @src_mac counter drop",
-        "udp sport 67 udp dport 68 counter drop",  # a DHCP server in a pod
-        "udp sport 547 udp dport 546 counter drop",
-        # a pod is no router: no advertisements, no redirects
-        "icmpv6 type { nd-router-advert, nd-redirect } counter drop",
-        # advertisements, and DAD probes (the address a node is about to take), only for
-        # the port's own addresses; a solicitation that resolves a neighbour names the
-        # neighbour's address, and its source is checked below like any other
-        "icmpv6 type nd-neighbor-advert jump nd_target",
-        "ip6 saddr :: icmpv6 type nd-neighbor-solicit jump nd_target",
-        "ether type ip iifname . ether saddr . ip saddr @src4 return",
-        "ether type ip iifname . ether saddr . ip saddr @src4net return",
-        "ether type ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 return",
-        "ether type ip6 iifname . ether saddr . ip6 saddr @src6 return",
-        "ether type ip6 iifname . ether saddr . ip6 saddr @src6net return",
-        f"ether type ip6 ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type {{ {dad} }} return",
-        "ether type arp iifname . arp saddr ether . arp saddr ip @src4 return",
-        "ether type arp iifname . arp saddr ether . arp saddr ip @src4net return",
-        "ether type arp arp saddr ip 0.0.0.0 return",  # ARP probes (address conflict detection)
-        "counter drop",
-    )
+_IIF, _OIF = PacketField.IIFNAME, PacketField.OIFNAME
+_PORT_SRC = (_IIF, PacketField.ETHER_SADDR)  # what a port's source sets are keyed on first
 
 
-def _nd_target_rules() -> tuple[str, ...]:
-    """Returns to port_security when the ND target is one of the sender's addresses."""
-    return (
-        f"iifname . ether saddr . {ND_TARGET} @nd6 return",
-        f"iifname . ether saddr . {ND_TARGET} @nd6net return",
-        "counter drop",
-    )
+def _udp(sport: int, dport: int) -> tuple[Equals, Equals]:
+    return Equals(PacketField.UDP_SPORT, sport), Equals(PacketField.UDP_DPORT, dport)
+
+
+def _ether(kind: EtherType, *matches: Match) -> ChainRule:
+    """Admits (returns to the caller) a frame of ``kind`` with ``matches``."""
+    return ChainRule((Equals(PacketField.ETHER_TYPE, kind), *matches), verdict=RETURN)
+
+
+def _address(version: int, cidr: str) -> Addresses:
+    return Addresses(version, *intervals.prefix_span(cidr))
+
+
+_COUNTED_DROP = ChainRule(counter=True, verdict=DROP)
+_TO_PORT_SECURITY = ChainRule((InSet((_IIF,), "ports"),), verdict=GoTo("port_security"))
+_FROM_REMOTE = (
+    ChainRule((InSet(_PORT_SRC, "remote_src"),), verdict=RETURN),
+    ChainRule(verdict=DROP),
+)
+# Only frames from or to a port podwire enforces get its mark (there is no bridge name match in
+# this kernel's bridge family).
+_TO_MARK_PORTS = (
+    ChainRule((InSet((_IIF,), "ports"),), verdict=GoTo("mark_ports")),
+    ChainRule((InSet((_OIF,), "ports"),), verdict=GoTo("mark_ports")),
+)
+# Two maps give both ends their policy id in their own bits, the other bits kept (a port that
+# is not podwire's adds nothing).
+_MARK_PORTS = (
+    marks.CLEAR,
+    ChainRule(verdict=VerdictMap(_OIF, "ports_rx")),
+    ChainRule(verdict=VerdictMap(_IIF, "ports")),
+)
+_ND_PROBES = (
+    Icmpv6Type.MLD_LISTENER_REPORT,
+    Icmpv6Type.ND_NEIGHBOR_SOLICIT,
+    Icmpv6Type.MLD2_LISTENER_REPORT,
+)
+# What a port with port security may send (Neutron's spoofing rules, in one chain).
+_PORT_SECURITY = (
+    ChainRule((InSet(_PORT_SRC, "src_mac", negated=True),), counter=True, verdict=DROP),
+    ChainRule(_udp(67, 68), counter=True, verdict=DROP),  # a DHCP server in a pod
+    ChainRule(_udp(547, 546), counter=True, verdict=DROP),
+    # a pod is no router: no advertisements, no redirects
+    ChainRule(
+        (AnyOf(PacketField.ICMPV6_TYPE, (Icmpv6Type.ND_ROUTER_ADVERT, Icmpv6Type.ND_REDIRECT)),),
+        counter=True,
+        verdict=DROP,
+    ),
+    # advertisements, and DAD probes (the address a node is about to take), only for the
+    # port's own addresses; a solicitation that resolves a neighbour names the neighbour's
+    # address, and its source is checked below like any other
+    ChainRule(
+        (Equals(PacketField.ICMPV6_TYPE, Icmpv6Type.ND_NEIGHBOR_ADVERT),),
+        verdict=JumpTo("nd_target"),
+    ),
+    ChainRule(
+        (
+            Equals(PacketField.IP6_SADDR, _address(6, "::/128")),
+            Equals(PacketField.ICMPV6_TYPE, Icmpv6Type.ND_NEIGHBOR_SOLICIT),
+        ),
+        verdict=JumpTo("nd_target"),
+    ),
+    _ether(EtherType.IP, InSet((*_PORT_SRC, PacketField.IP_SADDR), "src4")),
+    _ether(EtherType.IP, InSet((*_PORT_SRC, PacketField.IP_SADDR), "src4net")),
+    _ether(
+        EtherType.IP,
+        Equals(PacketField.IP_SADDR, _address(4, "0.0.0.0/32")),
+        Equals(PacketField.IP_DADDR, _address(4, "255.255.255.255/32")),
+        *_udp(68, 67),
+    ),
+    _ether(EtherType.IP6, InSet((*_PORT_SRC, PacketField.IP6_SADDR), "src6")),
+    _ether(EtherType.IP6, InSet((*_PORT_SRC, PacketField.IP6_SADDR), "src6net")),
+    _ether(
+        EtherType.IP6,
+        Equals(PacketField.IP6_SADDR, _address(6, "::/128")),
+        Equals(PacketField.IP6_DADDR, _address(6, "ff02::/16")),
+        AnyOf(PacketField.ICMPV6_TYPE, _ND_PROBES),
+    ),
+    _ether(EtherType.ARP, InSet((_IIF, PacketField.ARP_SHA, PacketField.ARP_SPA), "src4")),
+    _ether(EtherType.ARP, InSet((_IIF, PacketField.ARP_SHA, PacketField.ARP_SPA), "src4net")),
+    # ARP probes (address conflict detection)
+    _ether(EtherType.ARP, Equals(PacketField.ARP_SPA, _address(4, "0.0.0.0/32"))),
+    _COUNTED_DROP,
+)
+# Returns to port_security when the ND target is one of the sender's addresses.
+_ND_TARGET = (
+    ChainRule((InSet((*_PORT_SRC, PacketField.ND_TARGET), "nd6"),), verdict=RETURN),
+    ChainRule((InSet((*_PORT_SRC, PacketField.ND_TARGET), "nd6net"),), verdict=RETURN),
+    _COUNTED_DROP,
+)
 
 
 def _sources(item: PortPolicy) -> PortElements:
@@ -396,36 +462,41 @@ def _link_local(mac: str) -> str:
 
 def _inet_base(ruleset: Ruleset, devices: DevicePrefixes) -> None:
     hook = "type filter hook forward priority -10; policy accept;"
-    ruleset.add_chain(
-        NftChain("inet", "forward", (f'iifname "{devices.bridge}*" jump bridged',), hook)
-    )
-    ruleset.add_chain(
-        NftChain(
-            "inet",
-            "bridged",
-            (
-                f"meta mark and {marks.SENDER_BITS:#x} vmap @egress",
-                f"meta mark and {marks.RECEIVER_BITS:#x} vmap @ingress",
-                # podwire's bits mean something only here; nothing after us sees them.
-                marks.CLEAR,
-            ),
-        )
-    )
+    bridged = ChainRule((NameStartsWith(_IIF, devices.bridge),), verdict=JumpTo("bridged"))
+    ruleset.add_chain(NftChain("inet", "forward", (bridged,), hook))
+    ruleset.add_chain(NftChain("inet", "bridged", _BRIDGED))
+
+
+_BRIDGED = (
+    ChainRule(verdict=VerdictMap(PacketField.MARK, "egress", marks.SENDER_BITS)),
+    ChainRule(verdict=VerdictMap(PacketField.MARK, "ingress", marks.RECEIVER_BITS)),
+    # podwire's bits mean something only here; nothing after us sees them.
+    marks.CLEAR,
+)
 
 
 # What Neutron admits before and regardless of the groups' rules.
+_NEIGHBOURS = (
+    Icmpv6Type.MLD_LISTENER_QUERY,
+    Icmpv6Type.ND_NEIGHBOR_SOLICIT,
+    Icmpv6Type.ND_NEIGHBOR_ADVERT,
+    Icmpv6Type.ND_ROUTER_ADVERT,
+)
 _FIXED_IN = (
-    "icmpv6 type { mld-listener-query, nd-neighbor-solicit, nd-neighbor-advert,"
-    " nd-router-advert } return",
-    "udp sport 67 udp dport 68 return",  # DHCP answers to the port's client
-    "udp sport 547 udp dport 546 return",
+    ChainRule((AnyOf(PacketField.ICMPV6_TYPE, _NEIGHBOURS),), verdict=RETURN),
+    ChainRule(_udp(67, 68), verdict=RETURN),  # DHCP answers to the port's client
+    ChainRule(_udp(547, 546), verdict=RETURN),
 )
 _FIXED_OUT = (
-    "meta l4proto ipv6-icmp return",  # router advertisements were dropped at the bridge
-    "udp sport 68 udp dport 67 return",  # the port's DHCP client
-    "udp sport 546 udp dport 547 return",
+    # router advertisements were dropped at the bridge
+    ChainRule((Equals(PacketField.L4PROTO, IpProto.IPV6_ICMP),), verdict=RETURN),
+    ChainRule(_udp(68, 67), verdict=RETURN),  # the port's DHCP client
+    ChainRule(_udp(546, 547), verdict=RETURN),
 )
-_STATEFUL = ("ct state invalid counter drop", "ct state established,related return")
+_STATEFUL = (
+    ChainRule((ConnState((CtState.INVALID,)),), counter=True, verdict=DROP),
+    ChainRule((ConnState((CtState.ESTABLISHED, CtState.RELATED)),), verdict=RETURN),
+)
 
 
 @lru_cache(maxsize=1024)
@@ -437,15 +508,17 @@ def _policy(name: str, groups: tuple[SecurityGroup, ...]) -> tuple[NftSet | NftC
     for direction, short, fixed in ((INGRESS, "in", _FIXED_IN), (EGRESS, "out", _FIXED_OUT)):
         chosen = [r for r in rules if r.direction == direction]
         matches, sets = _direction(f"{name}_{short}", chosen, direction)
-        body = fixed + (_STATEFUL if stateful else ()) + tuple(matches) + ("counter drop",)
+        body = fixed + (_STATEFUL if stateful else ()) + tuple(matches) + (_COUNTED_DROP,)
         parts.append(NftChain("inet", f"{name}_{short}", body))
         parts += sets
     return tuple(parts)
 
 
-def _direction(base: str, rules: list[Rule], direction: str) -> tuple[list[str], list[NftSet]]:
+def _direction(
+    base: str, rules: list[Rule], direction: str
+) -> tuple[list[ChainRule], list[NftSet]]:
     addr = SADDR if direction == INGRESS else DADDR
-    matches: list[str] = []
+    matches: list[ChainRule] = []
     sets: list[NftSet] = []
     for version, ethertype in ((4, "IPv4"), (6, "IPv6")):
         family = [r for r in rules if r.ethertype == ethertype]
@@ -456,11 +529,11 @@ def _direction(base: str, rules: list[Rule], direction: str) -> tuple[list[str],
             sets.append(
                 NftSet("inet", name, f"type {ADDR_TYPE[version]} . {PORTS_TYPE}; {INTERVAL}", ports)
             )
-            matches.append(f"{addr[version]} . {PORTS_MATCH} @{name} return")
+            matches.append(_admit(InSet((addr[version], *PORTS_MATCH), name)))
         if icmp:
             spec = f"type {ADDR_TYPE[version]} . {ICMP_TYPES[version]}; {INTERVAL}"
             sets.append(NftSet("inet", f"{name}i", spec, icmp))
-            matches.append(f"{addr[version]} . {ICMP_MATCH[version]} @{name}i return")
+            matches.append(_admit(InSet((addr[version], *ICMP_MATCH[version]), f"{name}i")))
         for kind, key in (("g", "remote_group_id"), ("a", "remote_address_group_id")):
             by_remote: dict[str, list[Rule]] = {}
             for rule in family:
@@ -468,17 +541,21 @@ def _direction(base: str, rules: list[Rule], direction: str) -> tuple[list[str],
                 if remote:
                     by_remote.setdefault(remote, []).append(rule)
             for remote, chosen in sorted(by_remote.items()):
-                source = f"{addr[version]} @{address_set_name(kind, version, remote)}"
+                source = InSet((addr[version],), address_set_name(kind, version, remote))
                 set_name = f"{name}{kind}_{remote}"
                 ports, icmp = _remote_elements(chosen, version)
                 if ports:
                     sets.append(NftSet("inet", set_name, f"type {PORTS_TYPE}; {INTERVAL}", ports))
-                    matches.append(f"{source} {PORTS_MATCH} @{set_name} return")
+                    matches.append(_admit(source, InSet(PORTS_MATCH, set_name)))
                 if icmp:
                     spec = f"type {ICMP_TYPES[version]}; {INTERVAL}"
                     sets.append(NftSet("inet", f"{set_name}i", spec, icmp))
-                    matches.append(f"{source} {ICMP_MATCH[version]} @{set_name}i return")
+                    matches.append(_admit(source, InSet(ICMP_MATCH[version], f"{set_name}i")))
     return matches, sets
+
+
+def _admit(*lookups: InSet) -> ChainRule:
+    return ChainRule(lookups, verdict=RETURN)
 
 
 def address_set_name(kind: str, version: int, group_id: str) -> str:

@@ -10,6 +10,8 @@ port's policy, the same 12 bits 16 higher for the receiving port's.
 
 from __future__ import annotations
 
+from podwire.sgpolicy.rules import ChainRule, KeepMarkBits
+
 RECEIVER_SHIFT = 16
 SENDER_BITS = 0x0000_0FFF
 RECEIVER_BITS = SENDER_BITS << RECEIVER_SHIFT
@@ -18,7 +20,7 @@ MAX_POLICY_ID = SENDER_BITS  # distinct sets of security groups on one node
 
 # The one statement that takes podwire's bits off a frame (before marking it, and once the
 # verdict is given, so nothing later sees them).
-CLEAR = f"meta mark set meta mark and {KEPT_BITS:#x}"
+CLEAR = ChainRule(statement=KeepMarkBits(KEPT_BITS))
 
 
 def sender(policy_id: int) -> int:

@@ -1,11 +1,11 @@
 """A compiled nftables ruleset as plain values, and the nft text that installs or changes it.
 
-The compiler produces a ``Ruleset`` (pure data); this module turns it into one nft buffer:
-``replace`` swaps podwire's tables whole (the agent's first application, e.g. after a restart:
-packets see the old tables or the new ones, never neither), ``change`` moves the kernel from
-one ruleset to the next with as few commands as it can (set elements and the chains that
-changed), which keeps a rule or member change cheap however large the node's ruleset is.
-Both are applied as one transaction.
+The compiler produces a ``Ruleset`` (pure data: chains of typed rules, ``rules.py``, and sets
+of typed elements); this module turns it into one nft buffer: ``replace`` swaps podwire's
+tables whole (the agent's first application, e.g. after a restart: packets see the old tables
+or the new ones, never neither), ``change`` moves the kernel from one ruleset to the next with
+as few commands as it can (set elements and the chains that changed), which keeps a rule or
+member change cheap however large the node's ruleset is. Both are applied as one transaction.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from podwire.netfilter.elements import Element, ElementChange
+from podwire.sgpolicy import rules as chain_rules
+from podwire.sgpolicy.rules import ChainRule
 
 TABLE = "podwire"
 FAMILIES = ("bridge", "inet")
@@ -34,7 +36,7 @@ class NftChain:
 
     family: str
     name: str
-    rules: tuple[str, ...]
+    rules: tuple[ChainRule, ...]
     hook: str = ""
 
 
@@ -74,7 +76,8 @@ def _elements(verb: str, item: NftSet, elements: frozenset[Element]) -> list[Ele
 
 
 def _rules(item: NftChain) -> list[str]:
-    return [f"add rule {_where(item.family, item.name)} {rule}" for rule in item.rules]
+    where = _where(item.family, item.name)
+    return [f"add rule {where} {chain_rules.text(rule)}" for rule in item.rules]
 
 
 def replace(new: Ruleset) -> str:
