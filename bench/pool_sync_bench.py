@@ -18,9 +18,9 @@ from bench.stats import row
 from podwire import keys
 from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, PoolSettings, Settings
 from podwire.controller.app import Controller
-from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
+from podwire.schema.inuse import PoolKey
 from tests.etcd_tools import delete_prefix
 
 POLL = 0.001

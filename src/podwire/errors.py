@@ -25,6 +25,16 @@ class PermanentError(PodwireError):
     """Repeating the operation unchanged will fail again."""
 
 
+class UnknownResource(PermanentError):
+    """A network, project or security group the request names does not exist (HTTP 404)."""
+
+    cause = "unknown"
+
+
+class UnknownNetwork(UnknownResource):
+    cause = "unknown_network"
+
+
 class ConfigError(PermanentError):
     """A setting is missing, unknown or has a bad value; the message names the key."""
 

@@ -23,9 +23,9 @@ import pytest
 from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.controller.app import Controller
-from podwire.controller.pools import PoolKey
 from podwire.etcd import EtcdClient
 from podwire.schema import nodes
+from podwire.schema.inuse import PoolKey
 from tests.agent.harness import HostAgent, acni, plugin_binary
 from tests.agent.netenv import NetEnv, in_ns, pings
 from tests.agent.test_with_controller import controller_and_agent

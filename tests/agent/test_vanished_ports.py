@@ -14,8 +14,8 @@ import pytest
 from podwire import keys
 from podwire.agent.vifs.controller_vifs import ControllerVifSource
 from podwire.controller.app import Controller
-from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from podwire.schema.vif import Vif, VifRequest
 from tests.agent.harness import HostAgent, acni
 from tests.agent.netenv import NetEnv

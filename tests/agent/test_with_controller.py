@@ -20,10 +20,10 @@ from podwire.cni import spec
 from podwire.config import EtcdSettings
 from podwire.controller.app import Controller
 from podwire.controller.leader import ELECTION
-from podwire.controller.pools import PoolKey
 from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from podwire.schema.inuse import PoolKey
 from tests.agent.harness import HostAgent, acni
 from tests.agent.netenv import NetEnv, in_ns, links_in
 from tests.controller.conftest import Node, pooled_ports, request_vif, settings_for, vif_body

@@ -12,15 +12,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from podwire.config import PoolSettings
-from podwire.controller.inuse import InUse
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.neutron_ops import PortOps
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolDeps, PoolService
-from podwire.controller.pools import PoolKey
 from podwire.controller.vif_broker import VifBroker
 from podwire.neutron.client import PortSummary
 from podwire.neutron.vifs import NetworkInfo, Subnet
+from podwire.schema.inuse import InUse, PoolKey
 from podwire.schema.ports import FixedIp
 from podwire.schema.vif import DEVICE_OWNER, Vif
 

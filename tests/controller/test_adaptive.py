@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from podwire.controller.pools import PoolKey
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ADMIN,
     ScriptedNodes,

@@ -12,10 +12,10 @@ import pytest
 from podwire import keys
 from podwire.controller.app import Controller
 from podwire.controller.bindings import settle_bindings
-from podwire.controller.pools import PoolKey
 from podwire.controller.recovery import recover
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
+from podwire.schema.inuse import PoolKey
 from podwire.schema.vif import DEVICE_OWNER
 from tests.controller.conftest import (
     Node,

@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 
 from podwire.controller.leader import ELECTION
-from podwire.controller.pools import PoolKey
 from podwire.controller.term import TermGuard
 from podwire.errors import NotLeader
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from podwire.schema.records import leader_value
 from tests.controller.conftest import (
     ADMIN,

@@ -8,9 +8,9 @@ from typing import Any
 import aiohttp
 
 from podwire.config import ControllerSettings
-from podwire.controller.pools import PoolKey
 from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from podwire.status.report import collect_pools
 from tests.controller.conftest import (
     ADMIN,

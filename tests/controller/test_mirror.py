@@ -11,10 +11,10 @@ import pytest
 
 from podwire import keys
 from podwire.controller.mirror import REPORT_MAX_AGE, forwarder_doubt, mirrored_vif
-from podwire.controller.pools import PoolKey
 from podwire.controller.recovery import LEFTOVER_MARGIN, _created_before
 from podwire.errors import ValidationError
 from podwire.neutron.client import PortSummary
+from podwire.schema.inuse import PoolKey
 
 NOW = 1_800_000_000.0
 

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from podwire.config import load_settings
-from podwire.controller.pools import PoolKey
 from podwire.errors import ConfigError
+from podwire.schema.inuse import PoolKey
 from podwire.schema.vif import DEVICE_OWNER
 from tests.controller.conftest import (
     ScriptedNodes,

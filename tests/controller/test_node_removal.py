@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from podwire import keys
-from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ADMIN,
     ScriptedNodes,

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from podwire.controller.pools import PoolKey
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ScriptedNodes,
     pooled_ports,

@@ -6,8 +6,9 @@ import uuid
 from dataclasses import replace
 
 from podwire.config import PoolSettings
-from podwire.controller.pools import PoolKey, Pools, Taken, Waiter, sg_key
+from podwire.controller.pools import Pools, Taken, Waiter
 from podwire.controller.refill import batches, refill_count
+from podwire.schema.inuse import PoolKey, sg_key
 from podwire.schema.ports import FixedIp
 from podwire.schema.vif import Vif
 

@@ -7,8 +7,8 @@ from typing import Any
 import aiohttp
 
 from podwire.controller.drivers import AVAILABLE_NAME
-from podwire.controller.pools import PoolKey
 from podwire.controller.recycler import recycle_once
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ScriptedNodes,
     admin,

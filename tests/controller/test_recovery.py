@@ -13,9 +13,9 @@ import aiohttp
 
 from podwire import keys
 from podwire.controller.mirror import forwarder_doubt
-from podwire.controller.pools import PoolKey
 from podwire.controller.recovery import LEFTOVER_MARGIN, verify
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ScriptedNodes,
     eventually,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from podwire.controller.pools import PoolKey
 from podwire.controller.recovery import RecoveryReport, recover, verify
+from podwire.schema.inuse import PoolKey
 from podwire.schema.vif import VifRequest
 from tests.controller.fakes import NET, PROJECT, in_use, port, vif_of, world
 

@@ -11,8 +11,8 @@ import aiohttp
 
 from podwire import keys
 from podwire.controller.mirror import MirrorFacts
-from podwire.controller.pools import PoolKey
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ScriptedNodes,
     pooled_ports,

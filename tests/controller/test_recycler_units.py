@@ -10,9 +10,9 @@ from dataclasses import replace
 
 from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
-from podwire.controller.pools import PoolKey
 from podwire.controller.recovery import recover
 from podwire.controller.recycler import recycle_once
+from podwire.schema.inuse import PoolKey
 from tests.controller.fakes import NET, PROJECT, World, in_use, port, world
 
 KEY = PoolKey("n1", PROJECT, NET)

@@ -5,8 +5,8 @@ test_lifecycle.py checks node removal against the real stack.
 
 from __future__ import annotations
 
-from podwire.controller.pools import PoolKey
 from podwire.controller.sweeper import NodeSweeper
+from podwire.schema.inuse import PoolKey
 from tests.controller.fakes import NET, PROJECT, port, vif_of, world
 
 

@@ -19,10 +19,10 @@ import pytest
 
 from podwire import keys
 from podwire.controller.leader import ELECTION
-from podwire.controller.pools import PoolKey
 from podwire.controller.recycler import recycle_once
 from podwire.demo.services import Services
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ADMIN,
     ScriptedNodes,

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 
 from podwire import keys
-from podwire.controller.pools import PoolKey
 from podwire.controller.recycler import recycle_once
 from podwire.etcd.client import EtcdClient
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import (
     ADMIN,
     ScriptedNodes,

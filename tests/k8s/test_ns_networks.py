@@ -23,11 +23,11 @@ import aiohttp
 import pytest
 
 from podwire.config import Settings
-from podwire.controller.pools import PoolKey
 from podwire.k8s.ns_network import FINALIZER
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.ns_networks import namespace_mark
 from podwire.neutron.routers import delete_routers
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_events import events_of

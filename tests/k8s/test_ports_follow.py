@@ -18,10 +18,10 @@ from typing import Any
 import aiohttp
 
 from podwire.controller.app import Controller
-from podwire.controller.pools import PoolKey
 from podwire.k8s.groups import OPEN_EGRESS, OPEN_INGRESS, group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
+from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)

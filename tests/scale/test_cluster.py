@@ -26,11 +26,11 @@ from podwire.config import (
     Settings,
 )
 from podwire.controller.app import Controller
-from podwire.controller.inuse import InUse, InUseStore
-from podwire.controller.pools import PoolKey
+from podwire.controller.inuse import InUseStore
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchEvent
 from podwire.neutron.client import connect
+from podwire.schema.inuse import InUse, PoolKey
 from podwire.schema.records import parse_leader
 from podwire.schema.vif import Vif, VifRequest
 from tests.etcd_tools import delete_prefix

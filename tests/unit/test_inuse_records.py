@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 
 from podwire import keys
-from podwire.controller.inuse import InUse, parse_record
+from podwire.controller.inuse import parse_record
 from podwire.controller.policy_view import PolicyView, wanted_groups
-from podwire.controller.pools import PoolKey
 from podwire.errors import ValidationError
 from podwire.k8s.compile import compile_policies
+from podwire.schema.inuse import InUse, PoolKey
 from podwire.schema.records import InUseValue, parse_in_use
 from podwire.schema.vif import PodRef, Vif
 from tests.k8s.objects import cluster, key, namespace, pod, policy

@@ -15,8 +15,9 @@ from typing import Any, cast
 
 from podwire.config import PoolSettings
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.pools import PoolKey, Pools
+from podwire.controller.pools import Pools
 from podwire.controller.refill import Refiller
+from podwire.schema.inuse import PoolKey
 from podwire.schema.ports import FixedIp
 from podwire.schema.vif import Vif
 

@@ -20,19 +20,18 @@ from podwire.controller.errors import (
     Forbidden,
     NotServing,
     Unauthorized,
-    UnknownResource,
     Unusable,
 )
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolService, PoolSnapshot
-from podwire.controller.pools import PoolKey
 from podwire.controller.term import TermGuard
 from podwire.controller.vif_broker import VifBroker
-from podwire.errors import PermanentError, PodwireError, ValidationError
+from podwire.errors import PermanentError, PodwireError, UnknownResource, ValidationError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronNotFound, NeutronRequestError
 from podwire.ops_http import ReadyCheck, add_ops_routes
 from podwire.schema import doc, fields
+from podwire.schema.inuse import PoolKey
 from podwire.schema.vif import VifRequest
 
 log = get_logger(__name__)

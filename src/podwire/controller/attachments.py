@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from podwire.controller.inuse import InUse
 from podwire.log import get_logger
+from podwire.schema.inuse import InUse
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

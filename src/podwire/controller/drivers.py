@@ -14,12 +14,12 @@ from podwire import keys
 from podwire.controller.bindings import settle_bindings
 from podwire.controller.errors import BindingFailed
 from podwire.controller.neutron_ops import NeutronOps, delete_ports
-from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronAddressesExhausted
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
+from podwire.schema.inuse import PoolKey, SgKey
 from podwire.schema.nodes import RENAMED_POD_DRIVERS, parse_capabilities
 from podwire.schema.vif import DEVICE_OWNER, Vif
 

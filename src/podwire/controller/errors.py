@@ -4,11 +4,13 @@ Every answer the VIF API gives on failure is ``{"error": <message>, "retryable":
 "cause": <one of the names below>}`` (docs/vif-api.md has the table): the message says what is
 wrong in words an operator can act on, ``retryable`` whether the same request may succeed
 later, ``cause`` what kind of failure it is, for programs (the agent maps it to a CNI code).
+``podwire.errors`` holds the few the Kubernetes side (``podwire.kubeside``) tells apart too
+(``UnknownResource``, ``UnknownNetwork``).
 """
 
 from __future__ import annotations
 
-from podwire.errors import PermanentError, RetryableError
+from podwire.errors import PermanentError, RetryableError, UnknownResource
 
 
 class PoolNotReady(RetryableError):
@@ -41,16 +43,6 @@ class NotServing(RetryableError):
     def __init__(self, message: str, leader: str = "") -> None:
         super().__init__(message)
         self.leader = leader  # where the leader serves, when known
-
-
-class UnknownResource(PermanentError):
-    """A network, project or security group the request names does not exist (HTTP 404)."""
-
-    cause = "unknown"
-
-
-class UnknownNetwork(UnknownResource):
-    cause = "unknown_network"
 
 
 class UnknownSecurityGroup(UnknownResource):

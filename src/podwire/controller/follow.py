@@ -18,11 +18,12 @@ import contextlib
 from podwire import keys
 from podwire.controller.mirror import mirrored_vif
 from podwire.controller.pool_service import PoolService
-from podwire.controller.pools import PoolKey, Pools
+from podwire.controller.pools import Pools
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher, WatchBatch, WatchEvent
 from podwire.log import get_logger
+from podwire.schema.inuse import PoolKey
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

@@ -17,43 +17,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from podwire import keys
 from podwire.backoff import Backoff
-from podwire.controller.pools import PoolKey
 from podwire.errors import EtcdUnavailable, NotLeader, ValidationError
-from podwire.etcd.client import Compare, EtcdClient, Op, delete_op, put_op
+from podwire.etcd.client import MAX_TXN_OPS, Compare, EtcdClient, Op, delete_op, put_op
 from podwire.log import get_logger
 from podwire.schema import fields
-from podwire.schema.records import InUseValue, parse_in_use
-from podwire.schema.vif import PodRef, Vif
+from podwire.schema.inuse import InUse, PoolKey
+from podwire.schema.records import parse_in_use
 
 log = get_logger(__name__)
 
-MAX_TXN_OPS = 100  # etcd's default limit is 128 operations per transaction
 RETRY_SECONDS = 5.0  # an election takes 1-2 s; longer is an outage the agents' retries ride out
 # A group of small writes answers in milliseconds; one lost to a leader that died is re-sent
 # after this long instead of etcd.timeout.
 ATTEMPT_SECONDS = 0.3
-
-
-@dataclass(frozen=True)
-class InUse:
-    node: str
-    attachment: str
-    key: PoolKey
-    vif: Vif
-    # The etcd key the record was read from, when it is not the canonical one (a record from
-    # before attachment ids were ``<container>:<ifname>``); ``load`` moves it.
-    legacy_key: str | None = None
-    # The pod its VIF request named (None: no pod, or a record written before pods were
-    # kept): what moves the port to its pod's NetworkPolicy groups and releases it once the
-    # Kubernetes API no longer has the pod.
-    pod: PodRef | None = None
-
-    def encode(self) -> bytes:
-        return InUseValue(self.key.project_id, self.vif, self.pod).encode()
 
 
 def parse_record(etcd_key: str, raw: bytes) -> InUse:

@@ -18,10 +18,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from podwire import keys
-from podwire.controller.pools import PoolKey
 from podwire.errors import ValidationError
 from podwire.etcd.client import EtcdClient, KeyValue
 from podwire.log import get_logger
+from podwire.schema.inuse import PoolKey
 from podwire.schema.ports import DesiredPort, parse_desired_port
 from podwire.schema.records import parse_ml2_report
 from podwire.schema.vif import DEVICE_OWNER, Vif

@@ -19,11 +19,11 @@ from podwire.controller.errors import (
     UnknownTrunk,
 )
 from podwire.controller.neutron_ops import NeutronOps, delete_ports
-from podwire.controller.pools import PoolKey, SgKey
 from podwire.errors import PodwireError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronNotFound
 from podwire.neutron.vifs import NetworkInfo, port_to_vif
+from podwire.schema.inuse import PoolKey, SgKey
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

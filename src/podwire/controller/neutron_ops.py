@@ -19,12 +19,11 @@ from podwire.controller.errors import (
     NetworkNotAllowed,
     NetworkWithoutSubnet,
     SecurityGroupNotAllowed,
-    UnknownNetwork,
     UnknownSecurityGroup,
 )
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.term import TermGuard
-from podwire.errors import PodwireError
+from podwire.errors import PodwireError, UnknownNetwork
 from podwire.log import get_logger
 from podwire.neutron.client import (
     NeutronClient,

@@ -17,10 +17,10 @@ from typing import Any
 
 from podwire.backoff import Backoff
 from podwire.config import KubernetesSettings, Settings
-from podwire.controller.errors import NamespaceNetworkNotReady, UnknownNetwork
+from podwire.controller.errors import NamespaceNetworkNotReady
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolService
-from podwire.errors import PodwireError
+from podwire.errors import PodwireError, UnknownNetwork
 from podwire.k8s.api import KubeApi
 from podwire.k8s.ns_network import FINALIZER, Kind, NetworkChoice, network_choice
 from podwire.k8s.objects import NETWORK_ANNOTATION, K8sNamespace, ObjectKey

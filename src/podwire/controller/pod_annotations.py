@@ -24,13 +24,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from podwire.backoff import Backoff, passes_on_wake
-from podwire.controller.inuse import InUse
 from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
 from podwire.k8s.objects import K8sPod, ObjectKey
 from podwire.k8s.port_annotations import PORT_ID, ShownPort, port_annotations
 from podwire.log import get_logger
 from podwire.neutron.client import PortSummary
+from podwire.schema.inuse import InUse
 
 log = get_logger(__name__)
 

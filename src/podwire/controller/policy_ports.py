@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 
-from podwire.controller.inuse import InUse
 from podwire.controller.policy_view import PolicyView, wanted_groups
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolService
-from podwire.controller.pools import SgKey, sg_key
 from podwire.controller.vif_broker import VifBroker
 from podwire.log import get_logger
+from podwire.schema.inuse import InUse, SgKey, sg_key
 
 log = get_logger(__name__)
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from podwire.controller.inuse import InUse
-from podwire.controller.pools import SgKey, sg_key
 from podwire.k8s.groups import PodPolicies
 from podwire.k8s.objects import K8sPod, ObjectKey
+from podwire.schema.inuse import InUse, SgKey, sg_key
 
 
 @dataclass(frozen=True)

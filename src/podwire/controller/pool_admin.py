@@ -9,9 +9,9 @@ from collections.abc import Iterable
 
 from podwire.controller.errors import NodeNotPooled
 from podwire.controller.pool_service import PoolDeps, PoolService
-from podwire.controller.pools import PoolKey, sg_key
 from podwire.errors import ValidationError
 from podwire.log import get_logger
+from podwire.schema.inuse import PoolKey, sg_key
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

@@ -21,20 +21,15 @@ from podwire.config import PoolSettings
 from podwire.controller.attachments import Attachments
 from podwire.controller.drivers import NodeDrivers
 from podwire.controller.errors import NotServing
-from podwire.controller.inuse import InUse, InUseStore
+from podwire.controller.inuse import InUseStore
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.neutron_ops import NeutronOps
-from podwire.controller.pools import (
-    MirrorView,
-    PoolKey,
-    Pools,
-    PoolsView,
-    SgKey,
-)
+from podwire.controller.pools import MirrorView, Pools, PoolsView
 from podwire.controller.refill import Refiller
 from podwire.controller.sizing import Target
 from podwire.log import get_logger
+from podwire.schema.inuse import InUse, PoolKey, SgKey
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

@@ -18,25 +18,10 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
+from podwire.schema.inuse import PoolKey, SgKey, sg_key
 from podwire.schema.vif import Vif
-
-SgKey = tuple[str, ...]
-
-
-class PoolKey(NamedTuple):
-    node: str
-    project_id: str
-    network_id: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"node": self.node, "project_id": self.project_id, "network_id": self.network_id}
-
-
-def sg_key(security_groups: Iterable[str]) -> SgKey:
-    """The group a port belongs to: order and duplicates of SG ids must not matter."""
-    return tuple(sorted(set(security_groups)))
 
 
 @dataclass(frozen=True)

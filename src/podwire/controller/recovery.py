@@ -21,11 +21,11 @@ from podwire.controller.mirror import pools_from_mirror
 from podwire.controller.nested import NestedDriver, NodeTrunk
 from podwire.controller.neutron_ops import SUBPORT_OWNER, PortOps, delete_ports
 from podwire.controller.pool_service import PoolService
-from podwire.controller.pools import PoolKey
 from podwire.errors import PodwireError, ValidationError
 from podwire.etcd.client import EtcdClient
 from podwire.log import get_logger
 from podwire.neutron.vifs import is_bound, port_to_vif
+from podwire.schema.inuse import PoolKey
 from podwire.schema.vif import DEVICE_OWNER, Vif
 
 log = get_logger(__name__)

@@ -17,9 +17,10 @@ from podwire.config import PoolSettings
 from podwire.controller.drivers import AVAILABLE_NAME
 from podwire.controller.neutron_ops import PortOps
 from podwire.controller.pool_service import PoolService, TermState
-from podwire.controller.pools import PoolKey, with_sgs
+from podwire.controller.pools import with_sgs
 from podwire.log import get_logger
 from podwire.neutron.vifs import binding_failed, is_bound
+from podwire.schema.inuse import PoolKey
 
 log = get_logger(__name__)
 

@@ -30,11 +30,12 @@ from podwire.controller.drivers import PortDriver
 from podwire.controller.errors import BindingFailed, PoolNotReady
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.pools import PoolKey, Pools, SgKey
+from podwire.controller.pools import Pools
 from podwire.controller.sizing import PoolSizer, step_toward
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronAddressesExhausted
 from podwire.neutron.vifs import NetworkInfo
+from podwire.schema.inuse import PoolKey, SgKey
 from podwire.schema.vif import Vif
 
 log = get_logger(__name__)

@@ -13,9 +13,8 @@ from collections.abc import Callable, Sequence
 
 from podwire import keys
 from podwire.backoff import Backoff, passes_on_wake
-from podwire.controller.inuse import MAX_TXN_OPS
 from podwire.errors import NotLeader, PodwireError
-from podwire.etcd.client import Compare, EtcdClient, delete_op, put_op
+from podwire.etcd.client import MAX_TXN_OPS, Compare, EtcdClient, delete_op, put_op
 from podwire.k8s.objects import ObjectKey
 from podwire.k8s.services import EndpointSlice, compile_service
 from podwire.k8s.watcher import KubeWatcher

@@ -17,15 +17,15 @@ from typing import Any, NoReturn
 
 from podwire.controller.drivers import PortDriver
 from podwire.controller.errors import BindingFailed, PoolNotReady, SubnetFull
-from podwire.controller.inuse import InUse
 from podwire.controller.liveness import no_agent
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolDeps, PoolService
-from podwire.controller.pools import PoolKey, SgKey, Taken, Waiter, sg_key, with_sgs
+from podwire.controller.pools import Taken, Waiter, with_sgs
 from podwire.errors import PodwireError
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronAddressesExhausted, NeutronNotFound
 from podwire.neutron.vifs import NetworkInfo
+from podwire.schema.inuse import InUse, PoolKey, SgKey, sg_key
 from podwire.schema.vif import PodRef, Vif, VifRequest
 
 log = get_logger(__name__)

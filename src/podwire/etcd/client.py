@@ -37,6 +37,7 @@ from podwire.log import get_logger
 log = get_logger(__name__)
 
 PAGE_SIZE = 1000
+MAX_TXN_OPS = 100  # operations a caller puts in one transaction: etcd's default limit is 128
 
 T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]

@@ -7,7 +7,8 @@ rules in itself, so a rule this schema refuses still reaches the agents in Neutr
 ``fields`` defines each kind of field (names, ids, MACs, addresses, ranges) once; ``doc``
 decodes JSON with bounds and a schema version; the other modules are the values themselves:
 ``ports`` (desired bindings), ``nodes`` (what agents publish), ``records`` (the servers'
-records), ``vif`` (the VIF API and the in-use records' VIFs), ``secgroups`` (security-group
-policy). Every component reads and writes these values only through here; the CNI network
-config is read by ``agent.cni.request`` with these fields, because its errors carry CNI's own codes.
+records), ``inuse`` (a port in use as the controller holds it, and its pool's key), ``vif``
+(the VIF API and the in-use records' VIFs), ``secgroups`` (security-group policy). Every
+component reads and writes these values only through here; the CNI network config is read by
+``agent.cni.request`` with these fields, because its errors carry CNI's own codes.
 """
