@@ -417,22 +417,12 @@ _ND_TARGET = (
 def _sources(item: PortPolicy) -> PortElements:
     """What the port may send from: single addresses go to the exact sets, prefixes (address
     pairs, a port without IPs) to the interval sets."""
-    port = item.port
-    pairs = [(port.mac_address, ip.ip_address) for ip in port.fixed_ips]
-    pairs += [(p.mac_address or port.mac_address, p.ip_address) for p in port.allowed_address_pairs]
-    if not port.fixed_ips:  # Neutron: a port without IPs may use any IP with its MAC
-        pairs += [(port.mac_address, "0.0.0.0/0"), (port.mac_address, "::/0")]
-    macs = {port.mac_address} | {mac for mac, _ in pairs}
-    pairs += [(mac, _link_local(mac)) for mac in macs]
-    spans: dict[tuple[str, int], list[intervals.Span]] = {}
-    for mac, address in pairs:
-        net = ipaddress.ip_network(address, strict=False)
-        spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
+    macs, spans = source_spans(item.port)
     out: dict[str, set[Element]] = {name: set() for name in PORT_SETS if name != "ports"}
     device = IfName(item.ifname)
     out["src_mac"] = {Element((device, Mac(mac))) for mac in macs}
     for (mac, version), found in spans.items():
-        for low, high in intervals.merge(found):
+        for low, high in found:
             exact = low == high
             head = (device, Mac(mac))
             out[f"src{version}" if exact else f"src{version}net"].add(
@@ -444,11 +434,31 @@ def _sources(item: PortPolicy) -> PortElements:
     return {name: frozenset(elements) for name, elements in out.items()}
 
 
+SourceSpans = dict[tuple[str, int], list[intervals.Span]]  # (MAC, IP version) -> addresses
+
+
+def source_spans(port: DesiredPort) -> tuple[set[str], SourceSpans]:
+    """The MACs a filtered port may send from, and for each MAC and IP version the addresses
+    (merged spans): fixed IPs, allowed address pairs (with their own MAC, if they name one),
+    any address for a port without IPs (Neutron's rule), each MAC's link-local address."""
+    pairs = [(port.mac_address, ip.ip_address) for ip in port.fixed_ips]
+    pairs += [(p.mac_address or port.mac_address, p.ip_address) for p in port.allowed_address_pairs]
+    if not port.fixed_ips:  # Neutron: a port without IPs may use any IP with its MAC
+        pairs += [(port.mac_address, "0.0.0.0/0"), (port.mac_address, "::/0")]
+    macs = {port.mac_address} | {mac for mac, _ in pairs}
+    pairs += [(mac, link_local(mac)) for mac in macs]
+    spans: SourceSpans = {}
+    for mac, address in pairs:
+        net = ipaddress.ip_network(address, strict=False)
+        spans.setdefault((mac, net.version), []).append(intervals.prefix_span(str(net)))
+    return macs, {key: intervals.merge(found) for key, found in spans.items()}
+
+
 def _mark_jump(mark: int, chain: str) -> Element:
     return Element((Numbers("mark", mark, mark),), Jump(chain))
 
 
-def _link_local(mac: str) -> str:
+def link_local(mac: str) -> str:
     """The EUI-64 link-local address the kernel gives an interface with this MAC."""
     octets = [int(part, 16) for part in mac.split(":")]
     octets[0] ^= 0x02
@@ -499,10 +509,21 @@ _STATEFUL = (
 )
 
 
+def policy_stateful(groups: Iterable[SecurityGroup]) -> bool:
+    """Whether a policy tracks connections: only if every one of its groups is stateful
+    (Neutron's ``stateful`` flag; a port may not mix them, so this is the port's groups')."""
+    return all(g.stateful for g in groups)
+
+
+def port_groups(inputs: PolicyInputs, port: DesiredPort) -> tuple[SecurityGroup, ...]:
+    """The port's groups that are published, in its policy's order."""
+    return tuple(inputs.groups[sg] for sg in group_set(port) if sg in inputs.groups)
+
+
 @lru_cache(maxsize=1024)
 def _policy(name: str, groups: tuple[SecurityGroup, ...]) -> tuple[NftSet | NftChain, ...]:
     """The chains and sets of one policy; cached, since most changes leave most policies."""
-    stateful = all(g.stateful for g in groups)
+    stateful = policy_stateful(groups)
     rules = [rule for group in groups for rule in group.rules]
     parts: list[NftSet | NftChain] = []
     for direction, short, fixed in ((INGRESS, "in", _FIXED_IN), (EGRESS, "out", _FIXED_OUT)):
@@ -568,7 +589,7 @@ def address_set_name(kind: str, version: int, group_id: str) -> str:
 Box = tuple[tuple[intervals.Span, ...], intervals.Span]  # (protocol/port spans, addresses)
 
 
-def _rule_boxes(rules: Iterable[Rule], version: int) -> tuple[list[Box], list[Box]]:
+def rule_boxes(rules: Iterable[Rule], version: int) -> tuple[list[Box], list[Box]]:
     """Each rule as a box: (protocol, port) for the ports set or (ICMP type, code) for the
     ICMP set, with its address span (the whole family without a prefix)."""
     ports: list[Box] = []
@@ -631,7 +652,7 @@ def _elements_of(
 def _prefixed_elements(
     rules: list[Rule], version: int
 ) -> tuple[frozenset[Element], frozenset[Element]]:
-    ports, icmp = _rule_boxes(rules, version)
+    ports, icmp = rule_boxes(rules, version)
     return _elements_of(ports, icmp, version, with_addresses=True)
 
 
@@ -639,7 +660,7 @@ def _remote_elements(
     rules: list[Rule], version: int
 ) -> tuple[frozenset[Element], frozenset[Element]]:
     """For rules naming a group: the addresses come from the group's set, not the rule."""
-    ports, icmp = _rule_boxes(rules, version)
+    ports, icmp = rule_boxes(rules, version)
     ports = [(dims, FULL[version]) for dims, _ in ports]
     icmp = [(dims, FULL[version]) for dims, _ in icmp]
     return _elements_of(ports, icmp, version, with_addresses=False)
@@ -652,33 +673,41 @@ def _address_sets(
     problems = []
     for kind, ids in referenced.items():
         for group_id in sorted(ids):
-            if kind == "g":
-                found = inputs.members.get(group_id)
-                addresses = [a for member in (found or {}).values() for a in member]
-                if not found and group_id not in inputs.groups:
-                    problems.append(
-                        f"remote group {group_id} is not published yet:"
-                        " rules naming it match nothing"
-                    )
-            else:
-                found_ag = inputs.address_groups.get(group_id)
-                addresses = list(found_ag or ())
-                if found_ag is None:
-                    problems.append(
-                        f"address group {group_id} is not published yet:"
-                        " rules naming it match nothing"
-                    )
+            addresses, problem = remote_addresses(inputs, kind, group_id)
+            problems += [problem] if problem else []
             for version in (4, 6):
-                spans = [
-                    intervals.prefix_span(a)
-                    for a in addresses
-                    if ipaddress.ip_network(a, strict=False).version == version
-                ]
                 elements = frozenset(
-                    Element((Addresses(version, *span),)) for span in intervals.merge(spans)
+                    Element((Addresses(version, *span),))
+                    for span in address_spans(addresses, version)
                 )
                 name = address_set_name(kind, version, group_id)
                 ruleset.add_set(
                     NftSet("inet", name, f"type {ADDR_TYPE[version]}; {INTERVAL}", elements)
                 )
     return problems
+
+
+def remote_addresses(inputs: PolicyInputs, kind: str, group_id: str) -> tuple[list[str], str]:
+    """The addresses of a remote group's members (``kind`` "g") or of an address group
+    ("a"), and a problem to report if it is not published (empty if it is)."""
+    if kind == "g":
+        found = inputs.members.get(group_id)
+        addresses = [a for member in (found or {}).values() for a in member]
+        if not found and group_id not in inputs.groups:
+            return addresses, (
+                f"remote group {group_id} is not published yet: rules naming it match nothing"
+            )
+        return addresses, ""
+    found_ag = inputs.address_groups.get(group_id)
+    if found_ag is None:
+        return [], f"address group {group_id} is not published yet: rules naming it match nothing"
+    return list(found_ag), ""
+
+
+def address_spans(addresses: Iterable[str], version: int) -> list[intervals.Span]:
+    """The addresses of one IP version as merged spans."""
+    return intervals.merge(
+        intervals.prefix_span(a)
+        for a in addresses
+        if ipaddress.ip_network(a, strict=False).version == version
+    )
