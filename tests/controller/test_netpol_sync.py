@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from podwire.controller import netpol_sync
-from podwire.controller.netpol_sync import NetpolReconciler
 from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import GROUP_PREFIX, OPEN_EGRESS, OPEN_INGRESS, group_name
 from podwire.k8s.plan import plan
+from podwire.kubeside import netpol_sync
+from podwire.kubeside.netpol_sync import NetpolReconciler
 from podwire.neutron.netpol import NetpolObjects
 from tests.k8s.objects import cluster, key, namespace, pod, policy
 

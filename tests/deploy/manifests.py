@@ -17,7 +17,7 @@ Need = tuple[str, str, str, str]
 # makes no API call: it wires pods from the CNI calls the runtime makes on its socket and
 # serves the device plugin on kubelet's unix sockets (registration, Allocate, PodResources),
 # none of which goes through the apiserver. The controller's leader, with [kubernetes]
-# (controller/kube_side.py), runs an informer each over Namespaces, Pods, Nodes and
+# (kubeside/side.py), runs an informer each over Namespaces, Pods, Nodes and
 # NetworkPolicies in every namespace: list and watch (k8s/api.py); get, as every informer's
 # rules have it, for a single object the cache does not hold yet (a pod at its ADD). It
 # writes only a pod's own annotations (patch pods: the port it shows), Events naming
@@ -41,7 +41,7 @@ NEEDS: dict[str, frozenset[Need]] = {
     )
     # the pod annotations showing its port, and Events naming failures
     | {("patch", "", "pods", ""), ("create", "", "events", "")}
-    # the finalizer on a namespace whose network podwire made (controller/ns_networks.py)
+    # the finalizer on a namespace whose network podwire made (kubeside/ns_networks.py)
     | {("patch", "", "namespaces", "")},
 }
 

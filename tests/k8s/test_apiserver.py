@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from podwire.controller.netpol_sync import NetpolReconciler
 from podwire.errors import ConfigError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.compile import compile_policies
 from podwire.k8s.groups import OPEN_EGRESS, group_name, named_port_group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.k8s.watcher import KubeWatcher
+from podwire.kubeside.netpol_sync import NetpolReconciler
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
 from tests.stack.conftest import kubectl

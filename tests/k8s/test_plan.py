@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 from podwire.backoff import Backoff
-from podwire.controller.netpol_sync import NetpolReconciler
 from podwire.k8s.compile import Cluster
 from podwire.k8s.groups import (
     OPEN_EGRESS,
@@ -16,6 +15,7 @@ from podwire.k8s.groups import (
     SgRule,
 )
 from podwire.k8s.plan import plan
+from podwire.kubeside.netpol_sync import NetpolReconciler
 from podwire.neutron.client import NeutronRequestError
 from podwire.neutron.netpol import ObservedAddressGroup, ObservedGroup, ObservedRule
 

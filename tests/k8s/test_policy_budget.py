@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from podwire.controller.app import NETPOL_NAME_PREFIX
-from podwire.controller.refusals import policies_in
 from podwire.k8s.budget import MAX_POLICY_RULES, within_budget
 from podwire.k8s.cidrs import allowed_prefixes
 from podwire.k8s.groups import (
@@ -28,6 +27,7 @@ from podwire.k8s.groups import (
     group_name,
 )
 from podwire.k8s.objects import ObjectKey
+from podwire.kubeside.refusals import policies_in
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
 from tests.controller.conftest import ScriptedNodes, make_network

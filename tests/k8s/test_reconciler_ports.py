@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from podwire.controller.netpol_sync import NetpolReconciler
-from podwire.controller.policy_view import PolicyView
 from podwire.k8s.compile import Cluster
 from podwire.k8s.groups import OPEN_EGRESS, OPEN_INGRESS
+from podwire.kubeside.netpol_sync import NetpolReconciler
+from podwire.kubeside.policy_view import PolicyView
 from podwire.neutron.client import NeutronInUse
 from podwire.neutron.netpol import ObservedAddressGroup, ObservedGroup
 from tests.k8s.test_plan import observed_rule

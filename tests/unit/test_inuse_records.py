@@ -11,9 +11,9 @@ import pytest
 
 from podwire import keys
 from podwire.controller.inuse import parse_record
-from podwire.controller.policy_view import PolicyView, wanted_groups
 from podwire.errors import ValidationError
 from podwire.k8s.compile import compile_policies
+from podwire.kubeside.policy_view import PolicyView, wanted_groups
 from podwire.schema.inuse import InUse, PoolKey
 from podwire.schema.records import InUseValue, parse_in_use
 from podwire.schema.vif import PodRef, Vif

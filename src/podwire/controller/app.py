@@ -21,30 +21,31 @@ from podwire.config import Settings
 from podwire.controller.api import ControllerApi
 from podwire.controller.drivers import BaremetalDriver, NodeDrivers, PortDriver, UnpooledDriver
 from podwire.controller.follow import MirrorFollower
-from podwire.controller.gone_nodes import GoneNodes
-from podwire.controller.gone_pods import GonePods
 from podwire.controller.inuse import InUseStore
-from podwire.controller.kube_side import KubernetesSide
 from podwire.controller.leader import advertised_url, controller_election, leader_url
 from podwire.controller.liveness import Liveness
 from podwire.controller.metrics import ControllerMetrics
 from podwire.controller.mirror import MirrorFacts
 from podwire.controller.nested import NestedDriver, VlanAllocator
 from podwire.controller.neutron_ops import NeutronOps
-from podwire.controller.ns_networks import NamespaceNetworks
-from podwire.controller.pod_annotations import PodAnnotator
-from podwire.controller.policy_ports import PolicyPorts
 from podwire.controller.pool_admin import PoolAdmin
 from podwire.controller.pool_service import PoolDeps, PoolService
 from podwire.controller.recovery import RecoveryReport, recover, verify
 from podwire.controller.recycler import recycle_once
-from podwire.controller.service_publish import ServicePublisher
 from podwire.controller.sweeper import NodeSweeper
 from podwire.controller.term import TermGuard
 from podwire.controller.vif_broker import VifBroker
 from podwire.errors import PodwireError
 from podwire.etcd.client import EtcdClient, Lease
 from podwire.k8s.api import KubeApi
+from podwire.kubeside.gone_nodes import GoneNodes
+from podwire.kubeside.gone_pods import GonePods
+from podwire.kubeside.metrics import KubeMetrics
+from podwire.kubeside.ns_networks import NamespaceNetworks
+from podwire.kubeside.pod_annotations import PodAnnotator
+from podwire.kubeside.policy_ports import PolicyPorts
+from podwire.kubeside.service_publish import ServicePublisher
+from podwire.kubeside.side import KubernetesSide
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronClient, NeutronUnavailable, PortSummary
 from podwire.neutron.netpol import NetpolObjects
@@ -67,7 +68,10 @@ class Controller:
     ) -> None:
         self.settings = settings
         self.etcd = etcd
-        self.metrics = ControllerMetrics(kubernetes=bool(settings.kubernetes.kubeconfig))
+        self.metrics = ControllerMetrics()
+        # Exported only with [kubernetes], beside the pools' metrics on the same registry.
+        kube_registry = self.metrics.registry if settings.kubernetes.kubeconfig else None
+        self.kube_metrics = KubeMetrics(kube_registry)
         self._neutron_client = neutron
         self.kubernetes: KubernetesSide | None = None  # with [kubernetes], once run() began
         self.port = 0  # the API's, once listening
@@ -183,7 +187,7 @@ class Controller:
             api,
             objects,
             self.term.check,
-            self.metrics,
+            self.kube_metrics,
             kubernetes.project_id,
             ports=ports,
             gone=GonePods(self.service, self.broker.release, api.pod, kubernetes.gone_pod_grace),

@@ -5,7 +5,8 @@ Every answer the VIF API gives on failure is ``{"error": <message>, "retryable":
 wrong in words an operator can act on, ``retryable`` whether the same request may succeed
 later, ``cause`` what kind of failure it is, for programs (the agent maps it to a CNI code).
 ``podwire.errors`` holds the few the Kubernetes side (``podwire.kubeside``) tells apart too
-(``UnknownResource``, ``UnknownNetwork``).
+(``UnknownResource``, ``UnknownNetwork``), ``kubeside.errors`` the refusals it gives a pod's
+request (``policy_not_ready``, ``namespace_network``).
 """
 
 from __future__ import annotations
@@ -17,22 +18,6 @@ class PoolNotReady(RetryableError):
     """No port could be handed out now (pool empty, refill failed or still running)."""
 
     cause = "pool_empty"
-
-
-class PolicyNotReady(RetryableError):
-    """The NetworkPolicy groups of the request's pod cannot be decided yet (the apiserver not
-    read yet, the pod not known to it, its policies' groups not in Neutron yet): a port
-    handed out without them would let traffic through that a policy denies."""
-
-    cause = "policy_not_ready"
-
-
-class NamespaceNetworkNotReady(RetryableError):
-    """The network of the request's pod's namespace cannot be used yet: its annotation is
-    malformed or names a network Neutron does not have, or its ``auto`` network is still
-    being made. Retryable: the namespace's owner may fix it, and kubelet asks again."""
-
-    cause = "namespace_network"
 
 
 class NotServing(RetryableError):

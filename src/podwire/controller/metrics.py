@@ -10,9 +10,7 @@ import prometheus_client as prom
 
 
 class ControllerMetrics:
-    def __init__(
-        self, registry: prom.CollectorRegistry | None = None, kubernetes: bool = False
-    ) -> None:
+    def __init__(self, registry: prom.CollectorRegistry | None = None) -> None:
         self.registry = registry or prom.CollectorRegistry()
         r = self.registry
         self.pool_size = prom.Gauge(
@@ -46,22 +44,3 @@ class ControllerMetrics:
             registry=r,
         )
         self.in_use = prom.Gauge("podwire_vifs_in_use", "Attachments holding a port", registry=r)
-        # The Kubernetes side ([kubernetes] kubeconfig): not exported by a controller without
-        # it, where an "up" of 0 would read as an outage.
-        k = r if kubernetes else None
-        self.kubernetes_up = prom.Gauge(
-            "podwire_kubernetes_api_up",
-            "1 while the leader's informers are answered by the apiserver, 0 while one fails",
-            registry=k,
-        )
-        self.kubernetes_errors = prom.Counter(
-            "podwire_kubernetes_api_errors",
-            "Failed lists and watches of the Kubernetes API (each retried after a backoff)",
-            registry=k,
-        )
-        self.netpol_syncs = prom.Counter(
-            "podwire_netpol_syncs",
-            "NetworkPolicy reconciliation passes against Neutron, by result (ok, failed)",
-            ["result"],
-            registry=k,
-        )

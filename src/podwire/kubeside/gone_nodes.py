@@ -16,10 +16,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from podwire.backoff import Backoff, passes_on_wake
-from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
 from podwire.k8s.cache import DELETED, Event
 from podwire.k8s.nodes import K8sNode
+from podwire.kubeside.pools import TermPorts
 from podwire.log import get_logger
 
 log = get_logger(__name__)
@@ -29,7 +29,7 @@ RemoveNode = Callable[[str, str], Awaitable[list[str]]]
 
 
 class GoneNodes:
-    def __init__(self, service: PoolService, remove_node: RemoveNode) -> None:
+    def __init__(self, service: TermPorts, remove_node: RemoveNode) -> None:
         """``remove_node``: ``VifBroker.remove_node`` (ports deleted, records dropped, pools
         freed; repeating it is harmless)."""
         self._service = service
@@ -62,5 +62,5 @@ class GoneNodes:
         """Whether podwire holds anything for the node: a Node it never served is no news."""
         service = self._service
         return any(n == node for n, _ in service.attachments) or any(
-            key.node == node for key in service.pool_keys()
+            key.node == node for key in service.pools.pool_keys()
         )

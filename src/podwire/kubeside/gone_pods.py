@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from podwire.backoff import Backoff, passes_on_wake
-from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
 from podwire.k8s.objects import K8sPod, ObjectKey
+from podwire.kubeside.pools import TermPorts
 from podwire.log import get_logger
 from podwire.schema.vif import PodRef
 
@@ -33,9 +33,7 @@ Release = Callable[[str, str, bool], Awaitable[None]]
 
 
 class GonePods:
-    def __init__(
-        self, service: PoolService, release: Release, get_pod: GetPod, grace: float
-    ) -> None:
+    def __init__(self, service: TermPorts, release: Release, get_pod: GetPod, grace: float) -> None:
         """``release``: the VIF API's release (``VifBroker.release``), the agent's DEL path,
         asked not to pool the port again: the node may still have it plugged (its agent is
         down, or did not unplug it), so it is deleted, never handed to another pod."""

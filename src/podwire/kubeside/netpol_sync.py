@@ -22,15 +22,15 @@ from functools import partial
 from typing import Protocol, TypeVar
 
 from podwire.backoff import Backoff
-from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.policy_view import PolicyView
-from podwire.controller.refusals import PolicyRefused, policies_in, refused
 from podwire.errors import PodwireError
 from podwire.k8s.budget import OverBudget, within_budget
 from podwire.k8s.compile import Cluster, compile_policies
 from podwire.k8s.groups import SgRule
 from podwire.k8s.objects import ObjectKey
 from podwire.k8s.plan import Plan, plan, rule_changes
+from podwire.kubeside.metrics import KubeMetrics
+from podwire.kubeside.policy_view import PolicyView
+from podwire.kubeside.refusals import PolicyRefused, policies_in, refused
 from podwire.log import get_logger
 from podwire.neutron.client import NeutronInUse
 from podwire.neutron.netpol import NetpolObjects, ObservedAddressGroup, ObservedGroup, RuleBody
@@ -82,7 +82,7 @@ class NetpolReconciler:
         objects: NetpolObjects,
         backoff: Backoff | None = None,
         fence: Callable[[str], None] | None = None,
-        metrics: ControllerMetrics | None = None,
+        metrics: KubeMetrics | None = None,
         ports: PortSide | None = None,
     ) -> None:
         """``fence`` is called before every Neutron write with what it is about to do and

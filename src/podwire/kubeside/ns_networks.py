@@ -17,14 +17,13 @@ from typing import Any
 
 from podwire.backoff import Backoff
 from podwire.config import KubernetesSettings, Settings
-from podwire.controller.errors import NamespaceNetworkNotReady
-from podwire.controller.pool_admin import PoolAdmin
-from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError, UnknownNetwork
 from podwire.k8s.api import KubeApi
 from podwire.k8s.ns_network import FINALIZER, Kind, NetworkChoice, network_choice
 from podwire.k8s.objects import NETWORK_ANNOTATION, K8sNamespace, ObjectKey
 from podwire.k8s.watcher import KubeWatcher
+from podwire.kubeside.errors import NamespaceNetworkNotReady
+from podwire.kubeside.pools import PoolChanges, TermPorts
 from podwire.log import get_logger
 from podwire.neutron.ns_networks import NamespaceNetworkObjects
 from podwire.schema.vif import PodRef
@@ -48,8 +47,8 @@ class NamespaceNetworks:
         settings: KubernetesSettings,
         api: KubeApi,
         objects: NamespaceNetworkObjects | None,
-        service: PoolService,
-        admin: PoolAdmin,
+        service: TermPorts,
+        admin: PoolChanges,
         fence: Callable[[str], None],
         warm_ports: int = 0,
     ) -> None:
@@ -78,8 +77,8 @@ class NamespaceNetworks:
         settings: Settings,
         api: KubeApi,
         conn: Any,
-        service: PoolService,
-        admin: PoolAdmin,
+        service: TermPorts,
+        admin: PoolChanges,
         fence: Callable[[str], None],
     ) -> NamespaceNetworks:
         """``conn``: the controller's openstacksdk connection."""

@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from podwire.backoff import Backoff, passes_on_wake
-from podwire.controller.pool_service import PoolService
 from podwire.errors import PodwireError
 from podwire.k8s.objects import K8sPod, ObjectKey
 from podwire.k8s.port_annotations import PORT_ID, ShownPort, port_annotations
+from podwire.kubeside.pools import TermPorts
 from podwire.log import get_logger
 from podwire.neutron.client import PortSummary
 from podwire.schema.inuse import InUse
@@ -42,7 +42,7 @@ PortsOfDevice = Callable[[str], Awaitable[list[PortSummary]]]
 
 class PodAnnotator:
     def __init__(
-        self, service: PoolService, patch: PatchPod, ports_of: PortsOfDevice | None = None
+        self, service: TermPorts, patch: PatchPod, ports_of: PortsOfDevice | None = None
     ) -> None:
         self._service = service
         self._patch = patch

@@ -1,20 +1,19 @@
 """In-use ports follow their pods' NetworkPolicy groups, after every reconciler pass.
 
-A pod's port got its groups when it was handed out (``kube_side.pod_groups``); a policy made
-or deleted, or a pod relabelled, later changes what the port must carry: each port whose set
-changed is moved by one port update (``VifBroker.regroup``, in turn with its attachment's
-requests and releases), and pooled ports are cleared of a group about to be deleted, as the
-admin's removal of a group does, so that Neutron can delete it. Addresses need nothing here:
-address groups follow the pods' labels in the pass itself."""
+A pod's port got its groups when it was handed out (``side.KubernetesSide.pod_groups``); a
+policy made or deleted, or a pod relabelled, later changes what the port must carry: each port
+whose set changed is moved by one port update (``PortMover.regroup``: the controller's
+``VifBroker``, in turn with its attachment's requests and releases), and pooled ports are
+cleared of a group about to be deleted, as the admin's removal of a group does, so that Neutron
+can delete it. Addresses need nothing here: address groups follow the pods' labels in the pass
+itself."""
 
 from __future__ import annotations
 
 import asyncio
 
-from podwire.controller.policy_view import PolicyView, wanted_groups
-from podwire.controller.pool_admin import PoolAdmin
-from podwire.controller.pool_service import PoolService
-from podwire.controller.vif_broker import VifBroker
+from podwire.kubeside.policy_view import PolicyView, wanted_groups
+from podwire.kubeside.pools import PoolChanges, PortMover, TermPorts
 from podwire.log import get_logger
 from podwire.schema.inuse import InUse, SgKey, sg_key
 
@@ -25,7 +24,7 @@ CONCURRENCY = 10  # port updates in flight at once when many pods move together
 
 class PolicyPorts:
     def __init__(
-        self, service: PoolService, broker: VifBroker, admin: PoolAdmin, project_id: str
+        self, service: TermPorts, broker: PortMover, admin: PoolChanges, project_id: str
     ) -> None:
         """``project_id``: where the groups are made, so the one project whose ports move."""
         self._service = service

@@ -15,15 +15,6 @@ import asyncio
 from collections.abc import Callable
 
 from podwire.backoff import Supervised
-from podwire.controller.errors import PolicyNotReady
-from podwire.controller.gone_nodes import GoneNodes
-from podwire.controller.gone_pods import GonePods
-from podwire.controller.metrics import ControllerMetrics
-from podwire.controller.netpol_sync import NetpolReconciler, PortSide
-from podwire.controller.ns_networks import NamespaceNetworks
-from podwire.controller.pod_annotations import PodAnnotator
-from podwire.controller.refusals import port_refused
-from podwire.controller.service_publish import ServicePublisher
 from podwire.errors import KubeApiError, PodwireError, ValidationError
 from podwire.k8s.api import KubeApi
 from podwire.k8s.cache import Cache
@@ -34,6 +25,15 @@ from podwire.k8s.nodes import read_node
 from podwire.k8s.objects import K8sPod, ObjectKey, read_pod
 from podwire.k8s.reach import ApiReach
 from podwire.k8s.watcher import KubeWatcher
+from podwire.kubeside.errors import PolicyNotReady
+from podwire.kubeside.gone_nodes import GoneNodes
+from podwire.kubeside.gone_pods import GonePods
+from podwire.kubeside.metrics import KubeMetrics
+from podwire.kubeside.netpol_sync import NetpolReconciler, PortSide
+from podwire.kubeside.ns_networks import NamespaceNetworks
+from podwire.kubeside.pod_annotations import PodAnnotator
+from podwire.kubeside.refusals import port_refused
+from podwire.kubeside.service_publish import ServicePublisher
 from podwire.log import get_logger
 from podwire.neutron.netpol import NetpolObjects
 from podwire.schema.vif import PodRef
@@ -51,7 +51,7 @@ class KubernetesSide:
         api: KubeApi,
         objects: NetpolObjects,
         fence: Callable[[str], None],
-        metrics: ControllerMetrics,
+        metrics: KubeMetrics,
         project_id: str,
         watch_seconds: int = WATCH_SECONDS,
         ports: PortSide | None = None,
@@ -80,14 +80,14 @@ class KubernetesSide:
         self.namespaces = namespaces
         if namespaces is not None:
             namespaces.api_problem = lambda: self.reach.problem
-        self.reach = ApiReach(api.server, on_error=metrics.kubernetes_errors.inc)
+        self.reach = ApiReach(api.server, on_error=metrics.api_errors.inc)
         # Kept across terms and restarts of this side: a failure's count is not forgotten.
         self.events = EventRecorder(api)
         if namespaces is not None:
             namespaces.on_problem = lambda name, uid, message: self.events.warn(
                 ObjectRef.of_namespace(name, uid), "NetworkRefused", message
             )
-        metrics.kubernetes_up.set_function(lambda: 0.0 if self.reach.away else 1.0)
+        metrics.api_up.set_function(lambda: 0.0 if self.reach.away else 1.0)
         self.supervised = Supervised("kubernetes", self._run)
         self.watcher: KubeWatcher | None = None  # the current term's
         self.reconciler: NetpolReconciler | None = None
