@@ -25,6 +25,7 @@ from tests.controller.conftest import (
     settings_for,
     vif_body,
 )
+from tests.neutron_calls import neutron_call_count
 
 pytestmark = pytest.mark.stack
 
@@ -64,14 +65,14 @@ async def test_a_standby_refuses_every_call_and_names_the_leader(
     settings = settings_for(stack, [node], min=0)
     leader = await controllers(settings)
     standby = await controllers(settings, wait_ready=False)
-    writes_before = standby.controller.neutron.calls
+    writes_before = neutron_call_count(standby.controller.metrics)
     for call, status, headers, body in await _refusals(http, standby.url, node, network):
         assert status == 503, (call, body)
         assert body["cause"] == "not_serving" and body["retryable"] is True, (call, body)
         assert body["leader"] == leader.url, (call, body)
         assert f"the leader serves at {leader.url}" in body["error"], (call, body)
         assert "Retry-After" in headers, call
-    assert standby.controller.neutron.calls == writes_before  # not one Neutron call
+    assert neutron_call_count(standby.controller.metrics) == writes_before  # not one Neutron call
     # Tokens are checked first: a stranger learns nothing, not even where the leader is.
     async with http.get(standby.url + "/v1/pools") as response:
         assert response.status == 401
@@ -110,10 +111,10 @@ async def test_a_lost_term_drops_the_pools_and_refuses_writes(
 
         await eventually(ended, "the term ended")
         assert running.service.pools.size(key) == 0  # dropped: the other may hand them out
-        calls = ctl.neutron.calls
+        calls = neutron_call_count(ctl.metrics)
         with pytest.raises(NotLeader, match="holds no leader term"):
             await ctl.neutron.delete_port(port)
-        assert ctl.neutron.calls == calls  # refused before Neutron was asked
+        assert neutron_call_count(ctl.metrics) == calls  # refused before Neutron was asked
         status, body = await admin(http, "POST", running.url + "/v1/pools/free",
                                    {"nodes": [node.name]})  # fmt: skip
         assert (status, body["leader"]) == (503, "http://other:7070"), body
