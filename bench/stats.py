@@ -1,9 +1,26 @@
-"""Shared figures for every bench: medians, p99 and the row format the table prints."""
+"""Shared figures for every bench: timings, medians, p99 and the row format the table prints."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
+
+
+async def timed(call: Callable[..., Awaitable[Any]], *args: Any) -> float:
+    """Milliseconds from calling ``call`` until what it returns is done."""
+    started = time.perf_counter()
+    await call(*args)
+    return (time.perf_counter() - started) * 1000
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(samples: list[float], fraction: float) -> float:

@@ -20,6 +20,7 @@ def desired_value(
     segmentation_id: int | None = 1000,
     physnet: str | None = None,
     mtu: int = 1450,
+    security_groups: tuple[str, ...] = (),
 ) -> bytes:
     body = {
         "v": 1,
@@ -33,7 +34,7 @@ def desired_value(
         "vif_type": "veth",
         "vif_details": {},
         "fixed_ips": fixed_ips,
-        "security_groups": [],
+        "security_groups": list(security_groups),
         "device_owner": "compute:podwire",
         "device_id": "",
         "trunk": None,
