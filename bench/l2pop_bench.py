@@ -17,24 +17,22 @@ to be forwarded here (target: idle again at once, the new port within 1 s).
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.cni_bench import AgentProcess
-from bench.stats import row
+from bench.agent_proc import AgentProcess
+from bench.harness import forget_nodes, stack_etcd, until
+from bench.stats import cpu_seconds, row
 from podwire import keys
 from podwire.agent import naming
-from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort, parse_desired_port
 from tests.agent.desired_keys import desired_value
-from tests.agent.netenv import in_ns, sh
+from tests.agent.netenv import NetEnv, in_ns
 from tests.etcd_tools import delete_prefix
 
 POLL = 0.005
@@ -48,28 +46,23 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
 
 
 async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
-    tag = f"pwt-{uuid.uuid4().hex[:6]}"
-    host_ns, host, peer = f"{tag}-h", f"{tag}-host", f"{tag}-peer"
-    flooder = f"{tag}-flooder"
+    env = NetEnv()
+    host, peer, flooder = f"{env.tag}-host", f"{env.tag}-peer", f"{env.tag}-flooder"
     work = Path(tempfile.mkdtemp(prefix="pwb-l2-", dir="/tmp"))
     network = str(uuid.uuid4())
-    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
-    sh("ip", "netns", "add", host_ns)
-    agent = AgentProcess(_config(work, stack, host, host_ns), _no_vifs(work))
+    etcd = await stack_etcd(stack)
+    host_ns = env.namespace("h")
+    agent = AgentProcess(work, stack, host, host_ns)
     flood: list[dict[str, Any]] = []
     lease = await etcd.grant_lease(120)
     try:
-        in_ns(host_ns, "ip", "link", "set", "lo", "up")
         in_ns(host_ns, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo")
         await asyncio.to_thread(agent.start)
-        local = str(uuid.uuid4())
-        await etcd.put(
-            keys.node_port(host, local),
-            desired_value(local, network, "fa:16:3e:00:01:01", [_ip("10.60.0.1")]),
-        )
+        local = _port(network, "fa:16:3e:00:01:01", "10.60.0.1")
+        await _bind(etcd, host, local)
         await etcd.put(keys.state_vtep(peer), values.vtep_value("192.0.2.2"))
         await etcd.put(keys.state_alive(peer), values.alive_value(0, "b"), lease=lease.id)
-        await _until(lambda: _has(host_ns, network, "dst 192.0.2.2"), 30)  # plumbing, flood
+        await until(lambda: _has(host_ns, network, "dst 192.0.2.2"), 30, POLL, True)  # plumbing
         added, removed = await _samples(etcd, host_ns, peer, network, samples)
         drift = await _drift(etcd, host_ns, peer, network, min(samples, DRIFT_SAMPLES))
         await etcd.put(keys.state_vtep(flooder), values.vtep_value("192.0.2.3"))
@@ -77,13 +70,11 @@ async def _measure(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         flood = await _flood(etcd, agent.pid, host_ns, (flooder, peer), network)
     finally:
         await lease.revoke()
-        await delete_prefix(etcd, keys.state_node_prefix(peer))
-        await delete_prefix(etcd, keys.state_node_prefix(flooder))
-        await delete_prefix(etcd, keys.node_prefix(host))
+        await forget_nodes(etcd, peer, flooder, host)
         await asyncio.to_thread(agent.stop)
-        await delete_prefix(etcd, keys.state_node_prefix(host))
+        await forget_nodes(etcd, host)  # what its agent wrote until it stopped
         await etcd.close()
-        sh("ip", "netns", "del", host_ns, check=False)
+        env.cleanup()
     return [
         row("remote port wired (its state in etcd) -> forwarded to here (p99 <= 200 ms)", added),
         row("remote port unwired -> its entries gone here", removed),
@@ -99,20 +90,11 @@ async def _samples(
     removed: list[float] = []
     for i in range(samples):
         mac = f"fa:16:3e:10:{i // 256:02x}:{i % 256:02x}"
-        port = parse_desired_port(
-            desired_value(
-                str(uuid.uuid4()), network, mac, [_ip(f"10.60.{1 + i // 250}.{2 + i % 250}")]
-            )
-        )
-        key = keys.state_port(peer, port.port_id)
-        await _bind(etcd, peer, port)
+        port = _port(network, mac, f"10.60.{1 + i // 250}.{2 + i % 250}")
+        added.append(await _claimed(etcd, host_ns, peer, network, port))
         started = time.perf_counter()
-        await etcd.put(key, values.port_state_value(time.time(), port))
-        await _until(lambda mac=mac: _forwarded(host_ns, network, mac), 10)
-        added.append((time.perf_counter() - started) * 1000)
-        started = time.perf_counter()
-        await etcd.delete(key)
-        await _until(lambda mac=mac: not _has(host_ns, network, mac), 10)
+        await etcd.delete(keys.state_port(peer, port.port_id))
+        await until(lambda mac=mac: not _has(host_ns, network, mac), 10, POLL, True)
         removed.append((time.perf_counter() - started) * 1000)
     return added, removed
 
@@ -122,12 +104,8 @@ async def _drift(
 ) -> list[dict[str, Any]]:
     """Changes made behind the agent, until it has put them back (target p99 <= 2 s): a remote
     port's FDB entry deleted, podwire's bridge table flushed."""
-    port = parse_desired_port(
-        desired_value(str(uuid.uuid4()), network, "fa:16:3e:88:00:01", [_ip("10.63.0.2")])
-    )
-    await _bind(etcd, peer, port)
-    await etcd.put(keys.state_port(peer, port.port_id), values.port_state_value(time.time(), port))
-    await _until(lambda: _forwarded(host_ns, network, port.mac_address), 10)
+    port = _port(network, "fa:16:3e:88:00:01", "10.63.0.2")
+    await _claimed(etcd, host_ns, peer, network, port)
     device, entry = naming.vxlan(network), f"{port.mac_address} dst 192.0.2.2"
     fdb: list[float] = []
     tables: list[float] = []
@@ -135,11 +113,11 @@ async def _drift(
         started = time.perf_counter()
         in_ns(host_ns, "bridge", "fdb", "del", port.mac_address, "dev", device, "dst",
               "192.0.2.2", "self")  # fmt: skip
-        await _until(lambda: _has(host_ns, network, entry), 10)
+        await until(lambda: _has(host_ns, network, entry), 10, POLL, True)
         fdb.append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         in_ns(host_ns, "nft", "flush", "table", "bridge", "podwire")  # rules go, sets stay
-        await _until(lambda: _has_rules(host_ns), 10)
+        await until(lambda: _has_rules(host_ns), 10, POLL, True)
         tables.append((time.perf_counter() - started) * 1000)
     await etcd.delete(keys.state_port(peer, port.port_id))
     return [
@@ -151,6 +129,18 @@ async def _drift(
 def _has_rules(host_ns: str) -> bool:
     listed = in_ns(host_ns, "nft", "list", "table", "bridge", "podwire", check=False).stdout
     return " drop" in listed
+
+
+async def _claimed(
+    etcd: EtcdClient, host_ns: str, peer: str, network: str, port: DesiredPort
+) -> float:
+    """``port`` bound to ``peer``, which then reports it wired: ms from that report until
+    this node forwards to the port."""
+    await _bind(etcd, peer, port)
+    started = time.perf_counter()
+    await etcd.put(keys.state_port(peer, port.port_id), values.port_state_value(time.time(), port))
+    await until(lambda: _forwarded(host_ns, network, port.mac_address), 10, POLL, True)
+    return (time.perf_counter() - started) * 1000
 
 
 async def _bind(etcd: EtcdClient, host: str, port: DesiredPort) -> None:
@@ -166,24 +156,15 @@ async def _flood(
     """``nodes``: the one flooding, and an honest one whose new port must not wait."""
     flooder, peer = nodes
     idle_before = _cpu_rate(pid, 1.0)
-    started, cpu_started = time.perf_counter(), _cpu_seconds(pid)
+    started, cpu_started = time.perf_counter(), cpu_seconds(pid)
     for i in range(FLOOD):
-        mac = f"fa:16:3e:66:{i // 256:02x}:{i % 256:02x}"
-        claim = desired_value(str(uuid.uuid4()), network, mac, [_ip(f"10.61.{i // 250}.2")])
-        port = parse_desired_port(claim)
+        port = _port(network, f"fa:16:3e:66:{i // 256:02x}:{i % 256:02x}", f"10.61.{i // 250}.2")
         await etcd.put(keys.state_port(flooder, port.port_id), values.port_state_value(0, port))
     flood_seconds = time.perf_counter() - started
-    cpu_during = (_cpu_seconds(pid) - cpu_started) / flood_seconds
+    cpu_during = (cpu_seconds(pid) - cpu_started) / flood_seconds
     idle_after = await _until_idle(pid)
-    legit = parse_desired_port(desired_value(str(uuid.uuid4()), network, "fa:16:3e:77:00:01",
-                                             [_ip("10.62.0.2")]))  # fmt: skip
-    await _bind(etcd, peer, legit)
-    began = time.perf_counter()
-    await etcd.put(
-        keys.state_port(peer, legit.port_id), values.port_state_value(time.time(), legit)
-    )
-    await _until(lambda: _forwarded(host_ns, network, legit.mac_address), 10)
-    reachable = (time.perf_counter() - began) * 1000
+    legit = _port(network, "fa:16:3e:77:00:01", "10.62.0.2")
+    reachable = await _claimed(etcd, host_ns, peer, network, legit)
     await delete_prefix(etcd, keys.state_ports_prefix(flooder))
     await delete_prefix(etcd, keys.state_ports_prefix(peer))
     note = (
@@ -202,15 +183,10 @@ async def _flood(
     ]
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _cpu_rate(pid: int, seconds: float) -> float:
-    before = _cpu_seconds(pid)
+    before = cpu_seconds(pid)
     time.sleep(seconds)
-    return (_cpu_seconds(pid) - before) / seconds
+    return (cpu_seconds(pid) - before) / seconds
 
 
 async def _until_idle(pid: int) -> float:
@@ -223,11 +199,8 @@ async def _until_idle(pid: int) -> float:
 
 
 def _forwarded(host_ns: str, network: str, mac: str) -> bool:
-    listed = subprocess.run(
-        ["ip", "netns", "exec", host_ns, "nft", "list", "set", "bridge", "podwire", "remote_src"],
-        capture_output=True, text=True, check=False,
-    ).stdout  # fmt: skip
-    return mac in listed and _has(host_ns, network, f"{mac} dst 192.0.2.2")
+    listed = in_ns(host_ns, "nft", "list", "set", "bridge", "podwire", "remote_src", check=False)
+    return mac in listed.stdout and _has(host_ns, network, f"{mac} dst 192.0.2.2")
 
 
 def _has(host_ns: str, network: str, text: str) -> bool:
@@ -235,31 +208,11 @@ def _has(host_ns: str, network: str, text: str) -> bool:
     return text in fdb.stdout
 
 
-async def _until(check: Any, within: float) -> None:
-    deadline = time.monotonic() + within
-    while not await asyncio.to_thread(check):
-        if time.monotonic() > deadline:
-            raise RuntimeError("timed out")
-        await asyncio.sleep(POLL)
-
-
 def _ip(address: str) -> dict[str, str]:
     net = address.rsplit(".", 1)[0]
     return {"ip_address": address, "subnet_id": "s", "cidr": f"{net}.0/24", "gateway_ip": None}
 
 
-def _config(work: Path, stack: dict[str, Any], host: str, host_ns: str) -> Path:
-    path = work / "agent.toml"
-    path.write_text(
-        f'[etcd]\nendpoints = ["{stack["etcd"]}"]\n'
-        f'[agent]\nhost = "{host}"\ncni_socket = "{work}/agent.sock"\n'
-        f'state_dir = "{work}/state"\nvtep_ip = "192.0.2.1"\nhost_netns = "{host_ns}"\n'
-        'security_groups = "enforce"\n'
-    )
-    return path
-
-
-def _no_vifs(work: Path) -> Path:
-    path = work / "vifs.json"
-    path.write_text("[]")
-    return path
+def _port(network: str, mac: str, address: str) -> DesiredPort:
+    """A new port of ``network``, as the ml2 forwarder would describe it."""
+    return parse_desired_port(desired_value(str(uuid.uuid4()), network, mac, [_ip(address)]))

@@ -15,20 +15,26 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from bench import cni_bench
-from bench.stats import row
+from bench.harness import (
+    delete_project,
+    forget_nodes,
+    iperf,
+    iperf_server,
+    project_network,
+    stack_etcd,
+    until,
+)
+from bench.stats import row, timed
 from podwire import keys
 from podwire.agent import naming
 from podwire.agent.policy.enforcer import EnforcerSettings, PolicyEnforcer
-from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
 from podwire.neutron.client import neutron_connection
@@ -36,7 +42,7 @@ from podwire.schema.secgroups import GroupMember, Rule, SecurityGroup
 from podwire.sgpolicy import ruleset
 from podwire.sgpolicy.compile import PolicyInputs, PortPolicy, compile_ruleset
 from tests.agent.netenv import NetEnv, in_ns
-from tests.agent.sgnet import SgHost, SgPod, numbered_ports, wait_applied
+from tests.agent.sgnet import SgHost, numbered_ports, wait_applied
 from tests.etcd_tools import delete_prefix
 
 PORTS = 500
@@ -56,16 +62,7 @@ def _rules(g: int, count: int, remote: str | None = None) -> tuple[Rule, ...]:
     """``count`` rules: TCP ranges from prefixes, egress, and (with ``remote``) ICMP from the
     members of that group."""
     rules = [
-        Rule(
-            str(uuid.uuid4()),
-            "ingress",
-            "IPv4",
-            6,
-            1000 + 10 * r,
-            1005 + 10 * r,
-            f"10.{g}.{r % 250}.0/24",
-        )
-        for r in range(count - 3)
+        _tcp_in(1000 + 10 * r, 1005 + 10 * r, f"10.{g}.{r % 250}.0/24") for r in range(count - 3)
     ]
     rules.append(Rule(str(uuid.uuid4()), "ingress", "IPv4", 1, None, None, None, remote))
     rules.append(Rule(str(uuid.uuid4()), "egress", "IPv4"))
@@ -73,9 +70,13 @@ def _rules(g: int, count: int, remote: str | None = None) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
+def _tcp_in(low: int, high: int, prefix: str | None) -> Rule:
+    return Rule(str(uuid.uuid4()), "ingress", "IPv4", 6, low, high, prefix)
+
+
 async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     env = NetEnv()
-    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    etcd = await stack_etcd(stack)
     ids = [str(uuid.uuid4()) for _ in range(3)]
     groups = [SecurityGroup(sg, _rules(g, 20, sg)) for g, sg in enumerate(ids)]
     host_ns = env.namespace("sgb")
@@ -107,29 +108,17 @@ async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, An
         for group in groups:
             await etcd.delete(keys.secgroup(group.sg_id))
             await delete_prefix(etcd, keys.remote_groups_prefix(group.sg_id))
-        await delete_prefix(etcd, keys.state_node_prefix(host))
+        await forget_nodes(etcd, host)
         await etcd.close()
         env.cleanup()
     where = f"{PORTS} ports, 3 groups x 20 rules"
     return [
-        row(
-            f"sg rule change -> in force, agent side ({where})",
-            change,
-            "nft -f whole ruleset",
-            reference,
-        ),
-        row(
-            "sg remote-group member added -> admitted, agent side",
-            member,
-            "nft -f whole ruleset",
-            reference,
-        ),
-        row(
-            f"sg agent restart: {PORTS} ports reconciled",
-            reconcile,
-            "nft -f whole ruleset",
-            reference,
-        ),
+        row(name, ours, "nft -f whole ruleset", reference)
+        for name, ours in (
+            (f"sg rule change -> in force, agent side ({where})", change),
+            ("sg remote-group member added -> admitted, agent side", member),
+            (f"sg agent restart: {PORTS} ports reconciled", reconcile),
+        )
     ]
 
 
@@ -192,15 +181,11 @@ async def _changes(
         )
         value = SecurityGroup(group.sg_id, rules, revision=i).encode().encode()
         revision = await etcd.put(keys.secgroup(group.sg_id), value)
-        started = time.perf_counter()
-        await wait_applied(enforcer, revision)
-        change.append((time.perf_counter() - started) * 1000)
+        change.append(await timed(wait_applied, enforcer, revision))
         added = GroupMember(str(uuid.uuid4()), (f"10.200.{i // 250}.{i % 250}/32",))
         key = keys.remote_group_member(group.sg_id, added.port_id)
         revision = await etcd.put(key, added.encode().encode())
-        started = time.perf_counter()
-        await wait_applied(enforcer, revision)
-        member.append((time.perf_counter() - started) * 1000)
+        member.append(await timed(wait_applied, enforcer, revision))
     return change, member
 
 
@@ -216,81 +201,35 @@ def _nft_cli(host_ns: str, text: str, samples: int) -> list[float]:
     return times
 
 
-def _measure_adds(
-    runner: cni_bench.HostThreadRunner,
-    work: Path,
-    socket: str,
-    network: str,
-    pods: list[str],
-    samples: int,
-) -> list[dict[str, Any]]:
-    ours = {
-        "cniVersion": "1.0.0",
-        "name": "pw",
-        "type": "podwire",
-        "network": network,
-        "agentSocket": socket,
-    }
-    ref = {
-        "cniVersion": "1.0.0",
-        "name": "ref",
-        "type": "bridge",
-        "bridge": "pwbref0",
-        "ipam": {"type": "host-local", "subnet": "10.99.0.0/16", "dataDir": str(work / "ipam")},
-    }
-    bridge = cni_bench.REFERENCE_DIR / "bridge"
-    adds, ref_adds = [], []
-    for i in range(samples):
-        pod, cid = pods[i % len(pods)], f"s{i}"
-        adds.append(runner.timed(cni_bench.PLUGIN, cni_bench._env("ADD", cid, pod, "eth0"), ours))
-        runner.timed(cni_bench.PLUGIN, cni_bench._env("DEL", cid, pod, "eth0"), ours)
-        ref_adds.append(runner.timed(bridge, cni_bench._env("ADD", cid, pod, "ref0"), ref))
-        runner.timed(bridge, cni_bench._env("DEL", cid, pod, "ref0"), ref)
+def _measure_adds(plugins: cni_bench.Plugins, samples: int) -> list[dict[str, Any]]:
+    times = plugins.singles(samples)  # the cni bench's ADD and DEL, its reference's
     return [
-        row("cni ADD, warm port, SGs enforced (20 rules)", adds, "bridge+host-local ADD", ref_adds)
+        row(
+            "cni ADD, warm port, SGs enforced (20 rules)",
+            times["add"],
+            "bridge+host-local ADD",
+            times["ref_add"],
+        )
     ]
 
 
 # -- through the real Neutron --------------------------------------------------------
 
 
-async def _until(check: Any, within: float = 10.0) -> None:
-    for _ in range(int(within / 0.001)):
-        if check():
-            return
-        await asyncio.sleep(0.001)
-    raise TimeoutError("the change never reached the agent")
-
-
 async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     conn = neutron_connection(stack["neutron"])
     project = uuid.uuid4().hex
     env = NetEnv()
-    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    etcd = await stack_etcd(stack)
     host_ns = env.namespace("sgn")
     nft = Nftables(host_ns)
     sg = conn.network.create_security_group(name="pw-bench-sg", project_id=project)
-    network = conn.network.create_network(name="pw-bench-sg", project_id=project)
-    conn.network.create_subnet(
-        network_id=network.id, cidr="10.67.0.0/20", ip_version=4, project_id=project
-    )
+    network, _ = project_network(conn, project, "pw-bench-sg", "10.67.0.0/20")
     enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(f"{env.tag}-sgn"), None)
     task = asyncio.create_task(enforcer.run())
     rule_ms, rule_api, member_ms, member_api = [], [], [], []
     try:
-        pods = [
-            SgPod(
-                "",
-                f"pwp7e57{i:08d}",
-                f"fa:16:3e:01:00:{i:02x}",
-                f"10.9.0.{i}",
-                f"fd00:9::{i:x}",
-                i,
-                security_groups=(sg.id,),
-            )
-            for i in range(1, 21)
-        ]
-        enforcer.adopt([(p.policy().port, p.ifname) for p in pods])
+        enforcer.adopt(numbered_ports(20, (sg.id,)))
         await enforcer.synced.wait()
         for i in range(samples):
             started = time.perf_counter()
@@ -303,7 +242,7 @@ async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, A
                 port_range_max=3000 + i,
             )
             returned = time.perf_counter()
-            await _until(lambda rule_id=rule.id: rule_id in _rule_ids(enforcer, sg.id))
+            await until(lambda rule_id=rule.id: rule_id in _rule_ids(enforcer, sg.id), 10, 0.001)
             await wait_applied(enforcer, enforcer.watcher.revision)
             rule_ms.append((time.perf_counter() - returned) * 1000)
             rule_api.append((returned - started) * 1000)
@@ -313,7 +252,9 @@ async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, A
             )
             returned = time.perf_counter()
             address = f"{port.fixed_ips[0]['ip_address']}/32"
-            await _until(lambda found=address: found in _member_addresses(enforcer, sg.id))
+            await until(
+                lambda found=address: found in _member_addresses(enforcer, sg.id), 10, 0.001
+            )
             await wait_applied(enforcer, enforcer.watcher.revision)
             member_ms.append((time.perf_counter() - returned) * 1000)
             member_api.append((returned - started) * 1000)
@@ -321,11 +262,8 @@ async def _neutron_rows(stack: dict[str, Any], samples: int) -> list[dict[str, A
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         nft.close()
-        for port in list(conn.network.ports(project_id=project)):
-            conn.network.delete_port(port)
-        conn.network.delete_network(network)
-        conn.network.delete_security_group(sg)
-        await delete_prefix(etcd, keys.state_node_prefix(f"{env.tag}-sgn"))
+        delete_project(conn, project)
+        await forget_nodes(etcd, f"{env.tag}-sgn")
         await etcd.close()
         env.cleanup()
     return [
@@ -378,20 +316,8 @@ def _iperf(port_security: bool, runs: int = 3) -> list[float]:
         host.start()
         client = host.pod(1, security_groups=(sg,), port_security=port_security)
         server = host.pod(2, security_groups=(sg,), port_security=port_security)
-        rules = [
-            Rule(
-                str(uuid.uuid4()),
-                "ingress",
-                "IPv4",
-                6,
-                10000 + r,
-                10000 + r,
-                f"10.{r // 200}.{r % 200}.0/24",
-            )
-            for r in range(998)
-        ]
-        rules += [Rule(str(uuid.uuid4()), "ingress", "IPv4", 6, 5201, 5201, None)]
-        rules += [Rule(str(uuid.uuid4()), "egress", "IPv4")]
+        rules = [_tcp_in(10000 + r, 10000 + r, f"10.{r // 200}.{r % 200}.0/24") for r in range(998)]
+        rules += [_tcp_in(5201, 5201, None), Rule(str(uuid.uuid4()), "egress", "IPv4")]
         group = SecurityGroup(sg, tuple(rules))
         compiled = compile_ruleset(
             PolicyInputs({sg: group}, {}, {}, [p.policy() for p in host.pods]), naming.DEVICES
@@ -403,20 +329,8 @@ def _iperf(port_security: bool, runs: int = 3) -> list[float]:
             check=True,
             capture_output=True,
         )
-        daemon = subprocess.Popen(
-            ["ip", "netns", "exec", server.ns, "iperf3", "-s"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        host.procs.append(daemon)
-        time.sleep(0.5)
-        out = []
-        for _ in range(runs):
-            proc = in_ns(client.ns, "iperf3", "-c", server.ip4, "-t", "3", "-J")
-            found = json.loads(proc.stdout)["end"]["sum_received"]["bits_per_second"]
-            out.append(found / 1e9)
-        return out
+        with iperf_server(server.ns):
+            return [iperf(client.ns, server.ip4) for _ in range(runs)]
     finally:
         host.stop()
         env.cleanup()

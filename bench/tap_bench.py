@@ -26,15 +26,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.cni_bench import AgentProcess
+from bench.agent_proc import AgentProcess
+from bench.harness import delete_project, forget_nodes, project_network, stack_etcd, wait_for
 from bench.stats import row
 from podwire import keys
-from podwire.config import EtcdSettings
-from podwire.etcd import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.schema.ports import tap_name
-from tests.agent.netenv import in_ns, sh
-from tests.etcd_tools import delete_prefix
+from tests.agent.netenv import NetEnv, in_ns
 from tests.neutron_agents.agents import NeutronAgentRun, dhcp_port
 
 BUSYBOX = "/bin/busybox"
@@ -55,93 +53,42 @@ class _Node:
 
     def __init__(self, stack: dict[str, Any]) -> None:
         self.stack = stack
-        self.tag = f"pwt-{uuid.uuid4().hex[:6]}"
-        self.host_ns, self.host = f"{self.tag}-h", f"{self.tag}-host"
+        self.env = NetEnv()
+        self.tag, self.host = self.env.tag, f"{self.env.tag}-host"
         self.conn = neutron_connection(stack["neutron"])
         self.project = uuid.uuid4().hex
         self.work = Path(tempfile.mkdtemp(prefix="pwb-tap-", dir="/tmp"))
-        self.namespaces: list[str] = []
         self.agent: AgentProcess | None = None
         self.dhcp: NeutronAgentRun | None = None
         self.loop = asyncio.new_event_loop()
-        self.etcd = self.loop.run_until_complete(
-            EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
-        )
+        self.etcd = self.loop.run_until_complete(stack_etcd(stack))
 
     def __enter__(self) -> _Node:
-        self._namespace(self.host_ns)
+        self.host_ns = self.env.namespace("h")
         in_ns(self.host_ns, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo")
-        self.agent = AgentProcess(self._config(), self._no_vifs())
+        self.agent = AgentProcess(self.work, self.stack, self.host, self.host_ns)
         self.agent.start()
         self.dhcp = NeutronAgentRun(
             Path(self.stack["data_dir"]), self.host, self.host_ns, self.work / "dhcp.out"
         )
-        self._wait(lambda: any(a.is_alive for a in self.conn.network.agents(host=self.host)))
+        _wait(lambda: any(a.is_alive for a in self.conn.network.agents(host=self.host)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for port in list(self.conn.network.ports(project_id=self.project)):
-            self.conn.network.delete_port(port)
-        for network in list(self.conn.network.networks(project_id=self.project)):
-            self.conn.network.delete_network(network)
+        delete_project(self.conn, self.project)
         if self.dhcp is not None:
             self.dhcp.stop()
         if self.agent is not None:
             self.agent.stop()
-        for ns in reversed(self.namespaces):
-            sh("ip", "netns", "del", ns, check=False)
-        self.loop.run_until_complete(self._forget_host())
+        self.env.cleanup()
+        self.loop.run_until_complete(forget_nodes(self.etcd, self.host))
         self.loop.run_until_complete(self.etcd.close())
         self.loop.close()
-
-    def _namespace(self, name: str) -> str:
-        sh("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        in_ns(name, "ip", "link", "set", "lo", "up")
-        return name
-
-    def _config(self) -> Path:
-        path = self.work / "agent.toml"
-        path.write_text(
-            f'[etcd]\nendpoints = ["{self.stack["etcd"]}"]\n'
-            f'[agent]\nhost = "{self.host}"\ncni_socket = "{self.work}/agent.sock"\n'
-            f'state_dir = "{self.work}/state"\nvtep_ip = "192.0.2.1"\n'
-            f'host_netns = "{self.host_ns}"\nsecurity_groups = "enforce"\n'
-        )
-        return path
-
-    def _no_vifs(self) -> Path:
-        path = self.work / "vifs.json"
-        path.write_text("[]")
-        return path
-
-    async def _forget_host(self) -> None:
-        await delete_prefix(self.etcd, keys.node_prefix(self.host))
-        await delete_prefix(self.etcd, keys.state_node_prefix(self.host))
-
-    @staticmethod
-    def _wait(ready: Any, timeout: float = 120.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = ready()
-            if found:
-                return found
-            time.sleep(POLL)
-        raise RuntimeError("timed out")
-
-    def _network(self, cidr: str, dhcp: bool) -> tuple[Any, float]:
-        """A network with one subnet; and when its subnet's create call returned."""
-        network = self.conn.network.create_network(name=self.tag, project_id=self.project)
-        self.conn.network.create_subnet(
-            network_id=network.id, cidr=cidr, ip_version=4, project_id=self.project,
-            enable_dhcp=dhcp,
-        )  # fmt: skip
-        return network, time.perf_counter()
 
     # -- tap appears -> ACTIVE -----------------------------------------------------------
 
     def tap_rows(self, samples: int) -> list[dict[str, Any]]:
-        network, _ = self._network("10.97.0.0/24", dhcp=False)
+        network, _ = project_network(self.conn, self.project, self.tag, "10.97.0.0/24", False)
         wired: list[float] = []
         active: list[float] = []
         for _ in range(samples):
@@ -149,14 +96,14 @@ class _Node:
                 network_id=network.id, project_id=self.project, device_owner="compute:nova",
                 device_id=str(uuid.uuid4()), binding_host_id=self.host,
             )  # fmt: skip
-            self._wait(lambda port=port: self._desired(port.id))
-            guest = self._namespace(f"{self.tag}-g{len(self.namespaces)}")
+            _wait(lambda port=port: self._key(keys.node_port(self.host, port.id)))
+            guest = self.env.namespace(f"g{len(self.env.namespaces)}")
             started = time.perf_counter()
             in_ns(self.host_ns, "ip", "link", "add", tap_name(port.id), "type", "veth",
                   "peer", "eth0", "netns", guest)  # fmt: skip
-            self._wait(lambda port=port: self._wired(port.id))
+            _wait(lambda port=port: self._key(keys.state_port(self.host, port.id)))
             wired.append((time.perf_counter() - started) * 1000)
-            self._wait(lambda port=port: self.conn.network.get_port(port.id).status == "ACTIVE")
+            _wait(lambda port=port: self.conn.network.get_port(port.id).status == "ACTIVE")
             active.append((time.perf_counter() - started) * 1000)
             self.conn.network.delete_port(port)
             in_ns(self.host_ns, "ip", "link", "del", tap_name(port.id), check=False)
@@ -169,12 +116,6 @@ class _Node:
             ),
         ]
 
-    def _desired(self, port_id: str) -> bool:
-        return self._key(keys.node_port(self.host, port_id))
-
-    def _wired(self, port_id: str) -> bool:
-        return self._key(keys.state_port(self.host, port_id))
-
     def _key(self, key: str) -> bool:
         return self.loop.run_until_complete(self.etcd.get(key)) is not None
 
@@ -184,8 +125,9 @@ class _Node:
         served: list[float] = []
         leases: list[float] = []
         for i in range(samples):
-            network, started = self._network(f"10.98.{i}.0/24", dhcp=True)
-            self._wait(lambda network=network: _active(dhcp_port(self.conn, network.id)))
+            network, _ = project_network(self.conn, self.project, self.tag, f"10.98.{i}.0/24")
+            started = time.perf_counter()  # the subnet's create call returned
+            _wait(lambda network=network: _active(dhcp_port(self.conn, network.id)))
             served.append((time.perf_counter() - started) * 1000)
             leases.append(self._lease(network))
             for port in list(self.conn.network.ports(network_id=network.id)):
@@ -201,11 +143,11 @@ class _Node:
             network_id=network.id, project_id=self.project, device_owner="compute:nova",
             device_id=str(uuid.uuid4()), binding_host_id=self.host,
         )  # fmt: skip
-        guest = self._namespace(f"{self.tag}-l{len(self.namespaces)}")
+        guest = self.env.namespace(f"l{len(self.env.namespaces)}")
         in_ns(self.host_ns, "ip", "link", "add", tap_name(port.id), "type", "veth", "peer",
               "eth0", "netns", guest)  # fmt: skip
         in_ns(guest, "ip", "link", "set", "eth0", "address", port.mac_address, "up")
-        self._wait(lambda: self.conn.network.get_port(port.id).status == "ACTIVE")
+        _wait(lambda: self.conn.network.get_port(port.id).status == "ACTIVE")
         started = time.perf_counter()
         result = subprocess.run(
             ["ip", "netns", "exec", guest, BUSYBOX, "udhcpc", "-i", "eth0", "-n", "-q",
@@ -216,6 +158,10 @@ class _Node:
         if "obtained" not in result.stdout + result.stderr:
             raise RuntimeError(f"no lease: {result.stdout} {result.stderr}")
         return took
+
+
+def _wait(ready: Any) -> Any:
+    return wait_for(ready, 120.0, POLL)
 
 
 def _active(port: Any) -> bool:
