@@ -26,14 +26,14 @@ from typing import Any
 import grpc
 
 from bench.cni_bench import _unpublish
-from bench.cri_bench import private_network, simulated_host
+from bench.cri_bench import simulated_host
+from bench.harness import delete_project, project_network
 from bench.stats import row
 from podwire.cni.install import InstallSpec, install
 from podwire.demo.services import Services
 from podwire.errors import StackError
 from podwire.kube.containerd import Containerd
 from podwire.neutron.client import neutron_connection
-from tests.conftest import delete_project_resources
 from tests.cri.cri import Cri, Pod
 from tests.cri.cri import restart as restart_cri
 
@@ -54,7 +54,9 @@ class Node:
         self.network: Any = None
 
     def start(self) -> None:
-        self.network = private_network(self.conn, self.project, "pwb-active", "10.78.0.0/24")
+        self.network, _ = project_network(
+            self.conn, self.project, "pwb-active", "10.78.0.0/24", dhcp=False
+        )
         socket = self.start_agent()
         self.containerd.prepare()
         self.containerd.start()
@@ -81,11 +83,13 @@ class Node:
         self.containerd.cleanup()
         self.services.stop()
         asyncio.run(_unpublish(stack, self.host))
-        delete_project_resources(self.conn, self.project)
+        delete_project(self.conn, self.project)
 
 
-async def _until_active(node: Node, ip: str, started: float) -> float:
-    """Milliseconds from ``started`` (perf_counter) until the port holding ``ip`` is ACTIVE."""
+async def _to_active(node: Node, cri: Cri, pod: Pod, attempt: int = 0) -> float:
+    """Milliseconds from RunPodSandbox until a Neutron listing shows its port ACTIVE."""
+    started = time.perf_counter()
+    ip = await cri.ip(await cri.run(pod, attempt=attempt))
     while time.perf_counter() - started < GIVE_UP:
         if await asyncio.to_thread(node.status_of, ip) == "ACTIVE":
             break
@@ -93,17 +97,10 @@ async def _until_active(node: Node, ip: str, started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-async def _timed_pods(node: Node, cri: Cri, tag: str, count: int, attempt: int = 0) -> list[float]:
+async def _timed_pods(node: Node, cri: Cri, tag: str, count: int) -> list[float]:
     """Run ``count`` sandboxes one at a time, each timed to ACTIVE, then remove them."""
-    samples, sandboxes = [], []
-    for i in range(count):
-        started = time.perf_counter()
-        sandbox = await cri.run(Pod.new(f"{tag}-{i}"), attempt=attempt)
-        sandboxes.append(sandbox)
-        samples.append(await _until_active(node, await cri.ip(sandbox), started))
-    for sandbox in sandboxes:
-        await cri.stop(sandbox)
-        await cri.remove(sandbox)
+    samples = [await _to_active(node, cri, Pod.new(f"{tag}-{i}")) for i in range(count)]
+    await cri.remove_all()
     return samples
 
 
@@ -118,20 +115,15 @@ async def _retried_run(node: Node, cri: Cri, tag: str) -> list[float]:
     else:
         raise StackError("RunPodSandbox succeeded with the podwire agent stopped")
     await asyncio.to_thread(node.start_agent)
-    for left in await cri.sandboxes():
-        await cri.stop(left)
-        await cri.remove(left)
-    started = time.perf_counter()
-    sandbox = await cri.run(pod, attempt=1)
-    took = await _until_active(node, await cri.ip(sandbox), started)
-    await cri.stop(sandbox)
-    await cri.remove(sandbox)
+    await cri.remove_all()  # the failed attempt's sandbox, as kubelet removes it
+    took = await _to_active(node, cri, pod, attempt=1)
+    await cri.remove_all()
     return [took]
 
 
 async def _measure(node: Node, cri: Cri, rounds: int, per_round: int) -> dict[str, list[float]]:
     restarts: dict[str, Callable[[], Awaitable[None]]] = {
-        "steady": _nothing,
+        "steady": lambda: asyncio.sleep(0),
         "after a containerd restart": lambda: asyncio.to_thread(restart_cri, node.containerd),
         "after an agent restart": lambda: _restart_agent(node),
     }
@@ -148,10 +140,6 @@ async def _measure(node: Node, cri: Cri, rounds: int, per_round: int) -> dict[st
             node, cri, f"retry{round_}"
         )
     return samples
-
-
-async def _nothing() -> None:
-    return None
 
 
 async def _restart_agent(node: Node) -> None:

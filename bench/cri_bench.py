@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import tempfile
 import time
 import uuid
@@ -32,13 +31,14 @@ from typing import Any
 from openstack.exceptions import ConflictException
 
 from bench.cni_bench import _unpublish
-from bench.stats import row
+from bench.harness import delete_project, project_network
+from bench.stats import row, timed
 from podwire.cni.install import InstallSpec, conflist, install
 from podwire.demo.services import Services
 from podwire.errors import StackError
 from podwire.kube.containerd import Containerd
 from podwire.neutron.client import neutron_connection
-from tests.conftest import delete_project_resources
+from tests.agent.netenv import NetEnv
 from tests.cri.cri import Cri, Pod, write_conflist
 
 BURST = 30
@@ -85,14 +85,11 @@ async def _timed_run(cri: Cri, pod: Pod) -> tuple[str, float]:
 
 
 async def _gone(cri: Cri, sandboxes: list[str]) -> float:
-    started = time.perf_counter()
-
     async def one(sandbox: str) -> None:
         await cri.stop(sandbox)
         await cri.remove(sandbox)
 
-    await asyncio.gather(*(one(s) for s in sandboxes))
-    return (time.perf_counter() - started) * 1000
+    return await timed(asyncio.gather, *(one(s) for s in sandboxes))
 
 
 async def _round(
@@ -131,36 +128,19 @@ async def _measure(
 
 
 def _rows(ours: Phase, ref: Phase) -> list[dict[str, Any]]:
-    reference = "bridge+host-local, same containerd"
     return [
-        row("CRI RunPodSandbox (whole system, pooled port, SGs)", ours.run, reference, ref.run),
-        row(f"CRI {BURST} RunPodSandbox at once, wall", ours.burst, reference, ref.burst),
-        row(
-            f"CRI {BURST} RunPodSandbox at once, each call",
-            ours.burst_calls,
-            reference,
-            ref.burst_calls,
-        ),
-        row(
-            f"CRI {BURST} StopPodSandbox+RemovePodSandbox at once, wall",
-            ours.teardown,
-            reference,
-            ref.teardown,
-        ),
+        row(name, mine, "bridge+host-local, same containerd", theirs)
+        for name, mine, theirs in (
+            ("CRI RunPodSandbox (whole system, pooled port, SGs)", ours.run, ref.run),
+            (f"CRI {BURST} RunPodSandbox at once, wall", ours.burst, ref.burst),
+            (f"CRI {BURST} RunPodSandbox at once, each call", ours.burst_calls, ref.burst_calls),
+            (
+                f"CRI {BURST} StopPodSandbox+RemovePodSandbox at once, wall",
+                ours.teardown,
+                ref.teardown,
+            ),
+        )
     ]
-
-
-def private_network(conn: Any, project: str, name: str, cidr: str) -> Any:
-    """A network of ``project`` with one IPv4 subnet and no DHCP (no port of Neutron's own)."""
-    network = conn.network.create_network(name=name, project_id=project)
-    conn.network.create_subnet(
-        network_id=network.id,
-        cidr=cidr,
-        ip_version=4,
-        project_id=project,
-        is_dhcp_enabled=False,
-    )
-    return network
 
 
 class PodwireNode:
@@ -176,24 +156,30 @@ class PodwireNode:
         self.socket = ""
         self.settle_groups: list[str] | None = None  # settle counts only this set's ports
 
-    def start(self) -> None:
-        self.network = private_network(self.conn, self.project, "pwb-cri", "10.79.0.0/24")
+    def start(self, vtep: str = VTEP, agent_extra: str = "") -> None:
+        """The network (no DHCP: no port of Neutron's own), its group, the controller and the
+        agent (``agent_extra``: more of its TOML), the pool warm for that group."""
+        self.network, _ = project_network(
+            self.conn, self.project, "pwb-node", "10.79.0.0/24", dhcp=False
+        )
         self.group = self.conn.network.create_security_group(
-            name="pwb-cri", project_id=self.project
+            name="pwb-node", project_id=self.project
         )
         self.services.start_controller([self.host])
-        self.socket = self.services.start_agent(self.host, self.host_ns, VTEP)
-        self.services.admin("POST", "/v1/pools/populate", self._pool_body(POOL))
-        self.settle()
+        self.socket = self.services.start_agent(self.host, self.host_ns, vtep, agent_extra)
+        self.populate([self.group.id])
 
-    def _pool_body(self, count: int) -> dict[str, Any]:
-        return {
+    def populate(self, groups: list[str]) -> None:
+        """A burst's worth of ports for ``groups`` in the node's pool, settled."""
+        body = {
             "nodes": [self.host],
             "network": self.network.id,
             "project_id": self.project,
-            "security_groups": [self.group.id],
-            "count": count,
+            "security_groups": groups,
+            "count": POOL,
         }
+        self.services.admin("POST", "/v1/pools/populate", body)
+        self.settle()
 
     def spec(self, containerd: Containerd) -> InstallSpec:
         return InstallSpec(
@@ -243,14 +229,12 @@ class PodwireNode:
         asyncio.run(_unpublish(stack, self.host))
         for attempt in range(5):
             try:  # a bulk create the stopped controller sent may still land its ports
-                delete_project_resources(self.conn, self.project)
+                delete_project(self.conn, self.project)
                 break
             except ConflictException:
                 if attempt == 4:
                     raise
                 time.sleep(2)
-        for group in self.conn.network.security_groups(project_id=self.project):
-            self.conn.network.delete_security_group(group)
 
 
 @dataclass(frozen=True)
@@ -264,18 +248,12 @@ class SimulatedHost:
 
 @contextlib.contextmanager
 def simulated_host(prefix: str) -> Iterator[SimulatedHost]:
-    tag = f"pwt-{uuid.uuid4().hex[:6]}"
-    made = SimulatedHost(
-        f"{tag}-host", f"{tag}-h", Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    )
-    subprocess.run(["ip", "netns", "add", made.netns], check=True, capture_output=True)
+    env = NetEnv()
     try:
-        subprocess.run(
-            ["ip", "netns", "exec", made.netns, "ip", "link", "set", "lo", "up"], check=True
-        )
-        yield made
+        work = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        yield SimulatedHost(f"{env.tag}-host", env.namespace("h"), work)
     finally:
-        subprocess.run(["ip", "netns", "del", made.netns], check=False, capture_output=True)
+        env.cleanup()
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:

@@ -43,8 +43,9 @@ from typing import Any
 
 import grpc
 
-from bench.cri_bench import BURST, POOL, PodwireNode, _reference, private_network
-from bench.kube_policies import LABEL, POLICIES, enforce, policies, remove_address_groups
+from bench.cri_bench import BURST, PodwireNode, _reference
+from bench.harness import wait_for
+from bench.kube_policies import LABEL, POLICIES, enforce, policies
 from bench.stats import row
 from podwire.cni.install import conflist
 from podwire.demo.cnf import settings_toml
@@ -86,13 +87,8 @@ class Kube:
 
     def create_namespace(self) -> None:
         self.run("create", "namespace", self.namespace)
-        deadline = time.monotonic() + 60
-        while not self.run(
-            "get", "serviceaccount", "-n", self.namespace, "default", "--ignore-not-found"
-        ).strip():
-            if time.monotonic() > deadline:
-                raise StackError(f"no default ServiceAccount in {self.namespace}")
-            time.sleep(0.2)
+        account = ("get", "serviceaccount", "-n", self.namespace, "default", "--ignore-not-found")
+        wait_for(lambda: self.run(*account).strip(), 60, 0.2, f"{self.namespace}'s ServiceAccount")
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
         body = {"apiVersion": "v1", "kind": "List", "items": objects}
@@ -132,25 +128,6 @@ def _pod(namespace: str, name: str, node: str, tag: str) -> dict[str, Any]:
             "terminationGracePeriodSeconds": 0,
         },
     }
-
-
-class KubePodwireNode(PodwireNode):
-    """cri_bench's node, its agent's VTEP the simulated host's underlay address (kube-node
-    routes to the apiserver from it)."""
-
-    def start_at(self, vtep: str, kubelet_root: Path) -> str:
-        """Returns the agent's metrics URL (its memif device plugin serves that kubelet)."""
-        self.network = private_network(self.conn, self.project, "pwb-kube", "10.79.0.0/24")
-        self.group = self.conn.network.create_security_group(
-            name="pwb-kube", project_id=self.project
-        )
-        self.services.start_controller([self.host])
-        ops = f"127.0.0.1:{free_port()}"
-        plugin = f'ops_listen = "{ops}"\n' + settings_toml(kubelet_root, self.services.work)
-        self.socket = self.services.start_agent(self.host, self.host_ns, vtep, plugin)
-        self.services.admin("POST", "/v1/pools/populate", self._pool_body(POOL))
-        self.settle()
-        return f"http://{ops}/metrics"
 
 
 async def _ready(cri: Cri, sandbox: str) -> bool:
@@ -307,39 +284,28 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return found.st_ino, found.st_ctime_ns
 
 
-def _until(check: Any, what: str, poll: float, timeout: float = 60.0) -> float:
-    """The monotonic time ``check`` first held."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise StackError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(poll)
-    return time.monotonic()
-
-
 def _restart_once(config: str, socket: Path, metrics: str) -> tuple[float, float]:
     """ms from the kill to kubelet's new socket, and from that socket to the registration."""
     before, old = _registrations(metrics), _identity(socket)
     (pid,) = procs.pids_marked(config)
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    up = _until(lambda: _identity(socket) not in (None, old), "kubelet's new socket", 0.002)
-    again = _until(lambda: _registrations(metrics) > before, "registered again", 0.005)
-    return (up - killed) * 1000, (again - up) * 1000
+    wait_for(lambda: _identity(socket) not in (None, old), 60, 0.002, "kubelet's new socket")
+    up = time.monotonic()
+    wait_for(lambda: _registrations(metrics) > before, 60, 0.005, "registered again")
+    return (up - killed) * 1000, (time.monotonic() - up) * 1000
 
 
 def reregistrations(top: Path, metrics: str, count: int) -> list[dict[str, Any]]:
     """Kill the node's kubelet ``count`` times: its way back, and the plugin's after it."""
     config = str(top / "kubelet-config.json")
     socket = top / "kubelet" / "device-plugins" / "kubelet.sock"
-    _until(lambda: _registrations(metrics) >= 1, "the device plugin registered", 0.1)
-    back: list[float] = []
-    registered: list[float] = []
+    wait_for(lambda: _registrations(metrics) >= 1, 60, 0.1, "the device plugin registered")
+    restarts = []
     for _ in range(count):
         time.sleep(RESTART_CALM)
-        kubelet_back, plugin_back = _restart_once(config, socket, metrics)
-        back.append(kubelet_back)
-        registered.append(plugin_back)
+        restarts.append(_restart_once(config, socket, metrics))
+    back, registered = [kubelet for kubelet, _ in restarts], [plugin for _, plugin in restarts]
     return [
         row("deviceplugin registered again, real kubelet (its new kubelet.sock -> registered)",
             registered),
@@ -378,10 +344,15 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     try:
         host_ns, vtep = netenv.host(random.randrange(0, 236, 8) + 1)
         host = f"{netenv.tag}-h1"
-        node = KubePodwireNode(stack, work, host, host_ns)
+        node = PodwireNode(stack, work, host, host_ns)
         top = node_dir(Path(stack["data_dir"]).resolve(), host)
         try:
-            metrics = node.start_at(vtep, top / "kubelet")
+            # The agent's VTEP: the host's underlay address (kube-node routes to the apiserver
+            # from it); its memif device plugin serves that kubelet.
+            ops = f"127.0.0.1:{free_port()}"
+            plugin = settings_toml(top / "kubelet", node.services.work)
+            node.start(vtep, f'ops_listen = "{ops}"\n{plugin}')
+            metrics = f"http://{ops}/metrics"
             kube.create_namespace()
             with _kube_node(stack, node, work / "kube-node.log"):
                 containerd = Containerd(top / "containerd", netns=host_ns)
@@ -397,7 +368,6 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
             kube.run("delete", "namespace", kube.namespace, "--wait=false", check=False)
             kube.run("delete", "node", host, "--ignore-not-found", check=False)
             node.close(stack)
-            remove_address_groups(node)
     finally:
         netenv.cleanup()
         shutil.rmtree(work, ignore_errors=True)  # the agent's socket and the services' logs

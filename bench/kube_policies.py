@@ -9,11 +9,10 @@ update per pooled port, which is not what this row measures)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from bench.cri_bench import POOL, PodwireNode
-from podwire.errors import StackError
+from bench.cri_bench import PodwireNode
+from bench.harness import wait_for
 from podwire.k8s.groups import group_name
 from podwire.k8s.objects import ObjectKey
 
@@ -54,17 +53,13 @@ def kubernetes_toml(stack: dict[str, Any], project: str) -> str:
 def policy_groups(node: PodwireNode, namespace: str, timeout: float = 120.0) -> list[str]:
     """The ids of the 20 policies' groups, once the controller made them all."""
     wanted = {group_name(ObjectKey(namespace, f"np{i}")) for i in range(POLICIES)}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = {
-            group.name: group.id
-            for group in node.conn.network.security_groups(project_id=node.project)
-            if group.name in wanted
-        }
-        if len(found) == len(wanted):
-            return sorted(found.values())
-        time.sleep(0.5)
-    raise StackError(f"the {POLICIES} policies' groups not in Neutron within {timeout:.0f} s")
+
+    def found() -> list[str] | None:
+        listed = node.conn.network.security_groups(project_id=node.project)
+        ids = {group.name: group.id for group in listed if group.name in wanted}
+        return sorted(ids.values()) if len(ids) == len(wanted) else None
+
+    return list(wait_for(found, timeout, 0.5, f"the {POLICIES} policies' groups in Neutron"))
 
 
 def enforce(stack: dict[str, Any], node: PodwireNode, namespace: str) -> None:
@@ -74,19 +69,5 @@ def enforce(stack: dict[str, Any], node: PodwireNode, namespace: str) -> None:
     node.services.stop_child("controller")
     node.services.start_controller([node.host], kubernetes_toml(stack, node.project))
     groups = [node.group.id, *policy_groups(node, namespace)]
-    body = {
-        "nodes": [node.host],
-        "network": node.network.id,
-        "project_id": node.project,
-        "security_groups": groups,
-        "count": POOL,
-    }
-    node.services.admin("POST", "/v1/pools/populate", body)
     node.settle_groups = groups  # the rounds after this one take ports of this set alone
-    node.settle()
-
-
-def remove_address_groups(node: PodwireNode) -> None:
-    """After the groups whose rules name them (the controller stopped first)."""
-    for address_group in list(node.conn.network.address_groups(project_id=node.project)):
-        node.conn.network.delete_address_group(address_group)
+    node.populate(groups)
