@@ -12,20 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podwire import keys
+from bench.controllers import controller_settings
+from bench.harness import forget_nodes
 from podwire.agent.app import Agent
-from podwire.config import (
-    AgentSettings,
-    ControllerSettings,
-    EtcdSettings,
-    NeutronSettings,
-    PoolSettings,
-    Settings,
-)
+from podwire.config import AgentSettings, EtcdSettings, PoolSettings, Settings
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
-from tests.etcd_tools import delete_prefix
 
 ADMIN = "bench-admin"
 
@@ -53,16 +46,9 @@ class Fleet:
         return [f"{self.prefix}-{i}" for i in range(count)]
 
     async def start_controller(self, pool: PoolSettings, nodes: int) -> str:
-        settings = Settings(
-            etcd=etcd_settings(self.stack, self.etcd_timeout),
-            neutron=NeutronSettings(endpoint=self.stack["neutron"]),
-            controller=ControllerSettings(
-                listen="127.0.0.1:0",
-                admin_token=ADMIN,
-                node_tokens={h: f"t-{h}" for h in self.names(nodes)},
-            ),
-            pool=pool,
-        )
+        tokens = {h: f"t-{h}" for h in self.names(nodes)}
+        etcd = etcd_settings(self.stack, self.etcd_timeout)
+        settings = controller_settings(self.stack, tokens, pool, etcd, ADMIN)
         self.controller = Controller(settings, self.etcd, connect(settings.neutron))
         self.tasks.append(asyncio.create_task(self.controller.run()))
         async with asyncio.timeout(120):
@@ -98,9 +84,7 @@ class Fleet:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for host in self.hosts:
-            await delete_prefix(self.etcd, keys.state_node_prefix(host))
-            await delete_prefix(self.etcd, keys.vifs_prefix(host))
+        await forget_nodes(self.etcd, *self.hosts)
         await self.etcd.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 

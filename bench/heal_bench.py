@@ -17,20 +17,16 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.agent_proc import PrebuiltVifs
+from bench.controllers import controller_settings
+from bench.harness import until
 from bench.stats import row
 from podwire.agent.app import Agent
-from podwire.config import (
-    AgentSettings,
-    ControllerSettings,
-    EtcdSettings,
-    NeutronSettings,
-    Settings,
-)
+from podwire.config import AgentSettings, EtcdSettings, Settings
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import connect
@@ -83,12 +79,12 @@ async def _run(
     try:
         async with asyncio.TaskGroup() as group:  # a component that fails ends the bench
             tasks = [group.create_task(controller.run()), group.create_task(agent.run())]
-            await _until(lambda: _serving(controller), "controller serving")
+            await until(lambda: controller.service.serving, GIVE_UP, 0.01, what="serving")
             await agent.parts.started.wait()
             for _ in range(stalls):
                 took = await _one_stall(controller, proc, ready_url)
-                controller_ms.append(took[0] * 1000)
-                agent_ms.append(took[1] * 1000)
+                controller_ms.append(took[0])
+                agent_ms.append(took[1])
             for task in tasks:
                 task.cancel()
     finally:
@@ -99,56 +95,36 @@ async def _run(
 async def _one_stall(
     controller: Controller, proc: subprocess.Popen[bytes], ready_url: str
 ) -> tuple[float, float]:
-    await _until(lambda: _agent_ready(ready_url), "agent ready before the stall")
+    """ms from SIGCONT until the controller serves again, and until the agent is ready."""
+
+    def agent_ready() -> bool:
+        return http_ok(ready_url, 0.5)
+
+    await until(agent_ready, GIVE_UP, 0.01, thread=True, what="agent ready before the stall")
     losses = controller.leadership.losses
+
+    def new_term() -> bool:  # the 10 s lease does not survive 20 s: a term won after it
+        return bool(controller.service.serving and controller.leadership.losses > losses)
+
     os.kill(proc.pid, signal.SIGSTOP)
     await asyncio.sleep(STALL)
     os.kill(proc.pid, signal.SIGCONT)
     back = time.monotonic()
-    controller_s, agent_s = await asyncio.gather(
-        _until(lambda: _new_term(controller, losses), "controller serving", back),
-        _until(lambda: _agent_ready(ready_url), "agent ready", back),
+    controller_at, agent_at = await asyncio.gather(
+        until(new_term, GIVE_UP, 0.01, what="controller serving"),
+        until(agent_ready, GIVE_UP, 0.01, thread=True, what="agent ready"),
     )
-    return controller_s, agent_s
+    return (controller_at - back) * 1000, (agent_at - back) * 1000
 
 
 def _settings(stack: dict[str, Any], etcd: EtcdSettings, work: Path, host_ns: str) -> Settings:
-    return Settings(
-        etcd=etcd,
-        neutron=NeutronSettings(endpoint=stack["neutron"]),
-        controller=ControllerSettings(
-            listen="127.0.0.1:0", admin_token="bench", node_tokens={"bench-heal": "t"}
-        ),
-        agent=AgentSettings(
-            host=f"bench-heal-{uuid.uuid4().hex[:6]}",
-            cni_socket=str(work / "cni.sock"),
-            state_dir=str(work / "state"),
-            vtep_ip="192.0.2.1",
-            host_netns=host_ns,
-            ops_listen=f"127.0.0.1:{free_port()}",
-        ),
+    agent = AgentSettings(
+        host=f"bench-heal-{uuid.uuid4().hex[:6]}",
+        cni_socket=str(work / "cni.sock"),
+        state_dir=str(work / "state"),
+        vtep_ip="192.0.2.1",
+        host_netns=host_ns,
+        ops_listen=f"127.0.0.1:{free_port()}",
     )
-
-
-async def _serving(controller: Controller) -> bool:
-    return bool(controller.service.serving)
-
-
-async def _new_term(controller: Controller, losses: int) -> bool:
-    """Serving in a term won after the stall (the 10 s lease does not survive 20 s)."""
-    return bool(controller.service.serving and controller.leadership.losses > losses)
-
-
-async def _agent_ready(url: str) -> bool:
-    return await asyncio.to_thread(http_ok, url, 0.5)
-
-
-async def _until(
-    check: Callable[[], Awaitable[bool]], what: str, since: float | None = None
-) -> float:
-    start = time.monotonic() if since is None else since
-    while not await check():
-        if time.monotonic() - start > GIVE_UP:
-            raise RuntimeError(f"heal bench: {what} not reached within {GIVE_UP:.0f} s")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
+    settings = controller_settings(stack, {"bench-heal": "t"}, etcd=etcd, admin="bench")
+    return replace(settings, agent=agent)

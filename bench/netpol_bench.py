@@ -24,28 +24,26 @@ Neutron requests per operation are rows of their own (unit "calls"), ours agains
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes_asyncio import client as kube_client
-from kubernetes_asyncio import config as kube_config
 
-from bench.controllers import serving_controller
+from bench.controllers import QUIET_POOL, controller_settings, register_node, serving_controller
+from bench.harness import delete_project, forget_nodes, kube_api, project_network, stack_etcd
 from bench.neutron_counter import NeutronCounter
-from bench.pool_sync_bench import _register, _settings
 from bench.stats import row
-from podwire import keys
-from podwire.config import EtcdSettings, KubernetesSettings, NeutronSettings
+from podwire.config import KubernetesSettings, NeutronSettings
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
 from podwire.k8s.groups import group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from podwire.schema.vif import PodRef, VifRequest
-from tests.etcd_tools import delete_prefix
 
 POLICIES = 20
 TIERS = 4
@@ -84,10 +82,10 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
 
 
 async def _run(stack: dict[str, Any], pods: int) -> list[dict[str, Any]]:
-    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    etcd = await stack_etcd(stack)
     counter = NeutronCounter(stack["neutron"])
     await counter.start()
-    api = await _kube_api(stack["kubeconfig"])
+    api = await kube_api(stack["kubeconfig"])
     conn = neutron_connection(stack["neutron"])
     suffix = uuid.uuid4().hex[:8]
     world = World(
@@ -106,23 +104,18 @@ async def _run(stack: dict[str, Any], pods: int) -> list[dict[str, Any]]:
         await world.core.delete_namespace(world.namespace)
         await api.close()
         await counter.stop()
-        for node in world.nodes:
-            await delete_prefix(etcd, keys.state_node_prefix(node))
-            await delete_prefix(etcd, keys.vifs_prefix(node))
+        await forget_nodes(etcd, *world.nodes)
         await etcd.close()
-        await asyncio.to_thread(_delete_project, conn, world.project)
+        await asyncio.to_thread(delete_project, conn, world.project)
 
 
 async def _measure(
     stack: dict[str, Any], etcd: EtcdClient, world: World, pods: int
 ) -> list[dict[str, Any]]:
-    net = world.conn.network.create_network(project_id=world.project, name="bench-netpol")
-    world.conn.network.create_subnet(
-        project_id=world.project, network_id=net.id, cidr="10.97.0.0/20", ip_version=4
-    )
+    net, _ = project_network(world.conn, world.project, "bench-netpol", "10.97.0.0/20")
     world.network_id = net.id
     for node in world.nodes:
-        await _register(etcd, node)
+        await register_node(etcd, node)
     await world.core.create_namespace({"metadata": {"name": world.namespace}})
     for index in range(POLICIES):
         await world.netpol.create_namespaced_network_policy(world.namespace, _policy(index))
@@ -136,7 +129,8 @@ async def _measure(
         starts, kuryr_starts = Sample(), Sample()
         for index in range(pods):
             await _pod_start(ctl, world, index, starts)
-            await _kuryr_pod_start(world, reference_groups, index, kuryr_starts)
+            async with _measured(world, kuryr_starts, settle=False):
+                await asyncio.to_thread(_kuryr_start, world, reference_groups, index)
         created, kuryr_created = Sample(), Sample()
         relabelled, kuryr_relabelled = Sample(), Sample()
         for index in range(min(CHANGES_MAX, pods)):
@@ -162,19 +156,10 @@ def _rows(pods: int, *samples: Sample) -> list[dict[str, Any]]:
     return result
 
 
-async def _kube_api(kubeconfig: str) -> Any:
-    configuration = kube_client.Configuration()
-    await kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return kube_client.ApiClient(configuration)
-
-
 def _controller_settings(stack: dict[str, Any], world: World) -> Any:
-    base = _settings(stack, world.nodes[0])
-    tokens = {node: node for node in world.nodes}
     return replace(
-        base,
+        controller_settings(stack, {node: node for node in world.nodes}, QUIET_POOL),
         neutron=NeutronSettings(endpoint=world.counter.endpoint),
-        controller=replace(base.controller, node_tokens=tokens),
         kubernetes=KubernetesSettings(kubeconfig=stack["kubeconfig"], project_id=world.project),
     )
 
@@ -198,22 +183,14 @@ async def _pod_start(ctl: Controller, world: World, index: int, sample: Sample) 
     name, team = f"p{index}", index % TEAMS
     labels = {"tier": f"t{index % TIERS}", "team": f"a{team}"}
     made = await world.core.create_namespaced_pod(world.namespace, _pod(name, labels))
-    calls = world.counter.total
-    started = time.perf_counter()
-    request = VifRequest(
-        f"{name}:eth0",
-        world.network_id,
-        world.project,
-        (),
-        PodRef(world.namespace, name, made.metadata.uid),
-    )
-    vif = await ctl.broker.request(world.nodes[index % 2], request)
-    address = vif.fixed_ips[0].ip_address
-    status = {"status": {"podIP": address, "podIPs": [{"ip": address}]}}
-    await world.core.patch_namespaced_pod_status(name, world.namespace, status)
-    await _until(lambda: _in_group_of(world, address, team), f"{name} in its address group")
-    sample.ms.append((time.perf_counter() - started) * 1000)
-    sample.calls.append(await _settled_calls(world, calls))
+    ref = PodRef(world.namespace, name, made.metadata.uid)
+    async with _measured(world, sample):
+        request = VifRequest(f"{name}:eth0", world.network_id, world.project, (), ref)
+        vif = await ctl.broker.request(world.nodes[index % 2], request)
+        address = vif.fixed_ips[0].ip_address
+        status = {"status": {"podIP": address, "podIPs": [{"ip": address}]}}
+        await world.core.patch_namespaced_pod_status(name, world.namespace, status)
+        await _until(lambda: _in_group_of(world, address, team), f"{name} in its address group")
     world.ips[name], world.ports[name], world.teams[name] = address, vif.port_id, team
 
 
@@ -227,17 +204,9 @@ def _pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-async def _kuryr_pod_start(world: World, groups: list[str], index: int, sample: Sample) -> None:
+def _kuryr_start(world: World, groups: list[str], index: int) -> None:
     """A port with the groups of the policies that select the pod, then, for each policy
     naming it as a peer, a rule per port from its /32."""
-    calls = world.counter.total
-    started = time.perf_counter()
-    await asyncio.to_thread(_kuryr_start, world, groups, index)
-    sample.ms.append((time.perf_counter() - started) * 1000)
-    sample.calls.append(world.counter.total - calls)
-
-
-def _kuryr_start(world: World, groups: list[str], index: int) -> None:
     net = _counted(world)
     selecting = [groups[i] for i in range(POLICIES) if i % TIERS == index % TIERS]
     port = net.create_port(
@@ -265,12 +234,9 @@ def _kuryr_rules(net: Any, group: str, policy: int, address: str) -> None:
 async def _policy_created(world: World, index: int, sample: Sample) -> None:
     selected = {world.ports[name] for name in world.ports if int(name[1:]) % TIERS == index % TIERS}
     name = group_name(ObjectKey(world.namespace, f"np{index}"))
-    calls = world.counter.total
-    started = time.perf_counter()
-    await world.netpol.create_namespaced_network_policy(world.namespace, _policy(index))
-    await _until(lambda: _carried(world, name, selected), f"policy np{index} on its pods")
-    sample.ms.append((time.perf_counter() - started) * 1000)
-    sample.calls.append(await _settled_calls(world, calls))
+    async with _measured(world, sample):
+        await world.netpol.create_namespaced_network_policy(world.namespace, _policy(index))
+        await _until(lambda: _carried(world, name, selected), f"policy np{index} on its pods")
 
 
 async def _kuryr_policy_created(world: World, index: int, sample: Sample) -> None:
@@ -285,28 +251,22 @@ async def _kuryr_policy_created(world: World, index: int, sample: Sample) -> Non
         for port_id in selected:  # the port's groups, as kuryr's pod handler sets them
             net.update_port(port_id, security_groups=[group.id])
 
-    calls = world.counter.total
-    started = time.perf_counter()
-    await asyncio.to_thread(work)
-    sample.ms.append((time.perf_counter() - started) * 1000)
-    sample.calls.append(world.counter.total - calls)
+    async with _measured(world, sample, settle=False):
+        await asyncio.to_thread(work)
 
 
 async def _relabel(world: World, name: str, sample: Sample) -> None:
     old = world.teams[name]
     new = (old + 1) % TEAMS
     address = world.ips[name]
-    calls = world.counter.total
-    started = time.perf_counter()
-    patch = {"metadata": {"labels": {"team": f"a{new}"}}}
-    await world.core.patch_namespaced_pod(name, world.namespace, patch)
 
     def moved() -> bool:
         return _in_group_of(world, address, new) and not _in_group_of(world, address, old)
 
-    await _until(moved, f"{name}'s address moved")
-    sample.ms.append((time.perf_counter() - started) * 1000)
-    sample.calls.append(await _settled_calls(world, calls))
+    async with _measured(world, sample):
+        patch = {"metadata": {"labels": {"team": f"a{new}"}}}
+        await world.core.patch_namespaced_pod(name, world.namespace, patch)
+        await _until(moved, f"{name}'s address moved")
     world.teams[name] = new
 
 
@@ -323,11 +283,8 @@ async def _kuryr_relabel(world: World, groups: list[str], name: str, sample: Sam
             if policy % TEAMS == new:
                 _kuryr_rules(net, groups[policy], policy, address)
 
-    calls = world.counter.total
-    started = time.perf_counter()
-    await asyncio.to_thread(work)
-    sample.ms.append((time.perf_counter() - started) * 1000)
-    sample.calls.append(world.counter.total - calls)
+    async with _measured(world, sample, settle=False):
+        await asyncio.to_thread(work)
 
 
 def _counted(world: World) -> Any:
@@ -356,15 +313,22 @@ def _carried(world: World, name: str, ports: set[str]) -> bool:
     return ports <= {port.id for port in listed}
 
 
-async def _settled_calls(world: World, before: int) -> float:
-    """Requests since ``before``, once the controller has sent none for 0.3 s (the tail of a
-    pass counts: it is the operation's cost)."""
+@contextlib.asynccontextmanager
+async def _measured(world: World, sample: Sample, settle: bool = True) -> AsyncIterator[None]:
+    """The block's time, and the Neutron requests sent from its start: with ``settle``, until
+    the controller has sent none for 0.3 s (the tail of a pass counts: it is the operation's
+    cost); without, until the block's end (the reference's own calls)."""
+    before = world.counter.total
+    started = time.perf_counter()
+    yield
+    sample.ms.append((time.perf_counter() - started) * 1000)
     last = world.counter.total
-    while True:
+    while settle:
         await asyncio.sleep(0.3)
         if world.counter.total == last:
-            return float(last - before)
+            break
         last = world.counter.total
+    sample.calls.append(float(last - before))
 
 
 async def _until(check: Callable[[], bool], what: str) -> None:
@@ -373,15 +337,3 @@ async def _until(check: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"netpol bench: {what} not seen in {TIMEOUT:.0f} s")
         await asyncio.sleep(POLL)
-
-
-def _delete_project(conn: Any, project: str) -> None:
-    net = conn.network
-    for port in list(net.ports(project_id=project)):
-        net.delete_port(port)
-    for group in list(net.security_groups(project_id=project)):
-        net.delete_security_group(group)
-    for address_group in list(net.address_groups(project_id=project)):
-        net.delete_address_group(address_group)
-    for network in list(net.networks(project_id=project)):
-        net.delete_network(network)

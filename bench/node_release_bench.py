@@ -12,16 +12,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.controllers import serving_controller
-from bench.pool_sync_bench import _register, _settings
+from bench.controllers import QUIET_POOL, controller_settings, register_node, serving_controller
+from bench.harness import delete_project, forget_nodes, project_network, stack_etcd
 from bench.stats import row
 from podwire import keys
-from podwire.config import EtcdSettings
 from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
 from podwire.schema.vif import VifRequest
-from tests.etcd_tools import delete_prefix
 
 PODS = 110
 WARM = 10  # free pool ports the node also holds
@@ -33,13 +31,10 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
 
 
 async def _run(stack: dict[str, Any], count: int) -> list[dict[str, Any]]:
-    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    etcd = await stack_etcd(stack)
     conn = neutron_connection(stack["neutron"])
     project = uuid.uuid4().hex
-    net = conn.network.create_network(project_id=project, name="bench-release")
-    conn.network.create_subnet(
-        project_id=project, network_id=net.id, cidr="10.98.0.0/20", ip_version=4
-    )
+    net, _ = project_network(conn, project, "bench-release", "10.98.0.0/20")
     ours, reference = [], []
     try:
         for _ in range(count):
@@ -47,9 +42,7 @@ async def _run(stack: dict[str, Any], count: int) -> list[dict[str, Any]]:
             reference.append(await asyncio.to_thread(_plain_deletes, conn, net.id, project))
     finally:
         await etcd.close()
-        for port in list(conn.network.ports(project_id=project)):
-            conn.network.delete_port(port)
-        conn.network.delete_network(net)
+        delete_project(conn, project)
     return [
         row(
             f"node removed: {PODS} pods' ports + {WARM} pooled released (Neutron, etcd)",
@@ -64,13 +57,14 @@ async def _one_node(
     stack: dict[str, Any], etcd: EtcdClient, conn: Any, network_id: str, project: str
 ) -> float:
     node = f"bench-{uuid.uuid4().hex[:8]}"
-    await _register(etcd, node)
+    await register_node(etcd, node)
     try:
-        async with serving_controller(_settings(stack, node), etcd) as ctl:
+        async with serving_controller(
+            controller_settings(stack, {node: node}, QUIET_POOL), etcd
+        ) as ctl:
             return await _release(ctl, conn, etcd, node, network_id, project)
     finally:
-        await delete_prefix(etcd, keys.state_node_prefix(node))
-        await delete_prefix(etcd, keys.vifs_prefix(node))
+        await forget_nodes(etcd, node)
 
 
 async def _release(

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import os
 import sys
 import time
 from typing import Any
 
+from bench.controllers import controller_settings, register_node
+from bench.harness import project_network, stack_etcd
 from bench.stats import row
 from podwire import keys
-from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, Settings
 from podwire.controller.app import Controller
 from podwire.controller.mirror import forwarder_doubt
 from podwire.controller.recovery import recover
@@ -42,9 +42,10 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
 
 
 async def _run(stack: dict[str, Any], size: int) -> list[dict[str, Any]]:
-    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
+    etcd = await stack_etcd(stack)
     try:
-        await _register_nodes(etcd)
+        for node in NODES:  # alive, so Neutron binds the ports created for them
+            await register_node(etcd, node, "baremetal")
         await asyncio.to_thread(_ensure_ports, stack, size)
         await _wait_for_drained_journal(etcd)
         listing = [await _recover(stack, etcd, use_mirror=False) for _ in range(SAMPLES)]
@@ -64,17 +65,6 @@ async def _run(stack: dict[str, Any], size: int) -> list[dict[str, Any]]:
     ]
 
 
-async def _register_nodes(etcd: EtcdClient) -> None:
-    """Alive nodes, so Neutron binds the ports created for them (the lease outlives the run)."""
-    lease = await etcd.grant_lease(3600)
-    alive = json.dumps({"v": 1, "started_at": time.time(), "version": "bench"}).encode()
-    caps = {"v": 1, "vif_types": ["veth"], "network_types": ["vxlan"], "pod_driver": "baremetal"}
-    for node in NODES:
-        await etcd.put(keys.state_vtep(node), b'{"v":1,"ip":"192.0.2.10"}')
-        await etcd.put(keys.state_capabilities(node), json.dumps(caps).encode())
-        await etcd.put(keys.state_alive(node), alive, lease=lease.id)
-
-
 def _ensure_ports(stack: dict[str, Any], size: int) -> None:
     conn = neutron_connection(stack["neutron"])
     conn.network.update_quota(PROJECT, ports=-1)
@@ -83,13 +73,7 @@ def _ensure_ports(stack: dict[str, Any], size: int) -> None:
     for i in range(size // PER_NETWORK):
         name = f"pw-bench-rec-{i}"
         if name not in networks:
-            networks[name] = conn.network.create_network(project_id=PROJECT, name=name)
-            conn.network.create_subnet(
-                project_id=PROJECT,
-                network_id=networks[name].id,
-                cidr=f"10.{100 + i}.0.0/21",
-                ip_version=4,
-            )
+            networks[name], _ = project_network(conn, PROJECT, name, f"10.{100 + i}.0.0/21")
         wanted.append((i, networks[name]))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda item: _fill_network(stack, *item), wanted))
@@ -125,11 +109,7 @@ async def _wait_for_drained_journal(etcd: EtcdClient) -> None:
 
 async def _recover(stack: dict[str, Any], etcd: EtcdClient, use_mirror: bool) -> tuple[float, int]:
     """Milliseconds until a fresh controller could serve, and how many ports it pooled."""
-    settings = Settings(
-        etcd=EtcdSettings(endpoints=[stack["etcd"]]),
-        neutron=NeutronSettings(endpoint=stack["neutron"]),
-        controller=ControllerSettings(listen="127.0.0.1:0", admin_token="a"),
-    )
+    settings = controller_settings(stack, {})
     fresh = Controller(settings, etcd, connect(settings.neutron))
     fresh.term.begin(1)  # recovery runs in a leader term (its deletes check it)
     started = time.perf_counter()

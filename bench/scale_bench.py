@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fleet import ADMIN, Fleet
+from bench.harness import bind_to_active, delete_project, project_network
 from bench.stats import render, row
 from podwire import keys
 from podwire.agent.vifs.controller_vifs import ControllerVifSource
@@ -64,11 +65,7 @@ class Network:
         self.conn = neutron_connection(stack["neutron"])
         self.project = uuid.uuid4().hex
         self.conn.network.update_quota(self.project, ports=-1)
-        self.net = self.conn.network.create_network(project_id=self.project, name="bench-scale")
-        self.conn.network.create_subnet(
-            network_id=self.net.id, project_id=self.project, ip_version=4, cidr=cidr
-        )
-        self.id = str(self.net.id)
+        self.id = str(project_network(self.conn, self.project, "bench-scale", cidr)[0].id)
 
     def ports_on(self, hosts: list[str]) -> int:
         return sum(
@@ -76,9 +73,7 @@ class Network:
         )
 
     def delete(self) -> None:
-        for port in self.conn.network.ports(network_id=self.id):
-            self.conn.network.delete_port(port)
-        self.conn.network.delete_network(self.net)
+        delete_project(self.conn, self.project)
 
 
 # --- churn on 4 nodes: adaptive vs fixed -----------------------------------------------------
@@ -86,56 +81,37 @@ class Network:
 
 async def _churn_rows(stack: dict[str, Any], cycles: int) -> list[dict[str, Any]]:
     network = Network(stack, "10.99.0.0/16")
+    modes = {
+        "adaptive": PoolSettings(min=1, batch=10, update_interval=1.0, idle_ttl=5.0),
+        "fixed min=5": PoolSettings(min=5, batch=10, update_interval=1.0, adaptive=False),
+    }
+    adds: dict[str, list[float]] = {}
+    rows = []
     try:
-        results = {
-            "adaptive": await _churn(
-                stack,
-                network,
-                PoolSettings(min=1, batch=10, update_interval=1.0, idle_ttl=5.0),
-                cycles,
-            ),
-            "fixed min=5": await _churn(
-                stack,
-                network,
-                PoolSettings(min=5, batch=10, update_interval=1.0, adaptive=False),
-                cycles,
-            ),
-        }
+        for mode, pool in modes.items():
+            adds[mode], hit_ratio = await _churn(stack, network, pool, cycles, mode)
+            rows.append(hit_ratio)
     finally:
         network.delete()
-    ada, fixed = results["adaptive"], results["fixed min=5"]
-    rows = [
-        row(
-            f"scale: pod ADD, {NODES} nodes, {cycles} cycles at {RATE:g}/s, adaptive pools",
-            ada["add_ms"],
-            "fixed min=5",
-            fixed["add_ms"],
-        )
-    ]
-    for mode, result in results.items():
-        rows.append(
-            row(
-                f"scale: pool hit ratio (%), {mode}; failed ADDs / repeated DELs"
-                f" {result['errors']}, leaked keys"
-                f" {result['leaked_keys']}, ports {result['leaked_ports']}; idle at min after"
-                f" {result['back_to_min_s']} s",
-                [100.0 * result["hits"] / max(result["requests"], 1)],
-                unit="%",
-            )
-        )
-    return rows
+    added = row(
+        f"scale: pod ADD, {NODES} nodes, {cycles} cycles at {RATE:g}/s, adaptive pools",
+        adds["adaptive"],
+        "fixed min=5",
+        adds["fixed min=5"],
+    )
+    return [added, *rows]
 
 
 async def _churn(
-    stack: dict[str, Any], network: Network, pool: PoolSettings, cycles: int
-) -> dict[str, Any]:
+    stack: dict[str, Any], network: Network, pool: PoolSettings, cycles: int, mode: str
+) -> tuple[list[float], dict[str, Any]]:
+    """The pods' ADD times, and the mode's row: its pool hit ratio, and what went wrong."""
     fleet = await Fleet.open(stack)
     try:
         url = await fleet.start_controller(pool, NODES)
         await fleet.add_agents(NODES, url)
         controller = fleet.controller
         assert controller is not None
-        service = controller.service
         await controller.admin.populate(fleet.hosts, network.id, network.project, (), WARM)
         metrics = controller.metrics
         before = metrics.hits._value.get() + metrics.reuses._value.get()
@@ -144,20 +120,17 @@ async def _churn(
         hits = metrics.hits._value.get() + metrics.reuses._value.get() - before
         requests = hits + metrics.misses._value.get() - misses
         back = await _back_to_min(fleet, pool) if pool.adaptive else "-"
-        await service.drain()  # a refill still under way would fill a pool after the free
+        await controller.service.drain()  # a refill under way would fill a pool after the free
         await controller.admin.free_nodes(fleet.hosts)
-        leaked_keys = 0
-        for host in fleet.hosts:
-            leaked_keys += len((await fleet.etcd.get_prefix(keys.vifs_prefix(host)))[0])
-        return {
-            "add_ms": adds,
-            "errors": len(errors),
-            "hits": hits,
-            "requests": requests,
-            "leaked_keys": leaked_keys,
-            "leaked_ports": await asyncio.to_thread(network.ports_on, fleet.hosts),
-            "back_to_min_s": back,
-        }
+        keys_left = sum(
+            [len((await fleet.etcd.get_prefix(keys.vifs_prefix(h)))[0]) for h in fleet.hosts]
+        )
+        ports_left = await asyncio.to_thread(network.ports_on, fleet.hosts)
+        name = (
+            f"scale: pool hit ratio (%), {mode}; failed ADDs / repeated DELs {len(errors)},"
+            f" leaked keys {keys_left}, ports {ports_left}; idle at min after {back} s"
+        )
+        return adds, row(name, [100.0 * hits / max(requests, 1)], unit="%")
     finally:
         await fleet.close()
 
@@ -251,19 +224,9 @@ async def _many_rows(stack: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def _bind_to_active(network: Network, hosts: list[str]) -> list[float]:
     def once(host: str) -> float:
-        neutron = network.conn.network
-        port = neutron.create_port(
-            network_id=network.id, project_id=network.project, device_owner="compute:podwire"
-        )
-        started = time.monotonic()
-        neutron.update_port(port.id, binding_host_id=host)
-        while neutron.get_port(port.id).status != "ACTIVE":
-            if time.monotonic() - started > 60:
-                raise RuntimeError(f"port {port.id} not ACTIVE on {host} after 60 s")
-            time.sleep(0.01)
-        elapsed = (time.monotonic() - started) * 1000
-        neutron.delete_port(port)
-        return elapsed
+        port, took = bind_to_active(network.conn, network.id, network.project, host, 60)
+        network.conn.network.delete_port(port)
+        return took
 
     return [await asyncio.to_thread(once, hosts[i % len(hosts)]) for i in range(BIND_SAMPLES)]
 

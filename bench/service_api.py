@@ -8,67 +8,55 @@ every pod's table holds the new address."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from kubernetes_asyncio import client as kube_client
-from kubernetes_asyncio import config as kube_config
 
-from bench.controllers import serving_controller
-from bench.pool_sync_bench import _register, _settings
+from bench.controllers import QUIET_POOL, controller_settings, register_node, serving_controller
+from bench.harness import forget_nodes, kube_api, stack_etcd, until
 from bench.stats import row
 from podwire import keys
 from podwire.agent.services.pods import PodServices
-from podwire.config import EtcdSettings, KubernetesSettings
+from podwire.config import KubernetesSettings
 from podwire.etcd import EtcdClient
 from podwire.schema.checkpoints import Attached, Attachment
 from podwire.schema.vif import Vif
 from tests.agent.netenv import sh
 from tests.agent.service_tables import holds
-from tests.etcd_tools import delete_prefix
 
 NETWORK = "6d1f0c2a-0000-4000-8000-00000000beef"  # the bench pods' network
 CREATING = 20  # API requests in flight while the Services are made
 PORT = 8080
+POLL = 0.0005  # seconds between looks at the pods' tables
 
 
 async def run(
     stack: dict[str, Any], services: int, endpoints: int, pods: int, changes: int
 ) -> list[dict[str, Any]]:
-
-    etcd = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
-    configuration = kube_client.Configuration()
-    await kube_config.load_kube_config(
-        config_file=stack["kubeconfig"], client_configuration=configuration
-    )
-    api = kube_client.ApiClient(configuration)
+    etcd = await stack_etcd(stack)
+    api = await kube_api(stack["kubeconfig"])
     namespace = f"pwb-svcapi-{uuid.uuid4().hex[:6]}"
     node = f"{namespace}-node"
-    attached = pod_attachments(pods)
     try:
-        for pod in attached.values():
-            sh("ip", "netns", "add", pod.netns.rsplit("/", 1)[1])
-        core, discovery = kube_client.CoreV1Api(api), kube_client.DiscoveryV1Api(api)
-        await core.create_namespace({"metadata": {"name": namespace}})
-        await _make(core, discovery, namespace, services, endpoints)
-        await _register(etcd, node)
-        settings = _settings(stack, node)
-        settings = replace(
-            settings,
-            kubernetes=KubernetesSettings(
-                kubeconfig=stack["kubeconfig"], project_id=uuid.uuid4().hex
-            ),
-        )
-        async with serving_controller(settings, etcd):
-            took = await _changes(etcd, discovery, namespace, attached, services, changes)
+        with pods_attached(pods) as attached:
+            core, discovery = kube_client.CoreV1Api(api), kube_client.DiscoveryV1Api(api)
+            await core.create_namespace({"metadata": {"name": namespace}})
+            await _make(core, discovery, namespace, services, endpoints)
+            await register_node(etcd, node)
+            project = uuid.uuid4().hex
+            kubernetes = KubernetesSettings(kubeconfig=stack["kubeconfig"], project_id=project)
+            settings = controller_settings(stack, {node: node}, QUIET_POOL)
+            async with serving_controller(replace(settings, kubernetes=kubernetes), etcd):
+                took = await _changes(etcd, discovery, namespace, attached, services, changes)
     finally:
         await kube_client.CoreV1Api(api).delete_namespace(namespace)
         await api.close()
-        for pod in attached.values():
-            sh("ip", "netns", "del", pod.netns.rsplit("/", 1)[1], check=False)
-        await delete_prefix(etcd, keys.state_node_prefix(node))
+        await forget_nodes(etcd, node)
         await etcd.close()
     name = (
         f"Service: EndpointSlice patched in the API -> in force in {pods} pods' tables,"
@@ -124,7 +112,7 @@ async def _changes(
             held = holds(follower, attachment)
             return sum(1 for key in held if key.startswith(keys.services_prefix() + namespace))
 
-        await until(lambda: all(published(a) == services for a in pods), within=300)
+        await until(lambda: all(published(a) == services for a in pods), 300, POLL)
         took = []
         for change in range(changes):
             index = change % services
@@ -135,7 +123,9 @@ async def _changes(
             await discovery.patch_namespaced_endpoint_slice(
                 f"s{index}", namespace, patch, _content_type="application/json-patch+json"
             )
-            await until(lambda k=key, x=address: all(_holds(follower, a, k, x) for a in pods))
+            await until(
+                lambda k=key, x=address: all(_holds(follower, a, k, x) for a in pods), 120, POLL
+            )
             took.append((time.perf_counter() - started) * 1000)
         return took
     finally:
@@ -151,15 +141,9 @@ def _holds(follower: PodServices, attachment: str, key: str, address: str) -> bo
     )
 
 
-async def until(check: Any, within: float = 120.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the pods' Service tables did not follow etcd")
-        await asyncio.sleep(0.0005)
-
-
-def pod_attachments(count: int) -> dict[str, Attachment]:
+@contextlib.contextmanager
+def pods_attached(count: int) -> Iterator[dict[str, Attachment]]:
+    """``count`` pods' attachments, each pod with a network namespace of its own."""
     tag = uuid.uuid4().hex[:6]
     found = {}
     for index in range(count):
@@ -170,4 +154,10 @@ def pod_attachments(count: int) -> dict[str, Attachment]:
         found[attachment] = Attachment(
             attachment, f"pwb{tag}{index}", "eth0", "bench", netns, None, vif, attached
         )
-    return found
+    try:
+        for pod in found.values():
+            sh("ip", "netns", "add", pod.netns.rsplit("/", 1)[1])
+        yield found
+    finally:
+        for pod in found.values():
+            sh("ip", "netns", "del", pod.netns.rsplit("/", 1)[1], check=False)

@@ -30,11 +30,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench import service_api as api_path
+from bench.harness import iperf, iperf_server, stack_etcd, until
 from bench.stats import row
 from podwire import keys
 from podwire.agent.services import table
 from podwire.agent.services.pods import PodServices
-from podwire.config import EtcdSettings
 from podwire.etcd import EtcdClient
 from podwire.netfilter import Nftables
 from podwire.schema.checkpoints import Attachment
@@ -50,7 +50,6 @@ SERVICES = 1000
 ENDPOINTS = 10
 PODS = 10
 CHANGES_MAX = 100
-IPERF_SECONDS = 3
 SERVER = """
 import socket, sys
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -145,18 +144,11 @@ def _setup_rows(client: str, server: str, samples: int) -> list[dict[str, Any]]:
 
 
 def _throughput_rows(client: str, server: str, rounds: int) -> list[dict[str, Any]]:
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", server, "iperf3", "-s"], stdout=subprocess.DEVNULL
-    )
-    try:
-        time.sleep(0.5)
-        through, direct = [], []
+    through, direct = [], []
+    with iperf_server(server):
         for _ in range(rounds):
-            through.append(_iperf(client, CLUSTER_IP))
-            direct.append(_iperf(client, BACKENDS[1]))
-    finally:
-        proc.kill()
-        proc.wait()
+            through.append(iperf(client, CLUSTER_IP))
+            direct.append(iperf(client, BACKENDS[1]))
     # Higher is better here: the ratio is Service / direct, so below 1 is a loss.
     return [
         row(
@@ -169,26 +161,15 @@ def _throughput_rows(client: str, server: str, rounds: int) -> list[dict[str, An
     ]
 
 
-def _iperf(client: str, address: str) -> float:
-    done = in_ns(client, "iperf3", "-c", address, "-t", str(IPERF_SECONDS), "-J")
-    result = json.loads(done.stdout)
-    return float(result["end"]["sum_received"]["bits_per_second"]) / 1e9
-
-
 async def _control(stack: dict[str, Any], changes: int) -> list[dict[str, Any]]:
-    root = await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]]))
-    namespace = f"/pwb-svc-{uuid.uuid4().hex[:8]}"
-    etcd = root.within(namespace)
-    pods = api_path.pod_attachments(PODS)
+    root = await stack_etcd(stack)
+    etcd = root.within(f"/pwb-svc-{uuid.uuid4().hex[:8]}")
     try:
-        for ns in pods.values():
-            sh("ip", "netns", "add", ns.netns.rsplit("/", 1)[1])
-        many = await _change_cost(etcd, pods, SERVICES, changes)
-        await delete_prefix(etcd, keys.services_prefix())
-        few = await _change_cost(etcd, pods, SERVICES // 10, changes)
+        with api_path.pods_attached(PODS) as pods:
+            many = await _change_cost(etcd, pods, SERVICES, changes)
+            await delete_prefix(etcd, keys.services_prefix())
+            few = await _change_cost(etcd, pods, SERVICES // 10, changes)
     finally:
-        for ns in pods.values():
-            sh("ip", "netns", "del", ns.netns.rsplit("/", 1)[1], check=False)
         await delete_prefix(etcd, keys.services_prefix())
         await root.close()
     name = f"Service: one endpoint changed -> in force in {PODS} pods' tables"
@@ -211,7 +192,10 @@ async def _change_cost(
         await etcd.put(key, entry.encode())
     task = asyncio.create_task(follower.run())
     try:
-        await api_path.until(lambda: _written(follower, pods, len(entries)))
+        written = len(entries)
+        await until(
+            lambda: all(len(holds(follower, a)) == written for a in pods), 120, api_path.POLL
+        )
         took = []
         for change in range(changes):
             index = change % services
@@ -220,18 +204,16 @@ async def _change_cost(
             started = time.perf_counter()
             await etcd.put(key, entry.encode())
             wanted = table.for_network(read_service_entry(entry.encode(), key), NETWORK)
-            await api_path.until(
-                lambda k=key, w=wanted: all(holds(follower, a).get(k) == w for a in pods)
+            await until(
+                lambda k=key, w=wanted: all(holds(follower, a).get(k) == w for a in pods),
+                120,
+                api_path.POLL,
             )
             took.append((time.perf_counter() - started) * 1000)
         return took
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-
-
-def _written(follower: PodServices, pods: dict[str, Attachment], count: int) -> bool:
-    return all(len(holds(follower, attachment)) == count for attachment in pods)
 
 
 def _entry(index: int, endpoints: range) -> ServiceEntry:
