@@ -5,19 +5,15 @@ A minimal kubelet peer (Registration server on ``kubelet.sock``) runs in-process
 the real ``DevicePlugin`` with its checkpoint on the local disk (fsync included). References
 from the same run: a bare unary gRPC round trip on the plugin's socket (the floor under any
 Allocate) and the plugin's cold start to registered.
-
-Run: ``PYTHONPATH=src .venv/bin/python -m bench.deviceplugin_bench [--samples N]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +23,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
 
-from bench.stats import render, row
+from bench.stats import row, timed
 from podwire.config import DevicePluginSettings
 from podwire.deviceplugin import DevicePlugin
 from podwire.deviceplugin.api import (
@@ -36,8 +32,8 @@ from podwire.deviceplugin.api import (
     device_plugin_stub,
     dp,
 )
+from tests.kubelet_peer import allocate_request
 
-TARGETS_MS = {"allocate_p99": 10.0, "reregister": 1000.0}
 LIVE_GRANTS = 50
 
 
@@ -86,16 +82,13 @@ async def _measure(root: Path, samples: int) -> list[dict[str, Any]]:
         async with grpc.aio.insecure_channel(f"unix://{plugin.socket_path}") as channel:
             stub = device_plugin_stub(channel)
             for index in range(LIVE_GRANTS):
-                await stub.Allocate(_request(f"memif-{index}"))
-            floor, allocate, burst = [], [], []
-            for _ in range(samples):
-                started = time.perf_counter()
-                await stub.GetDevicePluginOptions(dp.Empty())
-                floor.append((time.perf_counter() - started) * 1000)
+                await stub.Allocate(allocate_request([f"memif-{index}"]))
+            floor = [await timed(stub.GetDevicePluginOptions, dp.Empty()) for _ in range(samples)]
+            allocate, burst = [], []
             for index in range(samples):
                 device = f"memif-{LIVE_GRANTS + index % 50}"
                 started = time.perf_counter()
-                response = await stub.Allocate(_request(device))
+                response = await stub.Allocate(allocate_request([device]))
                 allocate.append((time.perf_counter() - started) * 1000)
                 await plugin.allocator.release(
                     [a.id for a in plugin.allocator.for_devices([device])], reason="bench"
@@ -125,26 +118,15 @@ async def _measure(root: Path, samples: int) -> list[dict[str, Any]]:
 
 async def _burst(stub: Any, plugin: DevicePlugin, size: int) -> list[float]:
     devices = [f"memif-{LIVE_GRANTS + i}" for i in range(size)]
-
-    async def one(device: str) -> float:
-        started = time.perf_counter()
-        await stub.Allocate(_request(device))
-        return (time.perf_counter() - started) * 1000
-
-    latencies = await asyncio.gather(*(one(d) for d in devices))
+    requests = [allocate_request([device]) for device in devices]
+    latencies = await asyncio.gather(*(timed(stub.Allocate, request) for request in requests))
     await plugin.allocator.release(
         [a.id for a in plugin.allocator.for_devices(devices)], reason="bench"
     )
     return list(latencies)
 
 
-def _request(device: str) -> Any:
-    return dp.AllocateRequest(
-        container_requests=[dp.ContainerAllocateRequest(devices_ids=[device])]
-    )
-
-
-def run(stack: dict[str, Any] | None, samples: int) -> list[dict[str, Any]]:
+def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     """A bench section; needs no stack (kubelet is the protocol-faithful peer)."""
     # Restarts log warnings by design; they are not what is measured.
     logging.getLogger("podwire").setLevel(logging.ERROR)
@@ -153,25 +135,3 @@ def run(stack: dict[str, Any] | None, samples: int) -> list[dict[str, Any]]:
         return asyncio.run(_measure(root, samples))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--samples", type=int, default=500)
-    args = parser.parse_args(argv)
-    rows = run(None, args.samples)
-    print(render(rows))
-    allocate_p99 = rows[0]["p99_ms"]
-    reregister_p99 = rows[2]["p99_ms"]
-    ok_alloc = allocate_p99 < TARGETS_MS["allocate_p99"]
-    ok_rereg = reregister_p99 < TARGETS_MS["reregister"]
-    print(
-        f"\nAllocate p99 {allocate_p99:.2f} ms (target < 10 ms): {'PASS' if ok_alloc else 'FAIL'}\n"
-        f"re-registration p99 {reregister_p99:.0f} ms (target < 1000 ms):"
-        f" {'PASS' if ok_rereg else 'FAIL'}"
-    )
-    return 0 if ok_alloc and ok_rereg else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,36 +9,15 @@ from typing import Any
 
 import aetcd
 
-from bench.stats import row
+from bench.stats import row, timed
 from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
 from tests.etcd_tools import delete_prefix
 
 
-async def _put_latencies(client: EtcdClient, prefix: str, count: int) -> list[float]:
-    samples = []
-    for index in range(count):
-        started = time.perf_counter()
-        await client.put(f"{prefix}{index}", b"x" * 200)
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
-
-
-async def _aetcd_put_latencies(url: str, prefix: str, count: int) -> list[float]:
-    host, port = url.removeprefix("http://").split(":")
-    samples = []
-    async with aetcd.Client(host=host, port=int(port)) as client:
-        for index in range(count):
-            started = time.perf_counter()
-            await client.put(f"{prefix}{index}".encode(), b"x" * 200)
-            samples.append((time.perf_counter() - started) * 1000)
-    return samples
-
-
 async def _watch_latencies(client: EtcdClient, prefix: str, count: int) -> list[float]:
-    watcher = PrefixWatcher(client, prefix)
-    stream = watcher.batches()
+    stream = PrefixWatcher(client, prefix).batches()
     await anext(stream)
     samples = []
     for index in range(count):
@@ -52,9 +31,13 @@ async def _watch_latencies(client: EtcdClient, prefix: str, count: int) -> list[
 
 async def _run(url: str, samples: int) -> list[dict[str, Any]]:
     prefix = f"/podwire-bench/{uuid.uuid4().hex}/"
+    value = b"x" * 200
+    host, port = url.removeprefix("http://").split(":")
     async with await EtcdClient.connect(EtcdSettings(endpoints=[url])) as client:
-        ours = await _put_latencies(client, prefix + "p/", samples)
-        reference = await _aetcd_put_latencies(url, prefix + "r/", samples)
+        ours = [await timed(client.put, f"{prefix}p/{i}", value) for i in range(samples)]
+        async with aetcd.Client(host=host, port=int(port)) as theirs:
+            keys = [f"{prefix}r/{i}".encode() for i in range(samples)]
+            reference = [await timed(theirs.put, key, value) for key in keys]
         watch = await _watch_latencies(client, prefix, samples)
         await delete_prefix(client, prefix)
     return [

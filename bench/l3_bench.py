@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.harness import forget_nodes, until
 from bench.stats import row
-from podwire import keys
 from podwire.config import EtcdSettings
 from podwire.demo.router import router_updates
 from podwire.etcd import EtcdClient
@@ -39,11 +39,9 @@ from podwire.neutron.client import neutron_connection
 from tests.agent.harness import cni_pod
 from tests.agent.netenv import NetEnv, in_ns
 from tests.conftest import delete_project_resources
-from tests.etcd_tools import delete_prefix
 from tests.neutron_agents.agents import NeutronAgentRun
 from tests.neutron_agents.conftest import L3_AGENT
 from tests.neutron_agents.routing import WEB_PORT, Site, answer, build_site, pod
-from tests.scripted_agent import eventually
 
 IPERF_SECONDS = 3
 IPERF_RUNS = 3
@@ -87,7 +85,8 @@ async def _run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
                 conn.network.delete_agent(record)
         delete_project_resources(conn, project)
         netenv.cleanup()
-        await _forget(etcd, hostnames)
+        async with await EtcdClient.connect(etcd) as client:
+            await forget_nodes(client, *hostnames)
 
 
 async def _floating_rows(
@@ -136,16 +135,19 @@ def _elapsed(l3: NeutronAgentRun, router_id: str) -> list[float]:
 
 
 async def _until(done: Any) -> None:
-    async def probe() -> bool:
-        return bool(await asyncio.to_thread(done))
-
-    await eventually(probe, "the router's update", timeout=60)
+    await until(done, 60, 0.05, thread=True, what="the router's update")
 
 
 async def _throughput_rows(site: Site, netenv: NetEnv, work: Path) -> list[dict[str, Any]]:
-    client = await _bare_pod(site, 0, 0, netenv, work)
-    switched = await _bare_pod(site, 1, 0, netenv, work)  # host 2, the client's network
-    routed = await _bare_pod(site, 1, 1, netenv, work)  # host 2, the other network
+    async def bare_pod(host: int, network: int) -> dict[str, str]:
+        """A pod of the site's group serving nothing yet (iperf3 takes the admitted port)."""
+        return await cni_pod(
+            site.hosts[host], netenv, site.networks[network].id, site.group.id, work
+        )
+
+    client = await bare_pod(0, 0)
+    switched = await bare_pod(1, 0)  # host 2, the client's network
+    routed = await bare_pod(1, 1)  # host 2, the other network
     for server in (switched, routed):
         site.servers.append(_iperf_server(server["ns"]))
     direct = [_iperf(client["ns"], switched["ip"]) for _ in range(IPERF_RUNS)]
@@ -159,13 +161,6 @@ async def _throughput_rows(site: Site, netenv: NetEnv, work: Path) -> list[dict[
             unit="Mbit/s",
         )
     ]
-
-
-async def _bare_pod(
-    site: Site, host: int, network: int, netenv: NetEnv, work: Path
-) -> dict[str, str]:
-    """A pod of the site's group serving nothing yet (iperf3 takes the admitted port)."""
-    return await cni_pod(site.hosts[host], netenv, site.networks[network].id, site.group.id, work)
 
 
 def _iperf_server(ns: str) -> subprocess.Popen[str]:
@@ -183,13 +178,3 @@ def _iperf(ns: str, address: str) -> float:
             return float(received["bits_per_second"]) / 1e6
         time.sleep(0.1)
     raise RuntimeError(f"iperf3 to {address} failed: {out.stdout[-300:]}")
-
-
-async def _forget(settings: EtcdSettings, hosts: list[str]) -> None:
-    etcd = await EtcdClient.connect(settings)
-    try:
-        for host in hosts:
-            await delete_prefix(etcd, keys.node_prefix(host))
-            await delete_prefix(etcd, keys.state_node_prefix(host))
-    finally:
-        await etcd.close()

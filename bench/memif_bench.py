@@ -13,6 +13,7 @@ veth pod on the same bridge (target p50 <= 2x). testpmd busy-polls one CPU while
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -20,12 +21,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.stats import row
+from bench.stats import cpu_seconds, row
 from podwire.agent import naming
 from podwire.config import MemifSettings
 from podwire.memif import build as memif_build
@@ -129,10 +130,6 @@ class Master:
     def port(self, name: str) -> memif_master.PortStats:
         return next(s for s in self.control.ports() if s.name == name)
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def stop(self) -> None:
         self.control.close()
         memif_master.stop(self.pid, self.started)
@@ -157,21 +154,28 @@ class Windows:
     drops: list[float] = field(default_factory=list)
 
 
-def _measure(count: Callable[[], tuple[int, int]], pmds: list[Testpmd], windows: int) -> Windows:
-    """``count`` gives (frames received, frames dropped) so far."""
+@contextlib.contextmanager
+def _running(pmds: list[Testpmd]) -> Iterator[None]:
+    """The testpmds started, in order, and warmed up; stopped after the block."""
     for pmd in pmds:
         pmd.start()
     try:
         time.sleep(WARMUP)
+        yield
+    finally:
+        for pmd in pmds:
+            pmd.stop()
+
+
+def _measure(count: Callable[[], tuple[int, int]], pmds: list[Testpmd], windows: int) -> Windows:
+    """``count`` gives (frames received, frames dropped) so far."""
+    with _running(pmds):
         out = Windows()
         (got, dropped), busy, at = count(), _busy_cpu_seconds(), time.perf_counter()
         for _ in range(windows):
             time.sleep(WINDOW)
-            (now_got, now_dropped), now_busy, now = (
-                count(),
-                _busy_cpu_seconds(),
-                time.perf_counter(),
-            )
+            now_got, now_dropped = count()
+            now_busy, now = _busy_cpu_seconds(), time.perf_counter()
             seconds = now - at
             rate = (now_got - got) / seconds
             out.kpps.append(rate / 1000.0)
@@ -180,9 +184,6 @@ def _measure(count: Callable[[], tuple[int, int]], pmds: list[Testpmd], windows:
             out.drops.append((now_dropped - dropped) / seconds)
             got, dropped, busy, at = now_got, now_dropped, now_busy, now
         return out
-    finally:
-        for pmd in pmds:
-            pmd.stop()
 
 
 def _txonly(vdev: str, to: str = SINK_MAC, cpu: int = 1) -> Testpmd:
@@ -253,30 +254,19 @@ def _throughput(topo: Topology, master: Master, windows: int) -> list[dict[str, 
 
 
 def _idle_master(master: Master, pmds: list[Testpmd]) -> list[float]:
-    for pmd in pmds:
-        pmd.start()
-    try:
-        time.sleep(WARMUP)
+    with _running(pmds):
         samples = []
         for _ in range(6):
-            before, at = master.cpu_seconds(), time.perf_counter()
+            before, at = cpu_seconds(master.pid), time.perf_counter()
             time.sleep(WINDOW)
-            samples.append(100.0 * (master.cpu_seconds() - before) / (time.perf_counter() - at))
+            samples.append(100.0 * (cpu_seconds(master.pid) - before) / (time.perf_counter() - at))
         return samples
-    finally:
-        for pmd in pmds:
-            pmd.stop()
 
 
 def _latency(topo: Topology, master: Master, samples: int) -> list[dict[str, Any]]:
-    echo = Testpmd(master.client("pwtbench", CNF_MAC), "icmpecho", nice=CNF_NICE)
-    echo.start()
-    try:
-        time.sleep(WARMUP)
-        count = max(20, min(samples, 200))
+    count = max(20, min(samples, 200))
+    with _running([Testpmd(master.client("pwtbench", CNF_MAC), "icmpecho", nice=CNF_NICE)]):
         memif_rtt = _rtts(topo.sink, "10.99.0.99", count)
-    finally:
-        echo.stop()
     veth_rtt = _rtts(topo.sink, "10.99.0.11", count)
     return [
         row("memif: ping RTT veth pod -> memif CNF (testpmd icmpecho)", memif_rtt,

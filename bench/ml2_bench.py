@@ -9,14 +9,13 @@ Forwarder throughput is compared with the fastest possible writer: a loop of dir
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.run import main as run_main
+from bench.harness import bind_to_active, delete_project, forget_nodes, project_network
 from bench.stats import row
 from podwire import keys
 from podwire.config import EtcdSettings
@@ -41,8 +40,7 @@ async def _instant_agent(url: str, host: str, ready: threading.Event, stop: asyn
         await client.put(keys.state_vtep(host), values.vtep_value("192.0.2.50"))
         await client.put(keys.state_alive(host), values.alive_value(time.time(), "bench"), lease.id)
         ready.set()
-        watcher = PrefixWatcher(client, keys.node_ports_prefix(host))
-        batches = watcher.batches()
+        batches = PrefixWatcher(client, keys.node_ports_prefix(host)).batches()
         try:
             while not stop.is_set():
                 batch = await batches.__anext__()
@@ -53,8 +51,7 @@ async def _instant_agent(url: str, host: str, ready: threading.Event, stop: asyn
                         await client.put(keys.state_port(host, port_id), raw)
         finally:
             await lease.revoke()
-            await delete_prefix(client, keys.state_node_prefix(host))
-            await delete_prefix(client, keys.node_ports_prefix(host))
+            await forget_nodes(client, host)
 
 
 def _bind_to_active(stack: dict[str, Any], samples: int) -> list[float]:
@@ -72,29 +69,12 @@ def _bind_to_active(stack: dict[str, Any], samples: int) -> list[float]:
     agent.start()
     ready.wait(30)
     time.sleep(0.5)  # the API workers' caches see the host
-    network = neutron.network.create_network(name="bench-ml2", project_id=project)
-    neutron.network.create_subnet(
-        network_id=network.id, cidr="10.77.0.0/16", ip_version=4, project_id=project
-    )
-    latencies: list[float] = []
+    network, _ = project_network(neutron, project, "bench-ml2", "10.77.0.0/16")
     try:
-        for _ in range(samples):
-            port = neutron.network.create_port(
-                network_id=network.id, project_id=project, device_owner="compute:podwire"
-            )
-            started = time.perf_counter()
-            neutron.network.update_port(port.id, binding_host_id=host)
-            while neutron.network.get_port(port.id).status != "ACTIVE":
-                if time.perf_counter() - started > 30:
-                    raise RuntimeError(f"port {port.id} not ACTIVE after 30 s")
-                time.sleep(0.01)
-            latencies.append((time.perf_counter() - started) * 1000)
+        return [bind_to_active(neutron, network.id, project, host, 30)[1] for _ in range(samples)]
     finally:
         loop.call_soon_threadsafe(stop.set)
-        for port in list(neutron.network.ports(project_id=project)):
-            neutron.network.delete_port(port)
-        neutron.network.delete_network(network)
-    return latencies
+        delete_project(neutron, project)
 
 
 async def _throughput(stack: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -146,13 +126,3 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
             unit="ms/row",
         ),
     ]
-
-
-def main() -> int:
-    """``python -m bench.ml2_bench [N]``: this section alone, through the common entry point."""
-    samples = sys.argv[1] if len(sys.argv) > 1 else "200"
-    return run_main(["--only", "ml2_bench", "--samples", samples])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

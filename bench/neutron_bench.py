@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+from bench.harness import delete_project, project_network
 from bench.stats import row
 from podwire.neutron.client import neutron_connection
 
@@ -13,10 +14,7 @@ from podwire.neutron.client import neutron_connection
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
     neutron = neutron_connection(stack["neutron"])
     project = uuid.uuid4().hex
-    network = neutron.network.create_network(name="bench", project_id=project)
-    neutron.network.create_subnet(
-        network_id=network.id, cidr="10.99.0.0/16", ip_version=4, project_id=project
-    )
+    network, _ = project_network(neutron, project, "bench", "10.99.0.0/16")
     body = {"network_id": network.id, "project_id": project, "device_owner": "compute:podwire"}
     count = max(10, samples // 10)
     single = []
@@ -29,9 +27,7 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         started = time.perf_counter()
         list(neutron.network.create_ports([dict(body, binding_host_id="bench-host")] * 10))
         per_port_bulk.append((time.perf_counter() - started) * 100)
-    for port in list(neutron.network.ports(project_id=project)):
-        neutron.network.delete_port(port)
-    neutron.network.delete_network(network)
+    delete_project(neutron, project)
     return [
         row("Neutron port create + bind, one call", single),
         row("Neutron port create + bind, per port in bulk of 10", per_port_bulk),

@@ -13,24 +13,22 @@ the lag after the API call returned, which is what an operator waits on top of t
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from bench.run import main as run_main
+from bench.harness import delete_project, forget_nodes, project_network, stack_etcd
 from bench.stats import row
 from podwire import keys
-from podwire.config import EtcdSettings
 from podwire.etcd.client import EtcdClient
 from podwire.etcd.watch import PrefixWatcher
 from podwire.neutron.client import neutron_connection
 from podwire.schema import nodes as values
 from podwire.schema.ports import parse_desired_port
 from podwire.schema.secgroups import parse_security_group
-from tests.etcd_tools import delete_prefix
 
 TIMEOUT = 30.0
 
@@ -58,7 +56,7 @@ class Arrivals:
 
 
 async def _follow(
-    client: EtcdClient, prefix: str, arrivals: Arrivals, tokens: Callable[[str, bytes], list[str]]
+    client: EtcdClient, prefix: str, tokens: Callable[[str, bytes], list[str]], arrivals: Arrivals
 ) -> None:
     async for batch in PrefixWatcher(client, prefix).batches():
         for event in batch.events:
@@ -80,13 +78,15 @@ def _device_ids(key: str, raw: bytes) -> list[str]:
 
 
 async def _timed(
-    call: Callable[[], Any], arrivals: Arrivals, token: Callable[[Any], str], out: list[Sample]
-) -> None:
+    call: Callable[[], Any], arrivals: Arrivals, token: Callable[[Any], str]
+) -> Sample:
+    """``call`` (a Neutron request) from its sending until ``token`` of what it returned
+    arrived in etcd, and from its return."""
     sent = time.perf_counter()
     result = await asyncio.to_thread(call)
     returned = time.perf_counter()
     arrived = await arrivals.wait(token(result))
-    out.append(Sample((arrived - sent) * 1000, max(0.0, arrived - returned) * 1000))
+    return Sample((arrived - sent) * 1000, max(0.0, arrived - returned) * 1000)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ async def _measure(stack: dict[str, Any], samples: int) -> dict[str, list[Sample
     project = uuid.uuid4().hex
     host = f"bench-sg-{uuid.uuid4().hex[:8]}"
     results: dict[str, list[Sample]] = {"rule": [], "member": [], "port": []}
-    async with await EtcdClient.connect(EtcdSettings(endpoints=[stack["etcd"]])) as client:
+    async with await stack_etcd(stack) as client:
         lease = await client.grant_lease(600)
         await client.put(keys.state_vtep(host), values.vtep_value("192.0.2.60"))
         await client.put(keys.state_alive(host), values.alive_value(time.time(), "bench"), lease.id)
@@ -108,100 +108,49 @@ async def _measure(stack: dict[str, Any], samples: int) -> dict[str, list[Sample
         group = await asyncio.to_thread(
             neutron.network.create_security_group, name="bench-sg", project_id=project
         )
-        network = await asyncio.to_thread(
-            neutron.network.create_network, name="bench-sg", project_id=project
+        network, _ = await asyncio.to_thread(
+            project_network, neutron, project, "bench-sg", "10.78.0.0/16"
         )
-        await asyncio.to_thread(
-            neutron.network.create_subnet,
-            network_id=network.id, cidr="10.78.0.0/16", ip_version=4, project_id=project,
-        )  # fmt: skip
         arrivals = Arrivals()
-        followers = [
-            asyncio.create_task(_follow(client, keys.secgroup(group.id), arrivals, _rule_ids)),
-            asyncio.create_task(
-                _follow(client, keys.remote_groups_prefix(group.id), arrivals, _member_ports)
-            ),
-            asyncio.create_task(
-                _follow(client, keys.node_ports_prefix(host), arrivals, _device_ids)
-            ),
-        ]
+        watched = (
+            (keys.secgroup(group.id), _rule_ids),
+            (keys.remote_groups_prefix(group.id), _member_ports),
+            (keys.node_ports_prefix(host), _device_ids),
+        )
+        followers = [asyncio.create_task(_follow(client, *w, arrivals)) for w in watched]
+        net = neutron.network
         try:
-            await _rules(neutron, group.id, arrivals, samples, results["rule"])
-            await _members(neutron, network.id, project, group.id, arrivals, samples, results)
-            await _port_updates(neutron, network.id, project, host, arrivals, samples, results)
+            for index in range(samples):
+                rule = partial(
+                    net.create_security_group_rule, security_group_id=group.id,
+                    direction="ingress", ethertype="IPv4", protocol="tcp",
+                    port_range_min=1000 + index, port_range_max=1000 + index,
+                )  # fmt: skip
+                results["rule"].append(await _timed(rule, arrivals, lambda made: str(made.id)))
+            member = partial(
+                net.create_port,
+                network_id=network.id,
+                project_id=project,
+                security_groups=[group.id],
+            )
+            for _ in range(samples):
+                results["member"].append(await _timed(member, arrivals, lambda made: str(made.id)))
+            port = await asyncio.to_thread(
+                net.create_port, network_id=network.id, project_id=project, binding_host_id=host,
+                device_owner="compute:podwire", security_groups=[],
+            )  # fmt: skip
+            for index in range(samples):
+                device = f"bench-{index}"
+                update = partial(net.update_port, port.id, device_id=device)
+                results["port"].append(await _timed(update, arrivals, lambda _, d=device: d))
         finally:
             for task in followers:
                 task.cancel()
             await asyncio.gather(*followers, return_exceptions=True)
-            await asyncio.to_thread(_cleanup, neutron, project)
+            await asyncio.to_thread(delete_project, neutron, project)
             await lease.revoke()
-            await delete_prefix(client, keys.state_node_prefix(host))
-            await delete_prefix(client, keys.node_ports_prefix(host))
+            await forget_nodes(client, host)
     return results
-
-
-async def _rules(
-    neutron: Any, sg_id: str, arrivals: Arrivals, samples: int, out: list[Sample]
-) -> None:
-    for index in range(samples):
-
-        def create(port: int = 1000 + index) -> Any:
-            return neutron.network.create_security_group_rule(
-                security_group_id=sg_id, direction="ingress", ethertype="IPv4",
-                protocol="tcp", port_range_min=port, port_range_max=port,
-            )  # fmt: skip
-
-        await _timed(create, arrivals, lambda rule: str(rule.id), out)
-
-
-async def _members(
-    neutron: Any,
-    network_id: str,
-    project: str,
-    sg_id: str,
-    arrivals: Arrivals,
-    samples: int,
-    results: dict[str, list[Sample]],
-) -> None:
-    def create() -> Any:
-        return neutron.network.create_port(
-            network_id=network_id, project_id=project, security_groups=[sg_id]
-        )
-
-    for _ in range(samples):
-        await _timed(create, arrivals, lambda port: str(port.id), results["member"])
-
-
-async def _port_updates(
-    neutron: Any,
-    network_id: str,
-    project: str,
-    host: str,
-    arrivals: Arrivals,
-    samples: int,
-    results: dict[str, list[Sample]],
-) -> None:
-    port = await asyncio.to_thread(
-        neutron.network.create_port,
-        network_id=network_id, project_id=project, binding_host_id=host,
-        device_owner="compute:podwire", security_groups=[],
-    )  # fmt: skip
-    for index in range(samples):
-        device = f"bench-{index}"
-
-        def update(device_id: str = device) -> Any:
-            return neutron.network.update_port(port.id, device_id=device_id)
-
-        await _timed(update, arrivals, lambda _port, d=device: d, results["port"])
-
-
-def _cleanup(neutron: Any, project: str) -> None:
-    for port in list(neutron.network.ports(project_id=project)):
-        neutron.network.delete_port(port)
-    for network in list(neutron.network.networks(project_id=project)):
-        neutron.network.delete_network(network)
-    for group in list(neutron.network.security_groups(project_id=project)):
-        neutron.network.delete_security_group(group)
 
 
 def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
@@ -216,13 +165,3 @@ def run(stack: dict[str, Any], samples: int) -> list[dict[str, Any]]:
         after = [sample.after_return_ms for sample in results[name]]
         rows.append(row(f"{what} returns -> value in etcd (lag)", after, f"{reference} lag", lag))
     return rows
-
-
-def main() -> int:
-    """``python -m bench.policy_bench [N]``: this section alone, through the common entry."""
-    samples = sys.argv[1] if len(sys.argv) > 1 else "200"
-    return run_main(["--only", "policy_bench", "--samples", samples])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

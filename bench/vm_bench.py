@@ -49,25 +49,18 @@ def _measure(built: image.Image, lan: lans.Lan, work: Path, boots: int) -> list[
         procs.stop_child(dnsmasq)
     print(f"vm_bench: accel {chosen.name} ({chosen.reason})", file=sys.stderr)
     label = f"VM boot ({chosen.name})"
-    reference = "bzImage boot" if bzimage else ""
+    ref = "bzImage boot" if bzimage else ""
+
+    def seconds(boots: list[launcher.BootTimes], what: str) -> list[float]:
+        return [getattr(times, what) or 0.0 for times in boots]
+
+    rows = [
+        row(f"{label}: QEMU start -> {name}", seconds(pvh, what), ref, seconds(bzimage, what), "s")
+        for name, what in (("init", "init"), ("DHCP lease", "lease"))
+    ]
     return [
-        row(
-            f"{label}: QEMU start -> init",
-            [t.init or 0.0 for t in pvh],
-            reference,
-            [t.init or 0.0 for t in bzimage],
-            unit="s",
-        ),
-        row(
-            f"{label}: QEMU start -> DHCP lease",
-            [t.lease or 0.0 for t in pvh],
-            reference,
-            [t.lease or 0.0 for t in bzimage],
-            unit="s",
-        ),
-        row(
-            f"{label}: first DISCOVER -> lease", [t.discover_to_lease or 0.0 for t in pvh], unit="s"
-        ),
+        *rows,
+        row(f"{label}: first DISCOVER -> lease", seconds(pvh, "discover_to_lease"), unit="s"),
     ]
 
 
