@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bench.harness import running
 from podwire import keys
 from podwire.config import ControllerSettings, EtcdSettings, NeutronSettings, PoolSettings, Settings
 from podwire.controller.app import Controller
@@ -54,14 +55,10 @@ async def register_node(etcd: EtcdClient, node: str, driver: str | None = None) 
 @contextlib.asynccontextmanager
 async def serving_controller(settings: Settings, etcd: EtcdClient) -> AsyncIterator[Controller]:
     controller = Controller(settings, etcd, connect(settings.neutron))
-    task = asyncio.create_task(controller.run())
-    try:
+    async with running(controller.run()) as task:
         async with asyncio.timeout(120):
             while not controller.service.serving:
                 if task.done():
                     task.result()  # it failed: say why
                 await asyncio.sleep(0.05)
         yield controller
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)

@@ -1,6 +1,7 @@
 """What several benches do around their measurements, written once: a project's network in
-Neutron and its removal, nodes forgotten in etcd, polling until a condition holds, a port
-bound until ACTIVE, iperf3 between namespaces, a Kubernetes API client."""
+Neutron and its removal, nodes forgotten in etcd, a component running for a block, polling
+until a condition holds, a port bound until ACTIVE, iperf3 between namespaces, a Kubernetes
+API client."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 from kubernetes_asyncio import client as kube_client
@@ -54,6 +55,17 @@ async def forget_nodes(etcd: EtcdClient, *hosts: str) -> None:
         await delete_prefix(etcd, keys.node_prefix(host))
         await delete_prefix(etcd, keys.state_node_prefix(host))
         await delete_prefix(etcd, keys.vifs_prefix(host))
+
+
+@contextlib.asynccontextmanager
+async def running(work: Coroutine[Any, Any, Any]) -> AsyncIterator[asyncio.Task[Any]]:
+    """``work`` as a task of this event loop for the block; cancelled after it."""
+    task = asyncio.create_task(work)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def until(

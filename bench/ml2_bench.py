@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.harness import bind_to_active, delete_project, forget_nodes, project_network
+from bench.harness import bind_to_active, delete_project, forget_nodes, project_network, running
 from bench.stats import row
 from podwire import keys
 from podwire.config import EtcdSettings
@@ -96,12 +96,10 @@ async def _throughput(stack: dict[str, Any]) -> tuple[list[float], list[float]]:
                 )  # fmt: skip
                 forwarder = Forwarder(client, journal, settings)
                 started = time.perf_counter()
-                task = asyncio.create_task(forwarder.run())
-                while forwarder.sent_rows < FORWARDER_ROWS:  # noqa: ASYNC110  (sampling, not waiting)
-                    await asyncio.sleep(0.002)
-                forwarded.append((time.perf_counter() - started) * 1000 / FORWARDER_ROWS)
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                async with running(forwarder.run()):
+                    while forwarder.sent_rows < FORWARDER_ROWS:  # noqa: ASYNC110  (sampling)
+                        await asyncio.sleep(0.002)
+                    forwarded.append((time.perf_counter() - started) * 1000 / FORWARDER_ROWS)
                 started = time.perf_counter()
                 for index in range(FORWARDER_ROWS):
                     await client.put(f"{prefix}d/{index}", b'{"v":1}')

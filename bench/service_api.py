@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes_asyncio import client as kube_client
 
 from bench.controllers import QUIET_POOL, controller_settings, register_node, serving_controller
-from bench.harness import forget_nodes, kube_api, stack_etcd, until
+from bench.harness import forget_nodes, kube_api, running, stack_etcd, until
 from bench.stats import row
 from podwire import keys
 from podwire.agent.services.pods import PodServices
@@ -105,32 +105,32 @@ async def _changes(
     changes: int,
 ) -> list[float]:
     follower = PodServices(etcd, lambda: pods)
-    task = asyncio.create_task(follower.run())
+
+    def published(attachment: str) -> int:
+        held = holds(follower, attachment)
+        return sum(1 for key in held if key.startswith(keys.services_prefix() + namespace))
+
     try:
-
-        def published(attachment: str) -> int:
-            held = holds(follower, attachment)
-            return sum(1 for key in held if key.startswith(keys.services_prefix() + namespace))
-
-        await until(lambda: all(published(a) == services for a in pods), 300, POLL)
-        took = []
-        for change in range(changes):
-            index = change % services
-            address = endpoint_address(index, 1000 + change)
-            patch = [{"op": "replace", "path": "/endpoints/0/addresses/0", "value": address}]
-            key = keys.service(namespace, f"s{index}")
-            started = time.perf_counter()
-            await discovery.patch_namespaced_endpoint_slice(
-                f"s{index}", namespace, patch, _content_type="application/json-patch+json"
-            )
-            await until(
-                lambda k=key, x=address: all(_holds(follower, a, k, x) for a in pods), 120, POLL
-            )
-            took.append((time.perf_counter() - started) * 1000)
-        return took
+        async with running(follower.run()):
+            await until(lambda: all(published(a) == services for a in pods), 300, POLL)
+            took = []
+            for change in range(changes):
+                index = change % services
+                address = endpoint_address(index, 1000 + change)
+                patch = [{"op": "replace", "path": "/endpoints/0/addresses/0", "value": address}]
+                key = keys.service(namespace, f"s{index}")
+                started = time.perf_counter()
+                await discovery.patch_namespaced_endpoint_slice(
+                    f"s{index}", namespace, patch, _content_type="application/json-patch+json"
+                )
+                await until(
+                    lambda k=key, x=address: all(_holds(follower, a, k, x) for a in pods),
+                    120,
+                    POLL,
+                )
+                took.append((time.perf_counter() - started) * 1000)
+            return took
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         follower.close()
 
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench import service_api as api_path
-from bench.harness import iperf, iperf_server, stack_etcd, until
+from bench.harness import iperf, iperf_server, running, stack_etcd, until
 from bench.stats import row
 from podwire import keys
 from podwire.agent.services import table
@@ -190,8 +190,7 @@ async def _change_cost(
     entries = {keys.service("bench", f"s{i}"): _entry(i, range(ENDPOINTS)) for i in range(services)}
     for key, entry in entries.items():
         await etcd.put(key, entry.encode())
-    task = asyncio.create_task(follower.run())
-    try:
+    async with running(follower.run()):
         written = len(entries)
         await until(
             lambda: all(len(holds(follower, a)) == written for a in pods), 120, api_path.POLL
@@ -211,9 +210,6 @@ async def _change_cost(
             )
             took.append((time.perf_counter() - started) * 1000)
         return took
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def _entry(index: int, endpoints: range) -> ServiceEntry:

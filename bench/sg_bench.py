@@ -28,6 +28,7 @@ from bench.harness import (
     iperf,
     iperf_server,
     project_network,
+    running,
     stack_etcd,
     until,
 )
@@ -91,17 +92,15 @@ async def _policy_rows(stack: dict[str, Any], samples: int) -> list[dict[str, An
         reconcile: list[float] = []
         for i in range(max(3, samples // 20)):
             enforcer = PolicyEnforcer(etcd, nft, EnforcerSettings(host), None)
-            task = asyncio.create_task(enforcer.run())
-            await enforcer._listed.wait()
-            started = time.perf_counter()
-            enforcer.adopt(ports)
-            await enforcer.synced.wait()
-            reconcile.append((time.perf_counter() - started) * 1000)
-            if i == 0:
-                change, member = await _changes(etcd, enforcer, groups[0], samples)
-                reference_text = ruleset.replace(enforcer._compile()[0].ruleset)
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            async with running(enforcer.run()):
+                await enforcer._listed.wait()
+                started = time.perf_counter()
+                enforcer.adopt(ports)
+                await enforcer.synced.wait()
+                reconcile.append((time.perf_counter() - started) * 1000)
+                if i == 0:
+                    change, member = await _changes(etcd, enforcer, groups[0], samples)
+                    reference_text = ruleset.replace(enforcer._compile()[0].ruleset)
         reference = _nft_cli(host_ns, reference_text, max(3, samples // 20))
     finally:
         nft.close()
