@@ -30,7 +30,9 @@ def _ip6(text: str) -> bytes:
     return ipaddress.IPv6Address(text).packed
 
 
-def _checksum(data: bytes) -> int:
+def checksum(data: bytes) -> int:
+    """The internet checksum (RFC 1071); the classifier's differential test builds its frames
+    with it too."""
     if len(data) % 2:
         data += b"\0"
     total = sum(struct.unpack(f"!{len(data) // 2}H", data))
@@ -62,8 +64,8 @@ def frame(item: dict[str, Any]) -> bytes:
     length = 4 + len(body)
     pseudo = src + dst + struct.pack("!I3xB", length, ICMPV6)
     head = struct.pack("!BBH", TYPES[item["kind"]], 0, 0)
-    checksum = _checksum(pseudo + head + body)
-    icmp = struct.pack("!BBH", TYPES[item["kind"]], 0, checksum) + body
+    summed = checksum(pseudo + head + body)
+    icmp = struct.pack("!BBH", TYPES[item["kind"]], 0, summed) + body
     ip6 = struct.pack("!IHBB", 6 << 28, length, ICMPV6, 255) + src + dst
     eth = _mac(item["eth_dst"]) + _mac(item["eth_src"]) + struct.pack("!H", ETH_P_IPV6)
     return eth + ip6 + icmp

@@ -38,6 +38,7 @@ from podwire.schema.secgroups import Rule, SecurityGroup
 from podwire.sgpolicy import ruleset
 from podwire.sgpolicy.classifier import compile_classifier, decode, encode
 from podwire.sgpolicy.compile import PolicyInputs, PortPolicy, compile_ruleset, link_local
+from tests.agent.ndframes import checksum
 from tests.agent.netenv import NetEnv, in_ns
 from tests.classifier_ref import parse, verdict
 
@@ -144,22 +145,13 @@ def policies(draw: st.DrawFn) -> Policy:
 # -- random frames --------------------------------------------------------------------
 
 
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
 def _l4(proto: int, pseudo: bytes, body: bytes) -> bytes:
     """``body`` with its checksum filled in (TCP, UDP, ICMP, ICMPv6)."""
     at = {6: 16, 17: 6, 1: 2, 58: 2}.get(proto)
     if at is None:
         return body
     summed = body if proto == 1 else pseudo + body
-    value = _checksum(summed) or (0xFFFF if proto == 17 else 0)
+    value = checksum(summed) or (0xFFFF if proto == 17 else 0)
     return body[:at] + struct.pack("!H", value) + body[at + 2 :]
 
 
@@ -170,7 +162,7 @@ def ip_frame(src: str, dst: str, s: str, d: str, proto: int, body: bytes, ident:
         pseudo = saddr + daddr + struct.pack("!BBH", 0, proto, len(body))
         head = struct.pack("!BBHHHBBH", 0x45, 0, 20 + len(body), ident & 0xFFFF, 0, 64, proto, 0)
         head += saddr + daddr
-        head = head[:10] + struct.pack("!H", _checksum(head)) + head[12:]
+        head = head[:10] + struct.pack("!H", checksum(head)) + head[12:]
         return eth + b"\x08\x00" + head + _l4(proto, pseudo, body)
     pseudo = saddr + daddr + struct.pack("!I3xB", len(body), proto)
     head = struct.pack("!IHBB", 0x60000000 | (ident & 0xFFFFF), len(body), proto, 64)
