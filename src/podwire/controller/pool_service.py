@@ -64,8 +64,8 @@ class PoolDeps:
 
 @dataclass
 class TermState:
-    """What one term holds, shared by the service, the VIF broker and the admin; ``reset``
-    renews it in place (each part keeps this one object)."""
+    """What one term holds, shared by the jobs the module's docstring names; ``reset`` renews
+    it in place (each part keeps this one object)."""
 
     pools: Pools
     refiller: Refiller
