@@ -59,6 +59,9 @@ class RecordingSink:
         self.wired.append((host, port_id))
         return True
 
+    def port_settled(self, host: str, port_id: str) -> bool:
+        return False
+
     def port_unwired(self, host: str, port_id: str) -> bool:
         return False
 

@@ -10,6 +10,7 @@ import pytest
 from podwire import keys
 from podwire.etcd.client import EtcdClient
 from tests.ml2.conftest import port_binding, status_is
+from tests.ml2.provisioning_blocks import ProvisioningBlocks
 from tests.scripted_agent import ScriptedAgent, bound_on, eventually
 
 pytestmark = pytest.mark.stack
@@ -186,3 +187,27 @@ async def test_state_key_for_unknown_port_and_garbage_values_change_nothing(
 
 async def _vif(neutron: Any, port_id: str, vif_type: str) -> bool:
     return bool(port_binding(neutron, port_id)[1] == vif_type)
+
+
+async def test_a_port_no_completion_announced_goes_active(
+    neutron: Any, project_id: str, agents: Callable[[], ScriptedAgent], stack: dict[str, Any]
+) -> None:
+    """Neutron's completions race: the DHCP agent's and ours a few milliseconds apart can each
+    still see the other's block, and neither announces the port ACTIVE. Played here by a DHCP
+    block that goes away behind Neutron's back after ours was completed."""
+    agent = agents()
+    await agent.register(physnets={"physnet1": "eth1"})
+    port = await bound_on(neutron, flat_network(neutron, project_id), project_id, agent.host)
+    blocks = ProvisioningBlocks(stack, port.id)
+    blocks.add("DHCP")
+    try:
+        await agent.wire(port.id)
+
+        async def l2_completed() -> bool:
+            return blocks.entities() == ["DHCP"]
+
+        await eventually(l2_completed, "podwire's L2 block completed, DHCP's left")
+        blocks.remove("DHCP")
+        await eventually(lambda: status_is(neutron, port.id, "ACTIVE"), "ACTIVE with no block left")
+    finally:
+        blocks.close()

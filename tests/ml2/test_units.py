@@ -207,6 +207,7 @@ class FlakySink:
     def __init__(self, failures: int) -> None:
         self.failures = failures
         self.completed: list[str] = []
+        self.settled: list[tuple[str, bool]] = []  # (port, completed before)
 
     def port_wired(self, host: str, port_id: str) -> bool:
         if self.failures:
@@ -214,6 +215,10 @@ class FlakySink:
             raise RetryableError("neutron is restarting")
         self.completed.append(port_id)
         return True
+
+    def port_settled(self, host: str, port_id: str) -> bool:
+        self.settled.append((port_id, port_id in self.completed))
+        return False
 
     def port_unwired(self, host: str, port_id: str) -> bool:
         return False
@@ -243,6 +248,9 @@ class SlowSink:
 
     def port_wired(self, host: str, port_id: str) -> bool:
         return self._call("wired", port_id)
+
+    def port_settled(self, host: str, port_id: str) -> bool:
+        return False
 
     def port_unwired(self, host: str, port_id: str) -> bool:
         return self._call("unwired", port_id)
@@ -280,3 +288,23 @@ async def test_feedback_retries_a_failed_neutron_call(monkeypatch: pytest.Monkey
             while not sink.completed:
                 await asyncio.sleep(0.01)
     assert sink.completed == ["port-1"] and sink.failures == 0
+
+
+async def test_feedback_looks_again_at_each_port_it_completed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Neutron's completions can race and announce nothing: each completed port gets a second
+    look a moment later; a failed completion gets none (its retry's success will)."""
+    monkeypatch.setattr(feedback_module, "SETTLE_DELAY", 0.01)
+    monkeypatch.setattr(feedback_module, "RETRY", Backoff(0.05, 0.1))
+    sink = FlakySink(failures=1)
+    feedback = Feedback(None, fed_cache(), sink, is_active=lambda: True)  # type: ignore[arg-type]
+    async with asyncio.TaskGroup() as group:
+        feedback._group = group
+        await feedback._act([StateChange("port_wired", HOST, "port-1")])  # fails, retries
+        await feedback._act([StateChange("port_wired", HOST, "port-2")])
+        async with asyncio.timeout(10):
+            while len(sink.settled) < 2:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+    assert sorted(sink.settled) == [("port-1", True), ("port-2", True)]

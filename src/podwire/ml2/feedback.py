@@ -26,6 +26,11 @@ RETRY = Backoff(0.5, 30.0)  # only its delay(attempt): each change counts its ow
 # Ports acted on at once: each is a short Neutron DB transaction in a thread, and a burst of
 # pods (or a resync) must not wait for them one by one.
 PARALLEL_PORTS = 8
+# How long after completing a port's L2 block feedback looks at it once more. Neutron's
+# provisioning_complete removes one block and then looks for others; two completions a few
+# milliseconds apart (ours and the DHCP agent's) can each still see the other's block, and
+# then neither announces the port ACTIVE although nothing blocks it any more.
+SETTLE_DELAY = 1.0
 
 
 class PortStatusSink(Protocol):
@@ -33,6 +38,10 @@ class PortStatusSink(Protocol):
 
     def port_wired(self, host: str, port_id: str) -> bool:
         """Complete the L2 provisioning block if the port is bound to ``host``."""
+        ...
+
+    def port_settled(self, host: str, port_id: str) -> bool:
+        """Complete again a port bound to ``host`` that is still DOWN; True if it did."""
         ...
 
     def port_unwired(self, host: str, port_id: str) -> bool:
@@ -132,6 +141,8 @@ class Feedback:
                     return
                 done = await asyncio.to_thread(self._sink.port_wired, host, port)
                 log.info("ml2.feedback.port_wired", host=host, port=port, completed=done)
+                if done:
+                    self._spawn(self._settle(host, port))
             elif change.kind == "port_unwired" and port is not None:
                 done = await asyncio.to_thread(self._sink.port_unwired, host, port)
                 log.info("ml2.feedback.port_unwired", host=host, port=port, set_down=done)
@@ -153,6 +164,19 @@ class Feedback:
                 retry_in=delay,
             )
             self._spawn(self._retry(change, attempt + 1, delay))
+
+    async def _settle(self, host: str, port: str) -> None:
+        """Look once more a moment after completing: see SETTLE_DELAY."""
+        await asyncio.sleep(SETTLE_DELAY)
+        if not self._is_active():
+            return
+        try:
+            repeated = await asyncio.to_thread(self._sink.port_settled, host, port)
+        except RetryableError as exc:
+            log.warning("ml2.feedback.settle_failed", host=host, port=port, error=str(exc))
+            return
+        if repeated:
+            log.info("ml2.feedback.completion_repeated", host=host, port=port)
 
     async def _retry(self, change: StateChange, attempt: int, delay: float) -> None:
         """Act again later; the sink re-reads the port, so a stale retry does no harm."""
