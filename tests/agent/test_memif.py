@@ -427,7 +427,27 @@ async def _until_path(agent: HostAgent, tap: str, path: str, within: float = 10.
     return loop.time() - started
 
 
-async def test_port_security_chooses_the_shared_path_and_back(
+async def _shown(etcd: EtcdClient, agent: HostAgent) -> dict[str, nodes.MemifPortState]:
+    """What ``podwire status`` shows of the host's memif ports, by Neutron port."""
+    kv = await etcd.get(keys.state_memif(agent.host))
+    return {p.port_id: p for p in nodes.parse_memif_state(kv.value)} if kv else {}
+
+
+async def _until_shown(etcd: EtcdClient, agent: HostAgent, want: dict[str, str]) -> None:
+    """Until each port shows the reason for its path ``want`` says."""
+    async with asyncio.timeout(15):
+        while {k: p.why for k, p in (await _shown(etcd, agent)).items()} != want:
+            await asyncio.sleep(0.1)
+
+
+async def _until_counted(agent: HostAgent, tap: str, field: str, more_than: int) -> int:
+    async with asyncio.timeout(20):
+        while (count := getattr(_stats(agent, tap), field)) <= more_than:
+            await asyncio.sleep(0.02)
+    return int(count)
+
+
+async def test_security_groups_in_the_master_keep_the_shared_path(
     enforcing_hosts: MemifHosts,
     netenv: NetEnv,
     vxnet: Any,
@@ -436,58 +456,71 @@ async def test_port_security_chooses_the_shared_path_and_back(
     etcd: EtcdClient,
     tmp_path: Path,
 ) -> None:
-    """Two CNFs' memif ports on one network: filtered, their frames take the kernel path;
-    with port security off on both, ring to ring; port security back on one, and the master
-    is told only once its rules are in force: from then on, not one of its spoofed frames
-    (testpmd txonly's addresses are not its port's) reaches the other CNF."""
+    """Two CNFs' memif ports with port security on and a group without ingress rules: the
+    agent hands the master their classifiers and they go ring to ring. A's UDP to B is denied
+    until a rule created through Neutron admits it; A's frames from an address its port does
+    not own are dropped as spoofed; with port security off the master stops classifying."""
     hosts, net = enforcing_hosts, neutron.network
     cnf_group, _ = cnf_groups
     grants = [await _grant(hosts, f"cnf{i}", f"memif-{i}") for i in range(2)]
     pods = [await _add(hosts.cnf_host, netenv, vxnet.id, f"cnf{i}",
                        securityGroups=[cnf_group.id]) for i in range(2)]  # fmt: skip
     a, b = (_entry(hosts.cnf_host, f"{pod.cid}:eth0") for pod in pods)
-    assert _stats(hosts.cnf_host, a.tap).path == "kernel"
-    for entry in (a, b):
-        net.update_port(entry.vif.port_id, security_groups=[], port_security_enabled=False)
-    for entry in (a, b):
-        await _until_path(hosts.cnf_host, entry.tap, "shared")
-    # What `podwire status` shows: each port with its path, from the agent's etcd key.
-    async with asyncio.timeout(10):
-        while True:
-            kv = await etcd.get(keys.state_memif(hosts.cnf_host.host))
-            shown = {p.port_id: p.path for p in nodes.parse_memif_state(kv.value)} if kv else {}
-            if shown == {a.vif.port_id: "shared", b.vif.port_id: "shared"}:
-                break
-            await asyncio.sleep(0.1)
+    ip_a, ip_b = (_memif_ip(pod.result) for pod in pods)
+    in_master = "security groups in the master"
+    await _until_shown(etcd, hosts.cnf_host, {a.vif.port_id: in_master, b.vif.port_id: in_master})
+    assert {_stats(hosts.cnf_host, e.tap).path for e in (a, b)} == {"shared"}
+    assert a.tap in _secured(hosts.cnf_host)  # its tap's frames (broadcasts) stay filtered
+
     mac_a, mac_b = a.vif.mac_address, b.vif.mac_address
     receiver = Testpmd.memif_client(grants[1].socket, grants[1].secret, mac_b, mode="rxonly",
                                     log=tmp_path / "rx")  # fmt: skip
-    sender = Testpmd.memif_client(grants[0].socket, grants[0].secret, mac_a, mode="txonly",
-                                  extra=("--txpkts=64", f"--eth-peer=0,{mac_b}"),
-                                  log=tmp_path / "tx", cpu=0)  # fmt: skip
+
+    started = [receiver]
+
+    def sender(source: str, log: str) -> Testpmd:
+        pmd = Testpmd.memif_client(
+            grants[0].socket, grants[0].secret, mac_a, mode="txonly", cpu=0, log=tmp_path / log,
+            extra=("--txpkts=64", f"--eth-peer=0,{mac_b}", f"--tx-ip={source},{ip_b}",
+                   "--tx-udp=4000,9"),
+        )  # fmt: skip
+        started.append(pmd)
+        pmd.start()
+        return pmd
+
     try:
         receiver.start()
-        sender.start()
-        async with asyncio.timeout(20):
-            while _stats(hosts.cnf_host, b.tap).to_client < 10_000:
-                await asyncio.sleep(0.05)
-        assert _stats(hosts.cnf_host, a.tap).to_shared >= 10_000
+        honest = sender(ip_a, "tx")
+        denied = await _until_counted(hosts.cnf_host, b.tap, "denied", 10_000)
+        assert _stats(hosts.cnf_host, b.tap).to_client < 20  # B's ingress has no rule
+        assert _stats(hosts.cnf_host, a.tap).to_kernel < 20  # and nothing went round it
 
-        net.update_port(a.vif.port_id, port_security_enabled=True,
-                        security_groups=[cnf_group.id])  # fmt: skip
-        switched = await _until_path(hosts.cnf_host, a.tap, "kernel")
-        print(f"path switch seen {switched * 1000:.0f} ms after Neutron's update returned")
-        assert a.tap in _secured(hosts.cnf_host)
-        moved = _stats(hosts.cnf_host, a.tap).to_shared
+        net.create_security_group_rule(
+            security_group_id=cnf_group.id, direction="ingress", ethertype="IPv4",
+            protocol="udp", port_range_min=9, port_range_max=9,
+        )  # fmt: skip
+        await _until_counted(hosts.cnf_host, b.tap, "to_client", 10_000)
+        a_now = _stats(hosts.cnf_host, a.tap)
+        assert a_now.to_shared >= 10_000 and a_now.admitted >= 10_000
+        assert _stats(hosts.cnf_host, b.tap).denied - denied < 20_000  # what was in flight
+        honest.stop()
+
+        forger = sender(_unused_address(neutron, vxnet), "tx-forged")
         got = _stats(hosts.cnf_host, b.tap).to_client
-        sent = _stats(hosts.cnf_host, a.tap).to_kernel
-        await asyncio.sleep(1.0)
-        after_a, after_b = _stats(hosts.cnf_host, a.tap), _stats(hosts.cnf_host, b.tap)
-        assert after_a.to_shared == moved  # nothing ring to ring any more
-        assert after_a.to_kernel - sent > 10_000  # A goes on sending, into its filter...
-        assert after_b.to_client - got < 20  # ...which drops every one (kernel chatter aside)
+        await _until_counted(hosts.cnf_host, a.tap, "spoofed", 10_000)
+        assert _stats(hosts.cnf_host, b.tap).to_client - got < 20
+        forger.stop()
+
+        for entry in (a, b):
+            net.update_port(entry.vif.port_id, security_groups=[], port_security_enabled=False)
+        off = "port security off"
+        await _until_shown(etcd, hosts.cnf_host, {a.vif.port_id: off, b.vif.port_id: off})
+        sender(_unused_address(neutron, vxnet), "tx-forged-2")
+        got = _stats(hosts.cnf_host, b.tap).to_client
+        await _until_counted(hosts.cnf_host, b.tap, "to_client", got + 10_000)
+        assert _stats(hosts.cnf_host, a.tap).path == "shared"
     finally:
-        sender.stop()
-        receiver.stop()
+        for pmd in started:
+            pmd.stop()
     for pod in pods:
         await _del(hosts.cnf_host, vxnet.id, pod)

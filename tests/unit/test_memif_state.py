@@ -54,6 +54,8 @@ def _raw(port: dict[str, object]) -> bytes:
         ({"port_id": "not-a-uuid"}, "port_id"),
         ({"extra": 1}, "extra"),
         ({"connected": "yes"}, "connected"),
+        ({"why": "x" * 201}, "why"),
+        ({"denied": -1}, "denied"),
     ],
 )
 def test_bad_memif_state_is_refused_by_name(change: dict[str, object], problem: str) -> None:
@@ -62,3 +64,21 @@ def test_bad_memif_state_is_refused_by_name(change: dict[str, object], problem: 
     node = NodeStatus("n1")
     _apply_state(node, "memif", None, KeyValue(KEY, _raw(change), 1, 1, 1, 0))
     assert node.bad_values == 1 and node.memif == []
+
+
+def test_a_filtered_port_shows_why_and_its_classifier_counters() -> None:
+    node = NodeStatus("n1")
+    port = _state(why="security groups in the master", admitted=40, spoofed=1, denied=2)
+    raw = nodes.memif_state_value([port], 1.0)
+    _apply_state(node, "memif", None, KeyValue(KEY, raw, 1, 1, 1, 0))
+    lines = _memif_lines(Report(nodes=[node]))
+    assert "shared path: security groups in the master" in lines[4]
+    assert "admitted 40, dropped 1 spoofed, 2 denied, 0 invalid" in lines[4]
+
+
+def test_a_value_from_an_agent_before_classifiers_reads_with_zero_counters() -> None:
+    body = json.loads(nodes.memif_state_value([_state()], 1.0))
+    for name in ("why", *nodes.FILTER_COUNTERS):
+        del body["ports"][0][name]
+    (port,) = nodes.parse_memif_state(json.dumps(body).encode())
+    assert port.why == "" and port.denied == 0

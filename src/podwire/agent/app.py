@@ -326,6 +326,8 @@ class Agent:
         )
         if memif is not None:
             binder.port_listeners.append(memif.port_changed)
+            if policy is not None:
+                policy.filters = memif  # memif ports' classifiers, in the same pass
         taps = TapPorts(etcd, self.settings.agent.host, kernel[0], attacher, self.metrics)
         binder.devices = taps
         return NodeDataplane(policy, attacher, memif, taps)

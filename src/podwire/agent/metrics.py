@@ -38,6 +38,16 @@ class MemifCounters(Protocol):
     def ring_full(self) -> int: ...
     @property
     def kernel_drops(self) -> int: ...
+    @property
+    def admitted(self) -> int: ...
+    @property
+    def spoofed(self) -> int: ...
+    @property
+    def denied(self) -> int: ...
+    @property
+    def invalid(self) -> int: ...
+    @property
+    def flows_full(self) -> int: ...
 
 
 class AgentMetrics:
@@ -181,8 +191,16 @@ class MemifPorts:
         drops = CounterMetricFamily(
             "podwire_agent_memif_drops",
             "Frames of a memif port dropped: bad (descriptor, length), ring_full (the CNF "
-            "offered no buffer), kernel (the tap refused it)",
+            "offered no buffer), kernel (the tap refused it); by the master's classifier: "
+            "spoofed (port security), denied (no rule admits), invalid (connection tracking), "
+            "flows_full (no room for a new flow)",
             labels=[*labels, "reason"],
+        )
+        admitted = CounterMetricFamily(
+            "podwire_agent_memif_admitted",
+            "Frames the master's classifiers admitted ring to ring (ports with security groups "
+            "on the shared path)",
+            labels=labels,
         )
         for port_id, s in self.snapshot:
             ids = [port_id, s.name]
@@ -194,6 +212,9 @@ class MemifPorts:
                 frames.add_metric([*ids, direction], count)
             for reason, count in (
                 ("bad", s.bad), ("ring_full", s.ring_full), ("kernel", s.kernel_drops),
+                ("spoofed", s.spoofed), ("denied", s.denied), ("invalid", s.invalid),
+                ("flows_full", s.flows_full),
             ):  # fmt: skip
                 drops.add_metric([*ids, reason], count)
-        yield from (path, frames, drops)
+            admitted.add_metric(ids, s.admitted)
+        yield from (path, frames, drops, admitted)

@@ -58,6 +58,10 @@ def is_pod_veth(name: str) -> bool:
     return name.startswith("pwp") and len(name) == 15
 
 
+def is_memif_tap(name: str) -> bool:
+    return name.startswith("pwt") and len(name) == 15
+
+
 def stable_mac(purpose: str, name: str) -> str:
     """A locally administered unicast MAC that is a function of ``name``: set once, it never
     needs reading back, and a device carrying it never takes another (a bridge would

@@ -203,6 +203,9 @@ def parse_policy_state(raw: bytes, what: str = "policy state") -> PolicyState:
 
 MAX_MEMIF_PORTS = 256  # the master's own limit
 MEMIF_COUNTERS = ("from_client", "to_client", "to_kernel", "to_shared", "drops", "ring_full")
+# The master's classifier's, by verdict; absent in an agent's value from before #38: 0.
+FILTER_COUNTERS = ("admitted", "spoofed", "denied", "invalid", "flows_full")
+MAX_WHY = 200
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,12 @@ class MemifPortState:
     to_shared: int
     drops: int
     ring_full: int
+    why: str = ""  # why the path: unfiltered, filtered in the master, or why not
+    admitted: int = 0
+    spoofed: int = 0
+    denied: int = 0
+    invalid: int = 0
+    flows_full: int = 0
 
 
 def memif_state_value(ports: list[MemifPortState], at: float) -> bytes:
@@ -249,7 +258,11 @@ def _memif_port(value: Any, what: str) -> MemifPortState:
         path=obj.req("path", lambda v, w: fields.one_of(v, w, ("kernel", "shared"))),
         connected=obj.req("connected", fields.boolean),
         **{name: obj.req(name, count) for name in MEMIF_COUNTERS},
+        why=obj.opt("why", lambda v, w: fields.text(v, w, MAX_WHY), ""),
+        **{name: obj.opt(name, count, 0) for name in FILTER_COUNTERS},
     )
 
 
-MEMIF_FIELDS = frozenset(("port_id", "tap", "path", "connected", *MEMIF_COUNTERS))
+MEMIF_FIELDS = frozenset(
+    ("port_id", "tap", "path", "connected", "why", *MEMIF_COUNTERS, *FILTER_COUNTERS)
+)

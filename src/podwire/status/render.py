@@ -58,6 +58,12 @@ def _memif_lines(report: Report) -> list[str]:
             f" {p.from_client:12} {p.to_client:12} {p.to_shared:12} {p.drops:10}"
             f" {p.ring_full:10}"
         )
+        if p.why:
+            lines.append(
+                f"  {'':24} {p.path} path: {p.why}; classifier admitted {p.admitted},"
+                f" dropped {p.spoofed} spoofed, {p.denied} denied, {p.invalid} invalid,"
+                f" {p.flows_full} with the flow table full"
+            )
     return lines
 
 

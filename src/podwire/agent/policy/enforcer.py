@@ -12,6 +12,11 @@ flows it had. Nothing is removed on exit: the tables keep enforcing while the ag
 A CNI ADD calls ``enforce`` while it plugs the pod (the veth's host end comes up only after)
 and answers only once the port's rules are in the kernel. A set of groups keeps its chains for
 ``keep_seconds`` after its last port left, so the next pod of it adds elements only.
+
+Some ports' frames may also cross the node without the kernel (memif ports on the master's
+shared path): for those the same pass compiles the second rendering of the policy, a
+classifier, and hands it to ``filters``; a generation is in force once the kernel has its
+rules *and* the master confirmed its classifiers.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from podwire import keys
 from podwire.agent import naming
@@ -32,6 +38,7 @@ from podwire.netfilter import Nftables, NftError
 from podwire.schema import nodes as values
 from podwire.schema.ports import DesiredPort
 from podwire.sgpolicy import readback, ruleset
+from podwire.sgpolicy.classifier import ClassifierTooLarge, compile_classifier, encode
 from podwire.sgpolicy.compile import (
     Compiled,
     GroupSet,
@@ -76,6 +83,20 @@ async def apply_change(nft: Nftables, change: ruleset.Change) -> None:
         await nft.apply(text)
 
 
+class MasterFilters(Protocol):
+    """Where a port's classifier goes when its frames can bypass the kernel (the memif
+    master's shared path)."""
+
+    def filtered_here(self, ifname: str) -> bool:
+        """Whether ``ifname``'s frames may take a path the kernel does not filter."""
+        ...
+
+    async def install(self, ifname: str, blob: bytes | None, why: str) -> None:
+        """Return once ``blob`` is in force for ``ifname`` wherever its frames bypass the
+        kernel; ``None`` (with ``why``): it cannot be, keep its frames in the kernel."""
+        ...
+
+
 @dataclass
 class _Entry:
     port: DesiredPort
@@ -114,6 +135,8 @@ class PolicyEnforcer:
         self.revision = 0  # the etcd revision of /podwire/global/ in force
         self.enforced = 0
         self._problems: set[str] = set()
+        self.filters: MasterFilters | None = None
+        self._classified: dict[str, tuple[DesiredPort, int]] = {}  # ifname -> installed for
         self._dirty = asyncio.Event()
         # Notified when the groups known or the policy in force change: ADDs wait on it here,
         # and a test or benchmark can wait on it for ``revision`` from outside.
@@ -208,6 +231,7 @@ class PolicyEnforcer:
     def forget(self, port_id: str) -> None:
         entry = self._ports.pop(port_id, None)
         if entry is not None:
+            self._classified.pop(entry.ifname, None)
             self._kept[group_set(entry.port)] = time.monotonic()
             self._request()
 
@@ -375,12 +399,33 @@ class PolicyEnforcer:
         self._applied_ports, self._applied_problems = ports, compiled.problems
         self._applied_epoch = epoch
         self._policy_ids = compiled.policy_ids
+        await self._install_classifiers(epoch)
         self.enforced = compiled.enforced
         seconds = time.perf_counter() - started
         self._metrics.policy_applies.labels(kind).inc()
         self._metrics.policy_seconds.observe(seconds)
         self._metrics.policy_ports.set(compiled.enforced)
         log.debug("agent.policy.applied", kind=kind, ports=compiled.enforced, seconds=seconds)
+
+    async def _install_classifiers(self, epoch: int) -> None:
+        """Each bypassing port whose port value or policy changed since its last one: its
+        classifier compiled from the same inputs as the ruleset, installed and confirmed."""
+        if self.filters is None:
+            return
+        inputs = self.store.inputs()
+        for entry in [e for _, e in sorted(self._ports.items())]:
+            if not self.filters.filtered_here(entry.ifname):
+                continue
+            wanted = (entry.port, epoch)
+            if self._classified.get(entry.ifname) == wanted:
+                continue
+            try:
+                blob: bytes | None = encode(compile_classifier(inputs, entry.port))
+                why = "security groups in the master" if entry.port.filtered else "unfiltered"
+            except ClassifierTooLarge as exc:
+                blob, why = None, str(exc)
+            await self.filters.install(entry.ifname, blob, why)
+            self._classified[entry.ifname] = wanted
 
     def _report(self, problems: list[str]) -> None:
         """Log each problem once, when it appears (a change re-compiles everything)."""

@@ -13,10 +13,14 @@ master's tap comes back under the same name and is filtered from its first frame
 One master process serves every memif of the node (``podwire.memif.master``); it outlives the
 agent. A supervision loop restarts it when it died (every memif is added again), adds a port it
 lost, tears a memif down when its grant's dir is gone (kubelet released the grant), and keeps
-each port on the path Neutron allows: two memif ports of one network whose Neutron ports both
-have port security off (and so no security groups) exchange frames ring to ring inside the
-master (the shared path); any other port's frames go through its tap, filtered by the kernel. A
-port that leaves the shared path has its rules put in force first, then the master is told.
+each port on the path Neutron allows. Two memif ports of one network exchange frames ring to
+ring inside the master (the shared path) when each is either unfiltered (port security off, no
+security groups) or filtered by the master itself: the policy enforcer compiles such a port's
+security groups and port security into a classifier in the same pass as its nftables rules and
+hands it over here (``install``); the master confirms it before the pass counts as in force.
+A port whose classifier the master cannot take (too large, refused) goes through its tap,
+filtered by the kernel, as any other frame does. A port that leaves the shared path has its
+rules put in force first, then the master is told.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from podwire.memif import master as memif_master
 from podwire.netlink import HostNetlink, Netlink
 from podwire.schema import fields
 from podwire.schema.checkpoints import MemifEntry
-from podwire.schema.nodes import MemifPortState
+from podwire.schema.nodes import MAX_WHY, MemifPortState
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
 
@@ -59,6 +63,14 @@ SUPERVISE_INTERVAL = 1.0
 PATH_RULES_TIMEOUT = 5.0  # a port leaving the shared path waits this long for its rules
 
 PUBLISH_INTERVAL = 2.0  # at most this often to etcd while counters move; a path change at once
+
+@dataclass(frozen=True)
+class PortFilter:
+    """A port's classifier as the enforcer compiled it (``blob``), or None and why not."""
+
+    blob: bytes | None
+    why: str
+
 
 PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
 # Puts what ``podwire status`` shows of this node's memif ports (the agent's etcd key).
@@ -103,6 +115,11 @@ class MemifService:
         self.stats: dict[str, memif_master.PortStats] = {}  # by tap, as of the last pass
         self._publish = publish
         self._published: tuple[list[MemifPortState], float] | None = None
+        self._filters: dict[str, PortFilter] = {}  # by tap: what the enforcer compiled
+        self._pushed: dict[str, bytes] = {}  # by tap: what this master confirmed
+        # Held while a classifier goes to the master, never while waiting for the enforcer
+        # (whose pass waits for ``install``).
+        self._filter_lock = asyncio.Lock()
 
     # -- ADD / DEL -----------------------------------------------------------------------
 
@@ -216,6 +233,8 @@ class MemifService:
             return False
         await self._stop(entry)
         self._attacher.forget(entry.vif.port_id)
+        self._filters.pop(entry.tap, None)
+        self._pushed.pop(entry.tap, None)
         await self._vifs.release(entry.vif_attachment, entry.vif)
         await self.checkpoint.remove(attachment)
         self._metrics.memifs.set(len(self.checkpoint.entries))
@@ -242,11 +261,15 @@ class MemifService:
     async def _add_port(self, entry: MemifEntry) -> None:
         await self._host.run(_remove_own_tap, entry.tap)
         fd = await self._host.run(Netlink.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
+        self._pushed.pop(entry.tap, None)  # a port added is unfiltered in the master
         shared = self._wants_shared(entry)
         spec = memif_master.PortSpec(
             entry.tap, entry.socket, entry.secret, entry.bridge, shared, entry.vif.mac_address
         )
         await asyncio.to_thread(self._control.add, spec, fd)
+        await self._apply_filter(entry)
+        if not shared and self._wants_shared(entry):
+            await asyncio.to_thread(self._control.set_path, entry.tap, True)
 
     async def _stop(self, entry: MemifEntry) -> None:
         if memif_master.is_running(*self._master):
@@ -266,9 +289,67 @@ class MemifService:
     # -- paths ---------------------------------------------------------------------------
 
     def _wants_shared(self, entry: MemifEntry) -> bool:
-        """Ring to ring only for a port Neutron does not filter at all."""
+        """Ring to ring only for a port Neutron does not filter at all, or whose filter the
+        master has confirmed."""
         port = self._attacher.current(entry.vif.port_id)
-        return port is not None and not port.port_security_enabled and not port.security_groups
+        if port is None:
+            return False
+        if not port.port_security_enabled and not port.security_groups:
+            return True
+        wanted = self._filters.get(entry.tap)
+        return wanted is not None and wanted.blob is not None and (
+            self._pushed.get(entry.tap) == wanted.blob
+        )
+
+    def path_reason(self, tap: str) -> str:
+        """Why the port takes its path, for ``podwire status``."""
+        entry = next((e for e in self.checkpoint.entries.values() if e.tap == tap), None)
+        port = None if entry is None else self._attacher.current(entry.vif.port_id)
+        if port is not None and not port.port_security_enabled and not port.security_groups:
+            return "port security off"
+        wanted = self._filters.get(tap)
+        if wanted is None:
+            return "no classifier: security groups are not enforced by this agent"
+        if wanted.blob is None:
+            return wanted.why
+        if self._pushed.get(tap) == wanted.blob:
+            return "security groups in the master"
+        return "classifier not confirmed by the master yet"
+
+    # -- classifiers (``MasterFilters`` for the policy enforcer) ---------------------------
+
+    def filtered_here(self, ifname: str) -> bool:
+        return naming.is_memif_tap(ifname)
+
+    async def install(self, ifname: str, blob: bytes | None, why: str) -> None:
+        self._filters[ifname] = PortFilter(blob, why)
+        entry = next((e for e in self.checkpoint.entries.values() if e.tap == ifname), None)
+        if entry is not None:  # else the ADD is under way: its _add_port installs it
+            await self._apply_filter(entry)
+            if self._wants_shared(entry):
+                self._wake.set()  # a port the master now filters may go ring to ring
+
+    async def _apply_filter(self, entry: MemifEntry) -> None:
+        """The master filters the port as compiled, or the port leaves the shared path (its
+        kernel rules are in force already: the enforcer applied them first)."""
+        async with self._filter_lock:
+            wanted = self._filters.get(entry.tap)
+            if wanted is not None and wanted.blob is not None:
+                if self._pushed.get(entry.tap) == wanted.blob:
+                    return
+                try:
+                    await asyncio.to_thread(self._control.set_policy, entry.tap, wanted.blob)
+                except memif_master.MasterRefused as exc:
+                    log.error("agent.memif.classifier_refused", tap=entry.tap, error=str(exc),
+                              effect="the port's frames go through the kernel")  # fmt: skip
+                    self._filters[entry.tap] = PortFilter(None, f"master refused: {exc}")
+                else:
+                    self._pushed[entry.tap] = wanted.blob
+                    return
+            if self._pushed.pop(entry.tap, None) is not None:
+                await asyncio.to_thread(self._control.set_path, entry.tap, False)
+                log.info("agent.memif.path", attachment=entry.attachment,
+                         port=entry.vif.port_id, path="kernel")  # fmt: skip
 
     def port_changed(self, port_id: str, port: DesiredPort) -> None:
         """A wired port's desired value changed: re-check its path now, not at the next pass."""
@@ -353,6 +434,7 @@ class MemifService:
         if memif_master.is_running(*self._master):
             return
         old = self._master[0] or next(iter(self.checkpoint.entries.values())).pid
+        self._pushed.clear()
         await self._ensure_master()
         log.warning("agent.memif.master_restarted", old_pid=old, new_pid=self._master[0])
         self._metrics.memif_master_restarts.inc()
@@ -380,7 +462,11 @@ class MemifService:
     async def _publish_state(self, ids: dict[str, str]) -> None:
         if self._publish is None:
             return
-        ports = [_port_state(ids[tap], s) for tap, s in sorted(self.stats.items()) if tap in ids]
+        ports = [
+            _port_state(ids[tap], s, self.path_reason(tap))
+            for tap, s in sorted(self.stats.items())
+            if tap in ids
+        ]
         now = time.monotonic()
         if self._published is not None:
             last, at = self._published
@@ -397,10 +483,11 @@ class MemifService:
         return {e.tap: e.vif.port_id for e in self.checkpoint.entries.values()}
 
 
-def _port_state(port_id: str, s: memif_master.PortStats) -> MemifPortState:
+def _port_state(port_id: str, s: memif_master.PortStats, why: str) -> MemifPortState:
     return MemifPortState(
         port_id, s.name, s.path, s.connected, s.from_client, s.to_client, s.to_kernel,
-        s.to_shared, s.drops, s.ring_full,
+        s.to_shared, s.drops, s.ring_full, why[:MAX_WHY], s.admitted, s.spoofed, s.denied,
+        s.invalid, s.flows_full,
     )  # fmt: skip
 
 
