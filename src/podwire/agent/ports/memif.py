@@ -52,6 +52,7 @@ from podwire.schema.checkpoints import MemifEntry
 from podwire.schema.nodes import MAX_WHY, MemifPortState
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
+from podwire.sgpolicy.classifier import UNFILTERED, encode
 
 log = get_logger(__name__)
 
@@ -71,6 +72,8 @@ class PortFilter:
     blob: bytes | None
     why: str
 
+
+UNFILTERED_BLOB = encode(UNFILTERED)
 
 PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
 # Puts what ``podwire status`` shows of this node's memif ports (the agent's etcd key).
@@ -447,7 +450,15 @@ class MemifService:
             await self._add_port(entry)
             await self.checkpoint.put(entry.with_process(*self._master))
             return True
+        if self._filtered_in_master(entry.tap) and not port.filtered:
+            log.warning("agent.memif.classifier_lost", tap=entry.tap)
+            self._pushed.pop(entry.tap, None)
+            await self._apply_filter(entry)
         return await self._sync_path(entry, port)
+
+    def _filtered_in_master(self, tap: str) -> bool:
+        pushed = self._pushed.get(tap)
+        return pushed is not None and pushed != UNFILTERED_BLOB
 
     def served(self) -> dict[str, memif_master.PortStats]:
         """What the master serves now, by tap (blocking: a few microseconds of control
