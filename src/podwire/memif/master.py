@@ -9,14 +9,17 @@ pod's memif running, and the restarted agent adopts the master it finds (same pi
 time) and reconnects to its control socket.
 
 The control protocol is fixed-size records over SOCK_SEQPACKET: a request of 80 bytes
-(op, port name, secret, domain, shared), and one 128-byte reply per request (status and the
-master's reason), preceded for ``ports()`` by one record per port.
+(op, port name, secret, domain, shared), and one 192-byte reply per request (status and the
+master's reason), preceded for ``ports()`` by one record per port. A port's security groups
+(``set_policy``) travel as a sealed memfd holding the encoded classifier
+(``podwire.sgpolicy.classifier``), which the master checks, copies and swaps in.
 """
 
 from __future__ import annotations
 
 import array
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -40,9 +43,11 @@ STOP_WAIT = 2.0
 CONTROL_TIMEOUT = 2.0
 
 REQUEST = struct.Struct("<I16s28s16sI6s6x")
-REPLY_SIZE = 128
-PORT_RECORD = struct.Struct("<I16s16sII4x8Q")
-OP_ADD, OP_REMOVE, OP_PATH, OP_LIST = 1, 2, 3, 4
+REPLY_SIZE = 192
+LEGACY_REPLY_SIZE = 128  # a master started before #38, adopted across an upgrade, answers so
+PORT_RECORD = struct.Struct("<I16s16sIII13Q")
+OP_ADD, OP_REMOVE, OP_PATH, OP_LIST, OP_POLICY = 1, 2, 3, 4, 5
+POLICY_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 ST_OK, ST_PORT = 0, 2  # any other status is an error, its reason in the text
 CONNECTED = 3  # the master's client state once the memif handshake is done
 
@@ -82,6 +87,15 @@ class PortStats:
     ring_full: int
     kernel_drops: int
     connects: int
+    # Ring to ring under the port's security groups (#38): whether a classifier is in force,
+    # frames it admitted, and its drops by reason (each counted on the port whose policy
+    # dropped the frame).
+    filtered: bool = False
+    admitted: int = 0
+    spoofed: int = 0  # sent from a MAC or address the port may not use (port security)
+    denied: int = 0  # no rule admits it
+    invalid: int = 0  # conntrack calls it invalid (or its IP header does not add up)
+    flows_full: int = 0  # a new flow, dropped: the master's flow table was full
 
     @property
     def path(self) -> str:
@@ -89,7 +103,15 @@ class PortStats:
 
     @property
     def drops(self) -> int:
-        return self.bad + self.ring_full + self.kernel_drops
+        return (
+            self.bad
+            + self.ring_full
+            + self.kernel_drops
+            + self.spoofed
+            + self.denied
+            + self.invalid
+            + self.flows_full
+        )
 
 
 def limits_argv(settings: MemifSettings) -> list[str]:
@@ -122,12 +144,17 @@ def listen(path: str, mode: int = SOCKET_MODE) -> socket.socket:
 
 
 def spawn(
-    binary: Path, control_path: str, settings: MemifSettings, stderr: int | None = None
+    binary: Path,
+    control_path: str,
+    settings: MemifSettings,
+    stderr: int | None = None,
+    extra: tuple[str, ...] = (),
 ) -> tuple[int, int]:
     """Start the node's master on a fresh control socket; returns (pid, start time). Its log
-    lines go to ``stderr`` (default: the agent's own)."""
+    lines go to ``stderr`` (default: the agent's own); ``extra``: more of its arguments
+    (``--max-flows=N``, the connection-tracking table's size, default 100,000)."""
     sock = listen(control_path, 0o600)
-    argv = [str(binary), f"--control-fd={sock.fileno()}", *limits_argv(settings)]
+    argv = [str(binary), f"--control-fd={sock.fileno()}", *limits_argv(settings), *extra]
     try:
         proc = subprocess.Popen(
             argv,
@@ -191,6 +218,21 @@ class MasterControl:
         """Once this returns, the port's frames take the path asked for."""
         self._call(_request(OP_PATH, name, shared=shared))
 
+    def set_policy(self, name: str, blob: bytes) -> None:
+        """Put a port's classifier in force (``classifier.encode``'s blob; an unfiltered one
+        clears it). Once this returns, every frame the port exchanges ring to ring is judged
+        by it and none was judged by half of it; ``MasterRefused`` names what the master
+        refused, and the port keeps the classifier it had."""
+        fd = os.memfd_create(f"podwire-policy-{name}", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, POLICY_SEALS)
+            self._call(_request(OP_POLICY, name), (fd,))
+        finally:
+            os.close(fd)
+
     def ports(self) -> list[PortStats]:
         records = self._call(_request(OP_LIST))
         return [_port_stats(record) for record in records]
@@ -227,7 +269,7 @@ class MasterControl:
         records = []
         while True:
             reply = sock.recv(REPLY_SIZE + 1)
-            if len(reply) != REPLY_SIZE:
+            if len(reply) not in (REPLY_SIZE, LEGACY_REPLY_SIZE):
                 raise ConnectionError(f"reply of {len(reply)} bytes, not {REPLY_SIZE}")
             status = struct.unpack_from("<I", reply)[0]
             if status == ST_PORT:
@@ -263,8 +305,15 @@ def _text(raw: bytes) -> str:
 
 
 def _port_stats(record: bytes) -> PortStats:
-    _, name, domain, state, shared, *counters = PORT_RECORD.unpack_from(record)
-    return PortStats(_text(name), _text(domain), state == CONNECTED, bool(shared), *counters)
+    record = record.ljust(REPLY_SIZE, b"\0")  # a legacy record has none of the later fields
+    _, name, domain, state, shared, filtered, *counters = PORT_RECORD.unpack_from(record)
+    (from_client, to_client, to_kernel, to_shared, bad, ring_full, kernel_drops, connects,
+     admitted, spoofed, denied, invalid, flows_full) = counters  # fmt: skip
+    return PortStats(
+        _text(name), _text(domain), state == CONNECTED, bool(shared), from_client, to_client,
+        to_kernel, to_shared, bad, ring_full, kernel_drops, connects, bool(filtered), admitted,
+        spoofed, denied, invalid, flows_full,
+    )  # fmt: skip
 
 
 def start_time(pid: int) -> int | None:

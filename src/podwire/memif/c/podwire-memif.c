@@ -43,6 +43,7 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -87,8 +88,8 @@ enum msg_type {
 #define REQ_SHARED 64
 #define REQ_MAC 68
 #define REQ_END 74
-#define CTL_REP 128
-enum ctl_op { OP_ADD = 1, OP_REMOVE = 2, OP_PATH = 3, OP_LIST = 4 };
+#define CTL_REP 192
+enum ctl_op { OP_ADD = 1, OP_REMOVE = 2, OP_PATH = 3, OP_LIST = 4, OP_POLICY = 5 };
 enum ctl_status { ST_OK = 0, ST_ERROR = 1, ST_PORT = 2 };
 
 struct desc {
@@ -140,7 +141,16 @@ struct stats {
     uint64_t ring_full;    /* frames for this client dropped: no free S2C buffer */
     uint64_t kernel_drops; /* frames the tap refused */
     uint64_t connects;     /* clients that completed the handshake */
+    /* ring to ring with a classifier in force (#38); a drop counts on the port whose policy
+     * dropped it */
+    uint64_t admitted;     /* frames this port's classifier admitted and that then moved */
+    uint64_t spoofed;      /* frames this port sent that its port security dropped (step 1) */
+    uint64_t denied;       /* frames no rule of this port admitted */
+    uint64_t invalid;      /* frames conntrack calls invalid, or IP that does not add up */
+    uint64_t flows_full;   /* new flows dropped: the flow table was full */
 };
+
+struct classifier;
 
 struct port {
     int used;
@@ -152,6 +162,7 @@ struct port {
     int shared;
     uint8_t mac[6]; /* the Neutron port's; all zero: not given */
     int pending; /* S2C tail not yet published */
+    struct classifier *cls; /* security groups in force ring to ring; NULL: unfiltered */
     struct conn c;
     struct stats st;
 };
@@ -211,6 +222,15 @@ static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+static int zeros(const uint8_t *p, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
 
 static void copy_name(char *out, const uint8_t *field, size_t size)
 {
@@ -386,6 +406,1021 @@ static void fdb_forget_port(int port)
     for (i = 0; i < FDB_SIZE; i++)
         if (g_fdb[i].port == port)
             g_fdb[i].port = -1, g_fdb[i].pinned = 0;
+}
+
+/* -- security groups: a port's classifier (#38; docs/memif.md, "Security groups in the
+ * master"). The agent hands it over as a sealed memfd (op POLICY) in the format
+ * sgpolicy/classifier.py encodes; this reader refuses what that module's strict decode refuses,
+ * with the same words, and copies the records into arrays of its own. ---------------------- */
+
+typedef unsigned __int128 u128;
+
+#define CLS_HEADER 32
+#define CLS_FILTERED 1
+#define CLS_STATEFUL 2
+#define CLS_MAX_MACS 32
+#define CLS_MAX_SOURCES 256
+#define CLS_MAX_LISTS 1024
+#define CLS_MAX_SPANS 16384
+#define CLS_MAX_RULES 2048 /* per direction */
+#define REC_MAC 8
+#define REC_SOURCE 40
+#define REC_LIST 16
+#define REC_SPAN 32
+#define REC_RULE 16
+#define CLS_MAX_SIZE                                                                            \
+    (CLS_HEADER + CLS_MAX_MACS * REC_MAC + CLS_MAX_SOURCES * REC_SOURCE +                     \
+     CLS_MAX_LISTS * REC_LIST + CLS_MAX_SPANS * REC_SPAN + 2 * CLS_MAX_RULES * REC_RULE)
+#define KIND_PORTS 1
+#define KIND_ICMP 2
+
+struct cspan {
+    u128 low, high; /* addresses as numbers; IPv4 in the low 32 bits */
+};
+
+struct csource {
+    struct cspan span;
+    uint8_t mac; /* index into macs */
+    uint8_t version;
+};
+
+struct clist {
+    uint32_t first, count; /* spans[first .. first + count), sorted and disjoint */
+    uint8_t version;
+};
+
+struct crule {
+    uint16_t lo1, hi1, lo2, hi2; /* protocol and port, or ICMP type and code */
+    uint16_t list;
+    uint8_t version, kind;
+};
+
+struct classifier {
+    int stateful;
+    unsigned nmacs, nsources, nlists, nspans, nin, nout;
+    uint8_t macs[CLS_MAX_MACS][6];
+    struct csource *sources;
+    struct clist *lists;
+    struct cspan *spans;
+    struct crule *rules; /* ingress [0, nin), then egress [nin, nin + nout) */
+};
+
+static char g_why[CTL_REP];
+
+/* A refusal's reason with numbers in it (one at a time: this process is single-threaded). */
+static const char *why(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_why, sizeof(g_why), fmt, ap);
+    va_end(ap);
+    return g_why;
+}
+
+static u128 get_addr(const uint8_t *p)
+{
+    u128 v = 0;
+    int i;
+    for (i = 0; i < 16; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint16_t be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static u128 top_of(int version) { return version == 4 ? (u128)0xffffffffu : ~(u128)0; }
+
+/* Python's repr of a few bytes (b'...'), as the Python reader words a bad magic. */
+static void bytes_repr(const uint8_t *b, size_t n, char *out)
+{
+    int single = memchr(b, '\'', n) == NULL || memchr(b, '"', n) != NULL;
+    char quote = single ? '\'' : '"';
+    size_t i;
+    *out++ = 'b';
+    *out++ = quote;
+    for (i = 0; i < n; i++) {
+        if (b[i] == '\\' || b[i] == (uint8_t)quote)
+            out += sprintf(out, "\\%c", b[i]);
+        else if (b[i] == '\t' || b[i] == '\n' || b[i] == '\r')
+            out += sprintf(out, "\\%c", b[i] == '\t' ? 't' : b[i] == '\n' ? 'n' : 'r');
+        else if (b[i] < 0x20 || b[i] >= 0x7f)
+            out += sprintf(out, "\\x%02x", b[i]);
+        else
+            *out++ = (char)b[i];
+    }
+    *out++ = quote;
+    *out = 0;
+}
+
+static void cls_free(struct classifier *c)
+{
+    if (!c)
+        return;
+    free(c->sources);
+    free(c->lists);
+    free(c->spans);
+    free(c->rules);
+    free(c);
+}
+
+/* The header's flags and record counts, checked against the blob's length. */
+static const char *cls_header(const uint8_t *b, size_t len, unsigned *flags, unsigned counts[6])
+{
+    static const char *const names[6] = {"MAX_MACS", "MAX_SOURCES", "MAX_LISTS",
+                                         "MAX_SPANS", "MAX_RULES", "MAX_RULES"};
+    static const unsigned limits[6] = {CLS_MAX_MACS, CLS_MAX_SOURCES, CLS_MAX_LISTS,
+                                       CLS_MAX_SPANS, CLS_MAX_RULES, CLS_MAX_RULES};
+    static const unsigned sizes[6] = {REC_MAC, REC_SOURCE, REC_LIST, REC_SPAN, REC_RULE, REC_RULE};
+    unsigned long long expected = CLS_HEADER;
+    int i, any = 0;
+    if (len < CLS_HEADER || len > CLS_MAX_SIZE)
+        return why("%zu bytes: not within the header's %d and MAX_SIZE = %d", len, CLS_HEADER,
+                   CLS_MAX_SIZE);
+    if (memcmp(b, "PWCL", 4) != 0) {
+        char magic[24];
+        bytes_repr(b, 4, magic);
+        return why("magic %s is not b'PWCL'", magic);
+    }
+    if (get16(b + 4) != 1)
+        return why("format version %u: this reader knows 1", (unsigned)get16(b + 4));
+    if (get16(b + 6) != CLS_HEADER)
+        return why("header size %u is not %d", (unsigned)get16(b + 6), CLS_HEADER);
+    if (get16(b + 22) || !zeros(b + 28, 4))
+        return "header: reserved bytes not zero";
+    *flags = get16(b + 8);
+    if (*flags & ~(unsigned)(CLS_FILTERED | CLS_STATEFUL))
+        return why("unknown flags %#x", *flags);
+    for (i = 0; i < 6; i++) {
+        counts[i] = get16(b + 10 + 2 * i);
+        if (counts[i] > limits[i])
+            return why("%u records: over %s = %u", counts[i], names[i], limits[i]);
+        expected += (unsigned long long)sizes[i] * counts[i];
+        any |= counts[i] != 0;
+    }
+    if (get32(b + 24) != expected || len != expected)
+        return why("%zu bytes, header says %u, its counts make %llu", len, get32(b + 24),
+                   expected);
+    if (!(*flags & CLS_FILTERED) && (*flags || any))
+        return "an unfiltered classifier carries flags or records";
+    return NULL;
+}
+
+/* A span of `version` addresses from two 16-byte fields; `what` names the record. */
+static const char *cls_span(const uint8_t *p, int version, const char *what, struct cspan *out)
+{
+    out->low = get_addr(p);
+    out->high = get_addr(p + 16);
+    if (out->low > top_of(version) || out->high > top_of(version))
+        return why("%s: address above the IPv%d range", what, version);
+    if (out->low > out->high)
+        return why("%s: span ends before it starts", what);
+    return NULL;
+}
+
+/* Whether `next` starts at or before the address after `before` ends (overlap or adjacent). */
+static int touches(const struct cspan *before, const struct cspan *next)
+{
+    return before->high == ~(u128)0 || next->low <= before->high + 1;
+}
+
+static const char *cls_macs(const uint8_t *b, size_t *at, struct classifier *c)
+{
+    unsigned i;
+    static const uint8_t zero[6];
+    for (i = 0; i < c->nmacs; i++, *at += REC_MAC) {
+        const uint8_t *r = b + *at;
+        if (!zeros(r + 6, 2))
+            return why("MAC record at offset %zu: reserved bytes not zero", *at);
+        if (memcmp(r, zero, 6) == 0 || (r[0] & 1))
+            return why("MAC %02x:%02x:%02x:%02x:%02x:%02x is zero or multicast", r[0], r[1], r[2],
+                       r[3], r[4], r[5]);
+        memcpy(c->macs[i], r, 6);
+    }
+    for (i = 1; i < c->nmacs; i++)
+        if (memcmp(c->macs[i - 1], c->macs[i], 6) >= 0)
+            return "MACs not sorted ascending without repeats";
+    if (!c->nmacs)
+        return "a filtered classifier without a MAC";
+    return NULL;
+}
+
+static const char *cls_sources(const uint8_t *b, size_t *at, struct classifier *c)
+{
+    unsigned i;
+    for (i = 0; i < c->nsources; i++, *at += REC_SOURCE) {
+        const uint8_t *r = b + *at;
+        struct csource *s = &c->sources[i];
+        const char *err;
+        if (!zeros(r + 2, 6))
+            return why("source record at offset %zu: reserved bytes not zero", *at);
+        if (r[0] >= c->nmacs)
+            return why("source: MAC index %u with %u MACs", r[0], c->nmacs);
+        if (r[1] != 4 && r[1] != 6)
+            return why("source: IP version %u is not 4 or 6", r[1]);
+        s->mac = r[0];
+        s->version = r[1];
+        err = cls_span(r + 8, s->version, "source", &s->span);
+        if (err)
+            return err;
+    }
+    for (i = 1; i < c->nsources; i++) {
+        const struct csource *x = &c->sources[i - 1], *y = &c->sources[i];
+        int order = x->mac != y->mac ? (x->mac < y->mac ? -1 : 1)
+                                     : (x->version > y->version) - (x->version < y->version);
+        if (order > 0 || (order == 0 && touches(&x->span, &y->span)))
+            return "sources not sorted, or overlapping or adjacent";
+    }
+    return NULL;
+}
+
+/* The lists tile the span table in order: list i starts where list i - 1 ended. */
+static const char *cls_lists(const uint8_t *b, size_t *at, struct classifier *c)
+{
+    const uint8_t *heads = b + *at, *spans = heads + (size_t)c->nlists * REC_LIST;
+    uint32_t covered = 0;
+    unsigned i, k;
+    for (i = 0; i < c->nlists; i++, *at += REC_LIST)
+        if (!zeros(b + *at + 9, 7))
+            return why("prefix list record at offset %zu: reserved bytes not zero", *at);
+    *at += (size_t)c->nspans * REC_SPAN;
+    for (i = 0; i < c->nlists; i++) {
+        const uint8_t *h = heads + (size_t)i * REC_LIST;
+        struct clist *l = &c->lists[i];
+        char what[32];
+        snprintf(what, sizeof(what), "prefix list %u", i);
+        l->first = get32(h);
+        l->count = get32(h + 4);
+        l->version = h[8];
+        if (l->version != 4 && l->version != 6)
+            return why("%s: IP version %u is not 4 or 6", what, l->version);
+        if (l->first != covered)
+            return why("%s: starts at span %u, not %u (lists tile spans)", what, l->first,
+                       covered);
+        if ((uint64_t)l->first + l->count > c->nspans)
+            return why("%s: spans %u..%llu past %u", what, l->first,
+                       (unsigned long long)l->first + l->count, c->nspans);
+        for (k = l->first; k < l->first + l->count; k++) {
+            const char *err = cls_span(spans + (size_t)k * REC_SPAN, l->version, what,
+                                       &c->spans[k]);
+            if (err)
+                return err;
+        }
+        for (k = l->first + 1; k < l->first + l->count; k++)
+            if (touches(&c->spans[k - 1], &c->spans[k]))
+                return why("%s: spans not sorted, or overlapping or adjacent", what);
+        covered += l->count;
+    }
+    if (covered != c->nspans)
+        return why("the prefix lists do not cover all %u spans", c->nspans);
+    return NULL;
+}
+
+static const char *cls_rules(const uint8_t *b, size_t *at, struct classifier *c)
+{
+    unsigned i, n = c->nin + c->nout;
+    for (i = 0; i < n; i++, *at += REC_RULE) {
+        const uint8_t *r = b + *at;
+        struct crule *rule = &c->rules[i];
+        unsigned top2;
+        if (!zeros(r + 12, 4))
+            return why("rule record at offset %zu: reserved bytes not zero", *at);
+        if (r[0] != 4 && r[0] != 6)
+            return why("rule: IP version %u is not 4 or 6", r[0]);
+        if (r[1] != KIND_PORTS && r[1] != KIND_ICMP)
+            return why("rule: kind %u is not %d or %d", r[1], KIND_PORTS, KIND_ICMP);
+        rule->version = r[0];
+        rule->kind = r[1];
+        rule->lo1 = get16(r + 2);
+        rule->hi1 = get16(r + 4);
+        rule->lo2 = get16(r + 6);
+        rule->hi2 = get16(r + 8);
+        rule->list = get16(r + 10);
+        top2 = rule->kind == KIND_PORTS ? 65535 : 255;
+        if (!(rule->lo1 <= rule->hi1 && rule->hi1 <= 255))
+            return why("rule: range %u-%u is not within 0-255", rule->lo1, rule->hi1);
+        if (!(rule->lo2 <= rule->hi2 && rule->hi2 <= top2))
+            return why("rule: range %u-%u is not within 0-%u", rule->lo2, rule->hi2, top2);
+        if (rule->list >= c->nlists || c->lists[rule->list].version != rule->version)
+            return why("rule: prefix list %u is not an IPv%u list", rule->list, rule->version);
+    }
+    return NULL;
+}
+
+static void *cls_array(unsigned count, size_t size)
+{
+    return calloc(count ? count : 1, size);
+}
+
+/* Read a blob (mapped, `len` bytes) into a classifier of this process's own: NULL and *out
+ * (NULL for an unfiltered one), or the reason it is refused. */
+static const char *cls_read(const uint8_t *b, size_t len, struct classifier **out)
+{
+    unsigned flags = 0, counts[6];
+    size_t at = CLS_HEADER;
+    struct classifier *c;
+    const char *err = cls_header(b, len, &flags, counts);
+    *out = NULL;
+    if (err)
+        return err;
+    if (!(flags & CLS_FILTERED))
+        return NULL;
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return "out of memory";
+    c->stateful = (flags & CLS_STATEFUL) != 0;
+    c->nmacs = counts[0], c->nsources = counts[1], c->nlists = counts[2];
+    c->nspans = counts[3], c->nin = counts[4], c->nout = counts[5];
+    c->sources = cls_array(c->nsources, sizeof(*c->sources));
+    c->lists = cls_array(c->nlists, sizeof(*c->lists));
+    c->spans = cls_array(c->nspans, sizeof(*c->spans));
+    c->rules = cls_array(c->nin + c->nout, sizeof(*c->rules));
+    if (!c->sources || !c->lists || !c->spans || !c->rules)
+        err = "out of memory";
+    if (!err)
+        err = cls_macs(b, &at, c);
+    if (!err)
+        err = cls_sources(b, &at, c);
+    if (!err)
+        err = cls_lists(b, &at, c);
+    if (!err)
+        err = cls_rules(b, &at, c);
+    if (err) {
+        cls_free(c);
+        return err;
+    }
+    *out = c;
+    return NULL;
+}
+
+/* -- a frame as the classifier reads it ----------------------------------------------------- */
+
+#define ETH_IP 0x0800
+#define ETH_ARP 0x0806
+#define ETH_IP6 0x86DD
+#define P_ICMP 1
+#define P_TCP 6
+#define P_UDP 17
+#define P_ICMP6 58
+
+/* Untagged Ethernet; IPv4 with its options skipped, IPv6 without extension headers. */
+struct pkt {
+    const uint8_t *frame;
+    uint32_t len;
+    uint16_t ethertype;
+    int version;   /* 4 or 6 for IP (its ethertype), else 0 */
+    int has_addrs; /* the fixed IP header is there: saddr and daddr are read */
+    int malformed; /* IP whose header or lengths do not add up (the kernel drops it) */
+    u128 saddr, daddr;
+    uint8_t proto;
+    const uint8_t *l4; /* the transport header and what follows, up to the IP length */
+    uint32_t l4len;
+};
+
+static int ipv4_header_sum_ok(const uint8_t *ip, uint32_t ihl)
+{
+    uint32_t sum = 0, i;
+    for (i = 0; i < ihl; i += 2)
+        sum += be16(ip + i);
+    while (sum >> 16)
+        sum = (sum & 0xffff) + (sum >> 16);
+    return sum == 0xffff;
+}
+
+static void parse_ipv4(const uint8_t *ip, uint32_t room, struct pkt *pk)
+{
+    uint32_t ihl = (ip[0] & 15) * 4u, total = be16(ip + 2);
+    pk->has_addrs = 1;
+    pk->saddr = be32(ip + 12);
+    pk->daddr = be32(ip + 16);
+    pk->proto = ip[9];
+    pk->malformed = (ip[0] >> 4) != 4 || ihl < 20 || total < ihl || total > room ||
+                    !ipv4_header_sum_ok(ip, ihl);
+    if (!pk->malformed) {
+        pk->l4 = ip + ihl;
+        pk->l4len = total - ihl;
+    }
+}
+
+static void parse_ipv6(const uint8_t *ip, uint32_t room, struct pkt *pk)
+{
+    uint32_t payload = be16(ip + 4);
+    pk->has_addrs = 1;
+    pk->saddr = get_addr(ip + 8);
+    pk->daddr = get_addr(ip + 24);
+    pk->proto = ip[6];
+    pk->malformed = (ip[0] >> 4) != 6 || payload > room - 40;
+    if (!pk->malformed) {
+        pk->l4 = ip + 40;
+        pk->l4len = payload;
+    }
+}
+
+/* `len` >= 14 (shorter frames never get here). */
+static void parse_frame(const uint8_t *frame, uint32_t len, struct pkt *pk)
+{
+    uint32_t room = len - 14;
+    memset(pk, 0, sizeof(*pk));
+    pk->frame = frame;
+    pk->len = len;
+    pk->ethertype = be16(frame + 12);
+    if (pk->ethertype == ETH_IP) {
+        pk->version = 4;
+        pk->malformed = 1;
+        if (room >= 20)
+            parse_ipv4(frame + 14, room, pk);
+    } else if (pk->ethertype == ETH_IP6) {
+        pk->version = 6;
+        pk->malformed = 1;
+        if (room >= 40)
+            parse_ipv6(frame + 14, room, pk);
+    }
+}
+
+static int udp_is(const struct pkt *pk, unsigned sport, unsigned dport)
+{
+    return pk->proto == P_UDP && pk->l4len >= 4 && be16(pk->l4) == sport &&
+           be16(pk->l4 + 2) == dport;
+}
+
+/* The ICMPv6 type of an IPv6 frame, or -1. */
+static int icmp6_type(const struct pkt *pk)
+{
+    return pk->version == 6 && pk->proto == P_ICMP6 && pk->l4len ? pk->l4[0] : -1;
+}
+
+/* -- the classifier's two steps ------------------------------------------------------------ */
+
+enum verdict { V_PASS, V_SPOOFED, V_DENIED, V_INVALID, V_FULL };
+
+static int has_mac(const struct classifier *c, const uint8_t *mac)
+{
+    unsigned i;
+    for (i = 0; i < c->nmacs; i++)
+        if (memcmp(c->macs[i], mac, 6) == 0)
+            return 1;
+    return 0;
+}
+
+/* The port may send from `mac` with this source address. */
+static int source_ok(const struct classifier *c, const uint8_t *mac, int version, u128 addr)
+{
+    unsigned i;
+    for (i = 0; i < c->nsources; i++) {
+        const struct csource *s = &c->sources[i];
+        if (s->version == version && s->span.low <= addr && addr <= s->span.high &&
+            memcmp(c->macs[s->mac], mac, 6) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* A solicitation or advertisement whose target the sending MAC may not claim. */
+static int foreign_nd_target(const struct classifier *c, const struct pkt *pk)
+{
+    int type = icmp6_type(pk);
+    if (type != 136 && !(type == 135 && pk->saddr == 0))
+        return 0;
+    return pk->l4len < 24 || !source_ok(c, pk->frame + 6, 6, get_addr(pk->l4 + 8));
+}
+
+/* Step 1, port security: whether the port may send this frame. */
+static int may_send(const struct classifier *c, const struct pkt *pk)
+{
+    const uint8_t *mac = pk->frame + 6;
+    int type = icmp6_type(pk);
+    if (!has_mac(c, mac) || udp_is(pk, 67, 68) || udp_is(pk, 547, 546))
+        return 0;
+    if (type == 134 || type == 137 || foreign_nd_target(c, pk))
+        return 0;
+    if (pk->version && !pk->has_addrs)
+        return 0;
+    if (pk->version == 4)
+        return source_ok(c, mac, 4, pk->saddr) ||
+               (pk->saddr == 0 && pk->daddr == 0xffffffffu && udp_is(pk, 68, 67));
+    if (pk->version == 6)
+        return source_ok(c, mac, 6, pk->saddr) ||
+               (pk->saddr == 0 && (pk->daddr >> 112) == 0xff02 &&
+                (type == 131 || type == 135 || type == 143));
+    if (pk->ethertype == ETH_ARP && pk->len >= 32) {
+        uint32_t spa = be32(pk->frame + 28);
+        return spa == 0 || source_ok(c, pk->frame + 22, 4, spa);
+    }
+    return 0;
+}
+
+static int in_list(const struct classifier *c, unsigned list, u128 addr)
+{
+    const struct cspan *s = c->spans + c->lists[list].first;
+    uint32_t lo = 0, hi = c->lists[list].count;
+    while (lo < hi) { /* the first span ending at or after addr */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (s[mid].high < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < c->lists[list].count && s[lo].low <= addr;
+}
+
+static int rules_admit(const struct classifier *c, const struct pkt *pk, int egress)
+{
+    const struct crule *r = c->rules + (egress ? c->nin : 0);
+    unsigned n = egress ? c->nout : c->nin, i;
+    u128 remote = egress ? pk->daddr : pk->saddr;
+    int icmp = pk->proto == (pk->version == 4 ? P_ICMP : P_ICMP6) && pk->l4len >= 2;
+    for (i = 0; i < n; i++, r++) {
+        unsigned first, second;
+        if (r->version != pk->version)
+            continue;
+        if (r->kind == KIND_PORTS) {
+            if (pk->l4len < 4) /* the port is the transport header's bytes 2-3 */
+                continue;
+            first = pk->proto;
+            second = be16(pk->l4 + 2);
+        } else {
+            if (!icmp)
+                continue;
+            first = pk->l4[0];
+            second = pk->l4[1];
+        }
+        if (first < r->lo1 || first > r->hi1 || second < r->lo2 || second > r->hi2)
+            continue;
+        if (in_list(c, r->list, remote))
+            return 1;
+    }
+    return 0;
+}
+
+enum ct_state { CT_NEW, CT_ESTABLISHED, CT_INVALID, CT_UNTRACKED };
+
+/* Step 2 for one direction of an IP frame, given conntrack's view of it. */
+static int judge(const struct classifier *c, const struct pkt *pk, int egress, int ct)
+{
+    int type = icmp6_type(pk);
+    if (egress && (pk->proto == P_ICMP6 || udp_is(pk, 68, 67) || udp_is(pk, 546, 547)))
+        return V_PASS;
+    if (!egress && (type == 130 || type == 134 || type == 135 || type == 136 ||
+                    udp_is(pk, 67, 68) || udp_is(pk, 547, 546)))
+        return V_PASS;
+    if (c->stateful && ct == CT_INVALID)
+        return V_INVALID;
+    if (c->stateful && ct == CT_ESTABLISHED)
+        return V_PASS;
+    return rules_admit(c, pk, egress) ? V_PASS : V_DENIED;
+}
+
+/* -- connection tracking for stateful classifiers ------------------------------------------
+ *
+ * One table for every domain (the domain is part of the key), preallocated at start with
+ * --max-flows entries of 64 bytes plus a bucket index (4 bytes per bucket, buckets the power
+ * of two at or above max_flows). An entry holds a flow's two ends as its first frame had them
+ * (a: source, b: destination; ports, or the ICMP echo id on both), so a frame either way finds
+ * it. Entries of equal timeout are kept in a list in the order they were last refreshed: the
+ * head of each list is the first to expire, and a new flow takes an expired head when no entry
+ * is free; otherwise it is dropped (flows_full). Timeouts follow Linux nf_conntrack's defaults;
+ * TCP's state follows its flags only (no window tracking). */
+
+#define FLOW_NONE 0xffffffffu
+#define MAX_FLOWS_DEFAULT 100000
+
+struct flow {
+    u128 a, b;           /* the first frame's source and destination */
+    long long expires_ms;
+    uint32_t next;       /* bucket chain, or the free list */
+    uint32_t older, newer; /* its timeout list */
+    uint16_t pa, pb;     /* ports as the first frame had them; ICMP: the echo id, twice */
+    uint16_t domain;
+    uint8_t proto, version;
+    uint8_t kind;        /* ICMP: the request's type; else 0 */
+    uint8_t state;       /* FS_*; FS_FREE: unused */
+    uint8_t flags;       /* F_* */
+    uint8_t timeout;     /* TO_*: which list */
+};
+_Static_assert(sizeof(struct flow) == 64, "a flow is one cache line");
+
+enum flow_state {
+    FS_FREE, FS_OPEN, /* UDP, ICMP and the rest: no states but replied or not */
+    FS_SYN_SENT, FS_SYN_RECV, FS_ESTABLISHED, FS_FIN, FS_TIME_WAIT, FS_CLOSE
+};
+#define F_REPLIED 1
+#define F_FIN_A 2 /* a (the first frame's sender) sent a FIN */
+#define F_FIN_B 4
+
+enum timeout { TO_CLOSE, TO_SHORT, TO_SYN_RECV, TO_MID, TO_GENERIC, TO_LONG, TO_COUNT };
+static const long long g_timeout_s[TO_COUNT] = {10, 30, 60, 120, 600, 5 * 24 * 3600};
+
+/* What a frame is to conntrack. */
+struct tuple {
+    u128 src, dst;
+    uint16_t sport, dport;
+    uint8_t proto, version, kind;
+};
+enum role { R_FLOW, R_REQUEST, R_REPLY, R_ERROR };
+
+static struct flow *g_flows;
+static uint32_t *g_buckets;
+static uint32_t g_max_flows = MAX_FLOWS_DEFAULT, g_bucket_mask, g_free = FLOW_NONE;
+static uint32_t g_oldest[TO_COUNT], g_newest[TO_COUNT];
+static uint64_t g_seed;
+
+static size_t flows_bytes(void)
+{
+    return (size_t)g_max_flows * sizeof(struct flow) + ((size_t)g_bucket_mask + 1) * 4;
+}
+
+static void flows_init(void)
+{
+    uint32_t i, buckets = 1;
+    while (buckets < g_max_flows)
+        buckets <<= 1;
+    g_bucket_mask = buckets - 1;
+    g_flows = aligned_alloc(64, (size_t)g_max_flows * sizeof(struct flow));
+    g_buckets = malloc((size_t)buckets * 4);
+    if (!g_flows || !g_buckets) {
+        fprintf(stderr, "podwire-memif: cannot allocate %zu bytes for %u flows\n", flows_bytes(),
+                g_max_flows);
+        exit(2);
+    }
+    memset(g_flows, 0, (size_t)g_max_flows * sizeof(struct flow)); /* every page now */
+    memset(g_buckets, 0xff, (size_t)buckets * 4);
+    for (i = g_max_flows; i-- > 0;) {
+        g_flows[i].next = g_free;
+        g_free = i;
+    }
+    for (i = 0; i < TO_COUNT; i++)
+        g_oldest[i] = g_newest[i] = FLOW_NONE;
+    if (getrandom(&g_seed, sizeof(g_seed), 0) != sizeof(g_seed))
+        g_seed = (uint64_t)now_us() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 32;
+    x *= 0x9e3779b97f4a7c15ull;
+    x ^= x >> 29;
+    x *= 0x9e3779b97f4a7c15ull;
+    return x ^ (x >> 32);
+}
+
+static uint64_t end_hash(u128 addr, uint16_t port)
+{
+    return mix(mix((uint64_t)(addr >> 64) ^ g_seed) ^ (uint64_t)addr) + port;
+}
+
+/* The same bucket for a flow's frames either way. */
+static uint32_t flow_bucket(int domain, const struct tuple *t)
+{
+    uint64_t h = end_hash(t->src, t->sport) + end_hash(t->dst, t->dport);
+    h += (uint64_t)t->proto << 40 | (uint64_t)t->kind << 32 | (uint64_t)domain << 8 | t->version;
+    return (uint32_t)mix(h ^ g_seed) & g_bucket_mask;
+}
+
+static void list_unlink(uint32_t i)
+{
+    struct flow *f = &g_flows[i];
+    if (f->older != FLOW_NONE)
+        g_flows[f->older].newer = f->newer;
+    else
+        g_oldest[f->timeout] = f->newer;
+    if (f->newer != FLOW_NONE)
+        g_flows[f->newer].older = f->older;
+    else
+        g_newest[f->timeout] = f->older;
+}
+
+static void list_append(uint32_t i, int timeout)
+{
+    struct flow *f = &g_flows[i];
+    f->timeout = (uint8_t)timeout;
+    f->newer = FLOW_NONE;
+    f->older = g_newest[timeout];
+    if (f->older != FLOW_NONE)
+        g_flows[f->older].newer = i;
+    else
+        g_oldest[timeout] = i;
+    g_newest[timeout] = i;
+}
+
+static void flow_release(uint32_t i)
+{
+    struct flow *f = &g_flows[i];
+    struct tuple t = {f->a, f->b, f->pa, f->pb, f->proto, f->version, f->kind};
+    uint32_t *link = &g_buckets[flow_bucket(f->domain, &t)];
+    while (*link != i && *link != FLOW_NONE)
+        link = &g_flows[*link].next;
+    if (*link == i)
+        *link = f->next;
+    list_unlink(i);
+    f->state = FS_FREE;
+    f->next = g_free;
+    g_free = i;
+}
+
+/* A free entry, or an expired one taken back; FLOW_NONE when the table is full. */
+static uint32_t flow_alloc(void)
+{
+    uint32_t i;
+    int k;
+    for (k = 0; k < TO_COUNT && g_free == FLOW_NONE; k++)
+        if (g_oldest[k] != FLOW_NONE && g_flows[g_oldest[k]].expires_ms <= g_now_ms)
+            flow_release(g_oldest[k]);
+    i = g_free;
+    if (i != FLOW_NONE)
+        g_free = g_flows[i].next;
+    return i;
+}
+
+/* The live flow of this tuple (either way; *reply set when the frame goes b to a), or NULL.
+ * A request matches its flow's first direction only, a reply the other. */
+static struct flow *flow_find(int domain, const struct tuple *t, int role, int *reply)
+{
+    uint32_t i = g_buckets[flow_bucket(domain, t)];
+    for (; i != FLOW_NONE; i = g_flows[i].next) {
+        struct flow *f = &g_flows[i];
+        int ahead, back;
+        if (f->domain != domain || f->proto != t->proto || f->version != t->version ||
+            f->kind != t->kind || f->expires_ms <= g_now_ms)
+            continue;
+        ahead = f->a == t->src && f->b == t->dst && f->pa == t->sport && f->pb == t->dport;
+        back = f->a == t->dst && f->b == t->src && f->pa == t->dport && f->pb == t->sport;
+        if ((ahead && role != R_REPLY) || (back && role != R_REQUEST)) {
+            *reply = !(ahead && role != R_REPLY);
+            return f;
+        }
+    }
+    return NULL;
+}
+
+static void flows_forget_domain(int domain)
+{
+    uint32_t i;
+    for (i = 0; i < g_max_flows; i++)
+        if (g_flows[i].state != FS_FREE && g_flows[i].domain == domain)
+            flow_release(i);
+}
+
+/* ICMP types: a request's reply, or -1 for a type that is no request. */
+static int icmp_reply_of(int version, int type)
+{
+    if (version == 4)
+        return type == 8 ? 0 : type == 13 ? 14 : type == 15 ? 16 : type == 17 ? 18 : -1;
+    return type == 128 ? 129 : type == 139 ? 140 : -1;
+}
+
+static int icmp_request_of(int version, int type)
+{
+    if (version == 4)
+        return type == 0 ? 8 : type == 14 ? 13 : type == 16 ? 15 : type == 18 ? 17 : -1;
+    return type == 129 ? 128 : type == 140 ? 139 : -1;
+}
+
+static int icmp_error(int version, int type)
+{
+    if (version == 4)
+        return type == 3 || type == 4 || type == 5 || type == 11 || type == 12;
+    return type >= 1 && type <= 4;
+}
+
+/* ICMPv6 that conntrack leaves alone: MLD, router and neighbour discovery. */
+static int icmp6_untracked(int type)
+{
+    return (type >= 130 && type <= 136) || type == 143;
+}
+
+static int has_ports(uint8_t proto)
+{
+    return proto == P_TCP || proto == P_UDP || proto == 33 || proto == 132 || proto == 136;
+}
+
+/* The transport part of a tuple: its role, CT_INVALID - 10 for what cannot be tracked as sent,
+ * -1 for untracked. */
+static int l4_tuple(int version, uint8_t proto, const uint8_t *l4, uint32_t len, struct tuple *t)
+{
+    t->proto = proto;
+    t->version = (uint8_t)version;
+    t->kind = 0;
+    t->sport = t->dport = 0;
+    if (proto == (version == 4 ? P_ICMP : P_ICMP6)) {
+        int request, reply;
+        if (len < 8)
+            return -2;
+        if (version == 6 && icmp6_untracked(l4[0]))
+            return -1;
+        if (icmp_error(version, l4[0]))
+            return R_ERROR;
+        reply = icmp_reply_of(version, l4[0]);
+        request = icmp_request_of(version, l4[0]);
+        if (reply < 0 && request < 0)
+            return -2;
+        t->kind = (uint8_t)(reply >= 0 ? l4[0] : request);
+        t->sport = t->dport = be16(l4 + 4);
+        return reply >= 0 ? R_REQUEST : R_REPLY;
+    }
+    if (has_ports(proto)) {
+        if (len < 8)
+            return -2;
+        t->sport = be16(l4);
+        t->dport = be16(l4 + 2);
+    }
+    return R_FLOW;
+}
+
+/* The packet an ICMP error quotes (after its 8-byte header), as a tuple; 0 if unreadable. */
+static int quoted_tuple(const struct pkt *pk, struct tuple *t)
+{
+    const uint8_t *ip = pk->l4 + 8;
+    uint32_t room = pk->l4len - 8, head;
+    int role;
+    if (pk->version == 4) {
+        if (room < 20)
+            return 0;
+        head = (ip[0] & 15) * 4u;
+        if ((ip[0] >> 4) != 4 || head < 20 || room < head + 8)
+            return 0;
+        t->src = be32(ip + 12);
+        t->dst = be32(ip + 16);
+        role = l4_tuple(4, ip[9], ip + head, room - head, t);
+    } else {
+        if (room < 48 || (ip[0] >> 4) != 6)
+            return 0;
+        t->src = get_addr(ip + 8);
+        t->dst = get_addr(ip + 24);
+        role = l4_tuple(6, ip[6], ip + 40, room - 40, t);
+    }
+    return role == R_FLOW || role == R_REQUEST || role == R_REPLY;
+}
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+#define TCP_URG 0x20
+
+/* TCP flags conntrack takes (PSH, ECE and CWR aside), else -1. */
+static int tcp_flags(const uint8_t *l4, uint32_t len)
+{
+    unsigned offset, f;
+    if (len < 20)
+        return -1;
+    offset = (l4[12] >> 4) * 4u;
+    f = l4[13] & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK | TCP_URG);
+    if (offset < 20 || offset > len)
+        return -1;
+    switch (f) {
+    case TCP_SYN: case TCP_SYN | TCP_URG: case TCP_SYN | TCP_ACK: case TCP_RST:
+    case TCP_RST | TCP_ACK: case TCP_FIN | TCP_ACK: case TCP_FIN | TCP_ACK | TCP_URG:
+    case TCP_ACK: case TCP_ACK | TCP_URG:
+        return (int)f;
+    default:
+        return -1;
+    }
+}
+
+/* Conntrack's view of one IP frame, before any verdict. */
+struct track {
+    int state;     /* CT_* */
+    int role;      /* R_* */
+    int tcp;       /* its flags, for TCP */
+    int reply;     /* the frame goes the flow's second way */
+    struct flow *flow; /* its flow, if live */
+    int reopen;    /* a SYN on a closed TCP flow: a new flow replaces it */
+    struct tuple t;
+};
+
+static int ct_tcp(struct track *k)
+{
+    int f = k->tcp;
+    if (f < 0)
+        return CT_INVALID;
+    if (k->flow && (f & TCP_SYN) && !(f & TCP_ACK) &&
+        (k->flow->state == FS_CLOSE || k->flow->state == FS_TIME_WAIT)) {
+        k->reopen = 1;
+        return CT_NEW;
+    }
+    if (!k->flow) /* a bare SYN opens a flow, an ACK picks one up midstream */
+        return ((f & ~TCP_URG) == TCP_SYN || (f & ~TCP_URG) == TCP_ACK) ? CT_NEW : CT_INVALID;
+    return (k->reply || (k->flow->flags & F_REPLIED)) ? CT_ESTABLISHED : CT_NEW;
+}
+
+static void ct_lookup(int domain, const struct pkt *pk, struct track *k)
+{
+    memset(k, 0, sizeof(*k));
+    k->t.src = pk->saddr;
+    k->t.dst = pk->daddr;
+    k->role = l4_tuple(pk->version, pk->proto, pk->l4, pk->l4len, &k->t);
+    if (k->role == -1 || k->role == -2) {
+        k->state = k->role == -1 ? CT_UNTRACKED : CT_INVALID;
+        return;
+    }
+    if (k->role == R_ERROR) {
+        struct tuple quoted;
+        int reply;
+        k->state = quoted_tuple(pk, &quoted) && flow_find(domain, &quoted, R_FLOW, &reply)
+                       ? CT_ESTABLISHED /* related */
+                       : CT_INVALID;
+        return;
+    }
+    if (pk->proto == P_UDP && (be16(pk->l4 + 4) < 8 || be16(pk->l4 + 4) > pk->l4len)) {
+        k->state = CT_INVALID;
+        return;
+    }
+    k->flow = flow_find(domain, &k->t, k->role, &k->reply);
+    if (pk->proto == P_TCP) {
+        k->tcp = tcp_flags(pk->l4, pk->l4len);
+        k->state = ct_tcp(k);
+    } else if (!k->flow) {
+        k->state = k->role == R_REPLY ? CT_INVALID : CT_NEW;
+    } else {
+        k->state = (k->reply || (k->flow->flags & F_REPLIED)) ? CT_ESTABLISHED : CT_NEW;
+    }
+}
+
+static uint8_t tcp_next(const struct flow *f, int reply, int flags, uint8_t *fin)
+{
+    if (flags & TCP_RST)
+        return FS_CLOSE;
+    if (flags & TCP_FIN) {
+        *fin |= reply ? F_FIN_B : F_FIN_A;
+        return (*fin & F_FIN_A) && (*fin & F_FIN_B) ? FS_TIME_WAIT : FS_FIN;
+    }
+    if (f->state == FS_SYN_SENT && reply && (flags & TCP_SYN))
+        return FS_SYN_RECV;
+    if (f->state == FS_SYN_RECV && !reply && flags == TCP_ACK)
+        return FS_ESTABLISHED;
+    return f->state;
+}
+
+static int timeout_of(const struct flow *f)
+{
+    switch (f->state) {
+    case FS_SYN_SENT: case FS_FIN: case FS_TIME_WAIT:
+        return TO_MID;
+    case FS_SYN_RECV:
+        return TO_SYN_RECV;
+    case FS_ESTABLISHED:
+        return TO_LONG;
+    case FS_CLOSE:
+        return TO_CLOSE;
+    default:
+        break;
+    }
+    if (f->proto == P_UDP)
+        return (f->flags & F_REPLIED) ? TO_MID : TO_SHORT;
+    if (f->proto == P_ICMP || f->proto == P_ICMP6)
+        return TO_SHORT;
+    return TO_GENERIC;
+}
+
+static struct flow *flow_open(int domain, const struct track *k)
+{
+    uint32_t i = flow_alloc(), *bucket;
+    struct flow *f;
+    if (i == FLOW_NONE)
+        return NULL;
+    f = &g_flows[i];
+    memset(f, 0, sizeof(*f));
+    f->a = k->t.src, f->b = k->t.dst;
+    f->pa = k->t.sport, f->pb = k->t.dport;
+    f->domain = (uint16_t)domain;
+    f->proto = k->t.proto, f->version = k->t.version, f->kind = k->t.kind;
+    f->state = k->t.proto != P_TCP ? FS_OPEN : (k->tcp & TCP_SYN) ? FS_SYN_SENT : FS_ESTABLISHED;
+    bucket = &g_buckets[flow_bucket(domain, &k->t)];
+    f->next = *bucket;
+    *bucket = i;
+    list_append(i, TO_SHORT);
+    return f;
+}
+
+/* An admitted frame updates its flow, or opens one; 0 when a new flow finds the table full. */
+static int ct_commit(int domain, struct track *k)
+{
+    struct flow *f = k->flow;
+    uint32_t i;
+    if (k->role == R_ERROR || (k->state != CT_NEW && k->state != CT_ESTABLISHED))
+        return 1;
+    if (f && k->reopen) {
+        flow_release((uint32_t)(f - g_flows));
+        f = NULL;
+    }
+    if (!f) {
+        f = flow_open(domain, k);
+        if (!f)
+            return 0;
+    } else {
+        if (k->reply)
+            f->flags |= F_REPLIED;
+        if (f->proto == P_TCP)
+            f->state = tcp_next(f, k->reply, k->tcp, &f->flags);
+    }
+    i = (uint32_t)(f - g_flows);
+    list_unlink(i);
+    list_append(i, timeout_of(f));
+    f->expires_ms = g_now_ms + g_timeout_s[f->timeout] * 1000;
+    return 1;
 }
 
 /* -- connection lifetime -------------------------------------------------------------------- */
@@ -841,16 +1876,78 @@ static struct port *shared_target(struct port *from, const uint8_t *frame)
     return to;
 }
 
+/* Count a drop on the port whose policy made it; 0. */
+static int dropped(struct port *p, int verdict)
+{
+    if (verdict == V_SPOOFED)
+        p->st.spoofed++;
+    else if (verdict == V_DENIED)
+        p->st.denied++;
+    else if (verdict == V_INVALID)
+        p->st.invalid++;
+    else
+        p->st.flows_full++;
+    return 0;
+}
+
+/* Step 2 on a frame ring to ring: the sender's egress, the receiver's ingress, conntrack for
+ * either that is stateful (one flow serves both); 1 when it may move. */
+static int admit_ip(struct port *from, struct port *to, const struct pkt *pk)
+{
+    const struct classifier *out = from->cls, *in = to->cls;
+    int tracked = (out && out->stateful) || (in && in->stateful), v;
+    struct track k;
+    k.state = CT_UNTRACKED;
+    if (pk->malformed)
+        return dropped(out ? from : to, V_INVALID);
+    if (tracked)
+        ct_lookup(from->domain, pk, &k);
+    if (out && (v = judge(out, pk, 1, k.state)) != V_PASS)
+        return dropped(from, v);
+    if (in && (v = judge(in, pk, 0, k.state)) != V_PASS)
+        return dropped(to, v);
+    if (tracked && !ct_commit(from->domain, &k))
+        return dropped(out && out->stateful ? from : to, V_FULL);
+    return 1;
+}
+
+/* Whether a frame may move ring to ring between ports of which one at least is filtered;
+ * `spoofed`: the sender's step 1 refused it. Counts the verdict. */
+static int admit_shared(struct port *from, struct port *to, const struct pkt *pk, int spoofed)
+{
+    if (spoofed)
+        return dropped(from, V_SPOOFED);
+    if (pk->version && !admit_ip(from, to, pk))
+        return 0;
+    if (from->cls)
+        from->st.admitted++;
+    if (to->cls)
+        to->st.admitted++;
+    return 1;
+}
+
 /* One frame from `from`'s client, to another shared port's ring or to the tap. A receiver
  * with no free buffer loses the frame (counted as its ring_full), as a NIC's receive ring
- * overruns: the sender is never held back, so no receiver can stall it. */
+ * overruns: the sender is never held back, so no receiver can stall it. A filtered sender's
+ * source MAC is learned only from a frame its port security admits; frames ring to ring are
+ * judged by the classifiers of both ports, frames to the tap by the kernel. */
 static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
 {
     struct port *to;
-    if (from->shared)
+    struct pkt pk;
+    int spoofed = 0;
+    if (from->shared && from->cls) {
+        parse_frame(frame, total, &pk);
+        spoofed = !may_send(from->cls, &pk);
+    }
+    if (from->shared && !spoofed)
         fdb_learn(frame + 6, from->domain, (int)(from - g_ports));
     to = shared_target(from, frame);
     if (to) {
+        if (to->cls && !from->cls)
+            parse_frame(frame, total, &pk);
+        if ((from->cls || to->cls) && !admit_shared(from, to, &pk, spoofed))
+            return;
         if (s2c_put(to, frame, total))
             from->st.to_shared++;
         else
@@ -1086,15 +2183,6 @@ static int valid_name(const uint8_t *field, size_t size, char *out, int allow_an
     return 1;
 }
 
-static int zeros(const uint8_t *p, size_t n)
-{
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (p[i])
-            return 0;
-    return 1;
-}
-
 static void reply(int fd, uint32_t status, const char *text)
 {
     uint8_t rep[CTL_REP] = {0};
@@ -1134,6 +2222,7 @@ static void release_domain(int domain)
         if (g_ports[i].used && g_ports[i].domain == domain)
             return;
     g_domains[domain][0] = 0;
+    flows_forget_domain(domain); /* a network's flows go with its last port */
 }
 
 /* The tap a descriptor holds must be a tap of the port's name. */
@@ -1223,6 +2312,7 @@ static void remove_port(struct port *p)
     close(p->tap_fd);
     logline("memif.port_removed", p->name, "from_client=%llu to_client=%llu",
             (unsigned long long)p->st.from_client, (unsigned long long)p->st.to_client);
+    cls_free(p->cls);
     memset(p, 0, sizeof(*p));
     release_domain(domain);
 }
@@ -1242,6 +2332,48 @@ static const char *op_path(const uint8_t *m, struct port *p)
     return NULL;
 }
 
+/* The port's classifier from a sealed memfd: checked, copied, swapped in between two frames
+ * (the old one freed). Refused: the port keeps the classifier it had. */
+static const char *op_policy(const uint8_t *m, struct port *p, const int *fds)
+{
+    const int sealed = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+    struct classifier *c = NULL;
+    struct stat st;
+    const char *err;
+    void *blob;
+    int seals;
+    if (!zeros(m + REQ_SECRET, CTL_REQ - REQ_SECRET))
+        return "reserved bytes must be zero";
+    if (fds[0] < 0 || fds[1] >= 0)
+        return "policy needs one descriptor: a sealed memfd holding the classifier";
+    if (fstat(fds[0], &st) != 0 || !S_ISREG(st.st_mode))
+        return "the descriptor is not a memfd";
+    seals = fcntl(fds[0], F_GET_SEALS);
+    if (seals < 0 || (seals & sealed) != sealed)
+        return "classifier memfd is not sealed against change (F_SEAL_SHRINK, F_SEAL_GROW, "
+               "F_SEAL_WRITE)";
+    if (st.st_size < CLS_HEADER || st.st_size > CLS_MAX_SIZE)
+        return why("%zu bytes: not within the header's %d and MAX_SIZE = %d",
+                   (size_t)st.st_size, CLS_HEADER, CLS_MAX_SIZE);
+    blob = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fds[0], 0);
+    if (blob == MAP_FAILED)
+        return "cannot map the classifier memfd";
+    err = cls_read(blob, (size_t)st.st_size, &c);
+    munmap(blob, (size_t)st.st_size);
+    if (err)
+        return err;
+    cls_free(p->cls);
+    p->cls = c;
+    if (c)
+        logline("memif.policy", p->name,
+                "filtered=1 stateful=%d macs=%u sources=%u lists=%u spans=%u ingress=%u "
+                "egress=%u", c->stateful, c->nmacs, c->nsources, c->nlists, c->nspans, c->nin,
+                c->nout);
+    else
+        logline("memif.policy", p->name, "filtered=0");
+    return NULL;
+}
+
 static void op_list(int fd)
 {
     int i;
@@ -1257,6 +2389,7 @@ static void op_list(int fd)
         memcpy(rep + 20, g_domains[p->domain], PORT_NAME);
         put32(rep + 36, (uint32_t)p->c.state);
         put32(rep + 40, (uint32_t)p->shared);
+        put32(rep + 44, p->cls != NULL);
         for (k = 0; k < sizeof(p->st) / 8; k++)
             put64(rep + 48 + 8 * k, counters[k]);
         send(fd, rep, CTL_REP, MSG_NOSIGNAL);
@@ -1285,7 +2418,7 @@ static void on_agent(int slot)
         err = "reserved bytes must be zero";
     if (!err && op != OP_LIST && !valid_name(m + REQ_NAME, PORT_NAME, name, 0))
         err = "name must be 1-15 characters of [A-Za-z0-9._-]";
-    if (!err && op != OP_ADD && (fds[0] >= 0 || fds[1] >= 0))
+    if (!err && op != OP_ADD && op != OP_POLICY && (fds[0] >= 0 || fds[1] >= 0))
         err = "unexpected descriptor";
     if (!err) {
         if (op == OP_ADD) {
@@ -1293,6 +2426,9 @@ static void on_agent(int slot)
         } else if (op == OP_LIST) {
             op_list(fd);
             return;
+        } else if (op == OP_POLICY) {
+            p = port_named(name);
+            err = p ? op_policy(m, p, fds) : "no port of this name";
         } else if (op == OP_REMOVE || op == OP_PATH) {
             p = port_named(name);
             if (!p)
@@ -1377,6 +2513,8 @@ static void parse_args(int argc, char **argv)
             g_lim.handshake_ms = (unsigned)v;
         else if (parse_limit(argv[i], "--poll-us", 0, 100000, &v))
             g_lim.poll_us = (unsigned)v;
+        else if (parse_limit(argv[i], "--max-flows", 1, 1u << 24, &v))
+            g_max_flows = (uint32_t)v;
         else {
             fprintf(stderr, "podwire-memif: unknown argument %s\n", argv[i]);
             exit(2);
@@ -1449,11 +2587,14 @@ int main(int argc, char **argv)
         g_agents[i] = -1;
     for (i = 0; i < FDB_SIZE; i++)
         g_fdb[i].port = -1;
+    flows_init();
     g_epoll = epoll_create1(EPOLL_CLOEXEC);
     ev.data.u64 = tag(K_CONTROL, 0, 0);
     epoll_ctl(g_epoll, EPOLL_CTL_ADD, g_control, &ev);
-    logline("memif.listening", "-", "max_regions=%u max_rings=%u max_log2_ring=%u poll_us=%u",
-            g_lim.max_regions, g_lim.max_rings, g_lim.max_log2_ring, g_lim.poll_us);
+    logline("memif.listening", "-",
+            "max_regions=%u max_rings=%u max_log2_ring=%u poll_us=%u max_flows=%u "
+            "flow_table_bytes=%zu", g_lim.max_regions, g_lim.max_rings, g_lim.max_log2_ring,
+            g_lim.poll_us, g_max_flows, flows_bytes());
     while (!g_stop) {
         unsigned work = ready_now(handshake_timeout(busy ? 0 : -1));
         busy = (work || busy) ? spin() : 0;
