@@ -1,13 +1,16 @@
 """A deliberately minimal memif client for feeding the master bad input (the good client is
-DPDK's testpmd). Messages are the protocol's 128-byte records, built field by field."""
+DPDK's testpmd), and ``RingClient``, one that exchanges frames through its rings. Messages
+are the protocol's 128-byte records, built field by field."""
 
 from __future__ import annotations
 
 import array
 import fcntl
+import mmap
 import os
 import socket
 import struct
+import time
 
 MSG = 128
 ACK, HELLO, INIT, ADD_REGION, ADD_RING, CONNECT, CONNECTED, DISCONNECT = 1, 2, 3, 4, 5, 6, 7, 8
@@ -68,3 +71,103 @@ class Client:
 
 def disconnect_reason(data: bytes) -> str:
     return data[6:102].split(b"\0", 1)[0].decode()
+
+
+class RingClient:
+    """A connected client that sends and receives frames, as a CNF does (copy mode): one
+    region, a ring each way of ``SLOTS`` slots, ``BUFFER``-byte buffers, every S2C buffer
+    offered to the master and offered again once read."""
+
+    LOG2 = 6
+    SLOTS = 1 << LOG2
+    BUFFER = 2048
+    REGION = 1 << 20
+    C2S, S2C = 0, 4096  # the rings' offsets in the region
+    C2S_BUFFERS, S2C_BUFFERS = 65536, 65536 + SLOTS * BUFFER
+
+    def __init__(self, path: str, secret: str) -> None:
+        self.client = Client(path)
+        assert self.client.recv()[0] == HELLO
+        assert self.client.request(init(secret))[0] == ACK
+        fd = region_fd(self.REGION)
+        self.region = mmap.mmap(fd, self.REGION)
+        for ring in (self.C2S, self.S2C):
+            struct.pack_into("<I", self.region, ring, COOKIE)
+        self.c2s_event = os.eventfd(0, os.EFD_NONBLOCK)
+        self.s2c_event = os.eventfd(0, os.EFD_NONBLOCK)  # never read: received() polls
+        steps = (
+            (add_region(0, self.REGION), fd),
+            (add_ring(0, self.LOG2, True, offset=self.C2S), self.c2s_event),
+            (add_ring(0, self.LOG2, False, offset=self.S2C), self.s2c_event),
+        )
+        for data, step_fd in steps:
+            assert self.client.request(data, step_fd)[0] == ACK
+        os.close(fd)
+        self.sent = 0  # C2S head
+        self.seen = 0  # S2C slots read
+        self._offer(0, self.SLOTS)
+        assert self.client.request(message(CONNECT))[0] == CONNECTED
+
+    def _slot(self, ring: int, index: int) -> int:
+        return ring + 128 + 16 * (index % self.SLOTS)
+
+    def _offer(self, first: int, count: int) -> None:
+        """Offer the buffers of S2C slots first..first+count-1 again (the master wrote their
+        lengths) and move the head one ring ahead of what was read."""
+        for index in range(first, first + count):
+            offset = self.S2C_BUFFERS + (index % self.SLOTS) * self.BUFFER
+            struct.pack_into("<HHIII", self.region, self._slot(self.S2C, index), 0, 0,
+                             self.BUFFER, offset, 0)  # fmt: skip
+        struct.pack_into("<H", self.region, self.S2C + 6, (self.seen + self.SLOTS) & 0xFFFF)
+
+    def send(self, frame: bytes) -> None:
+        """Put one frame (at most BUFFER bytes) on the C2S ring and wake the master."""
+        deadline = time.monotonic() + 5
+        while (self.sent - struct.unpack_from("<H", self.region, self.C2S + 64)[0]) & 0xFFFF >= (
+            self.SLOTS
+        ):
+            assert time.monotonic() < deadline, "the master does not drain the C2S ring"
+            time.sleep(0.001)
+        offset = self.C2S_BUFFERS + (self.sent % self.SLOTS) * self.BUFFER
+        self.region[offset : offset + len(frame)] = frame
+        struct.pack_into("<HHIII", self.region, self._slot(self.C2S, self.sent), 0, 0,
+                         len(frame), offset, 0)  # fmt: skip
+        self.sent = (self.sent + 1) & 0xFFFF
+        struct.pack_into("<H", self.region, self.C2S + 6, self.sent)
+        os.eventfd_write(self.c2s_event, 1)
+
+    def received(self) -> list[bytes]:
+        """The frames the master put on the S2C ring since the last call (chains joined)."""
+        tail = struct.unpack_from("<H", self.region, self.S2C + 64)[0]
+        frames: list[bytes] = []
+        data = b""
+        first = self.seen
+        while self.seen != tail:
+            flags, _, length, offset, _ = struct.unpack_from(
+                "<HHIII", self.region, self._slot(self.S2C, self.seen)
+            )
+            data += self.region[offset : offset + length]
+            self.seen = (self.seen + 1) & 0xFFFF
+            if not flags & 1:
+                frames.append(data)
+                data = b""
+        self._offer(first, (self.seen - first) & 0xFFFF)
+        return frames
+
+    def until(self, wanted: bytes, within: float = 5.0) -> list[bytes]:
+        """Every frame received up to and without ``wanted`` (a frame's first bytes)."""
+        got: list[bytes] = []
+        deadline = time.monotonic() + within
+        while True:
+            for frame in self.received():
+                if frame[: len(wanted)] == wanted:
+                    return got
+                got.append(frame)
+            assert time.monotonic() < deadline, "the awaited frame did not arrive"
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        self.client.close()
+        self.region.close()
+        os.close(self.c2s_event)
+        os.close(self.s2c_event)

@@ -215,6 +215,17 @@ def frames(draw: st.DrawFn) -> Sent:
     return Sent(ip_frame(src, dst, s, d, proto, body, ident), by_port)
 
 
+def sentinel_after(item: Sent, count: int) -> bytes:
+    """A frame that always reaches the other port, sent after ``item`` to say when to stop
+    looking: from P an ICMPv6 echo from its own address (admitted on egress always), from Q a
+    frame of an ethertype no rule reads."""
+    if item.by_port:
+        body = struct.pack("!BBHHH", 128, 0, 0, 0xD1, count & 0xFFFF)
+        return ip_frame(P_MAC, Q_MAC, P_IP6, "fd00:9::2", 58, body, count)
+    eth = bytes.fromhex((P_MAC + Q_MAC).replace(":", ""))
+    return eth + struct.pack("!HI", SENTINEL, count) + bytes(42)
+
+
 # -- the kernel side --------------------------------------------------------------------
 
 
@@ -251,17 +262,14 @@ class Bridge:
             ["ip", "netns", "exec", self.host, "nft", "-f", "-"], input=text, text=True, check=True
         )
 
-    def passes(self, item: Sent) -> bool:
-        """Whether the kernel delivers the frame to the other port."""
-        in_ns(self.host, "conntrack", "-F", check=False)  # every frame a flow's first packet
+    def passes(self, item: Sent, flush: bool = True) -> bool:
+        """Whether the kernel delivers the frame to the other port; ``flush``: conntrack
+        forgets every flow first, so the frame is the first packet of its flow."""
+        if flush:
+            in_ns(self.host, "conntrack", "-F", check=False)
         self.sent += 1
         sender, receiver = ("p", "q") if item.by_port else ("q", "p")
-        if item.by_port:  # an ICMPv6 echo from P's own address: admitted on egress always
-            body = struct.pack("!BBHHH", 128, 0, 0, 0xD1, self.sent & 0xFFFF)
-            sentinel = ip_frame(P_MAC, Q_MAC, P_IP6, "fd00:9::2", 58, body, self.sent)
-        else:
-            eth = bytes.fromhex((P_MAC + Q_MAC).replace(":", ""))
-            sentinel = eth + struct.pack("!HI", SENTINEL, self.sent) + bytes(42)
+        sentinel = sentinel_after(item, self.sent)
         self.sockets[sender].send(item.frame)
         self.sockets[sender].send(sentinel)
         seen = False

@@ -1009,6 +1009,7 @@ enum flow_state {
 #define F_REPLIED 1
 #define F_FIN_A 2 /* a (the first frame's sender) sent a FIN */
 #define F_FIN_B 4
+#define F_BOTH_SYN 8 /* opened by a SYN each way (a simultaneous open) */
 
 enum timeout { TO_CLOSE, TO_SHORT, TO_SYN_RECV, TO_MID, TO_GENERIC, TO_LONG, TO_COUNT };
 static const long long g_timeout_s[TO_COUNT] = {10, 30, 60, 120, 600, 5 * 24 * 3600};
@@ -1303,6 +1304,12 @@ static int ct_tcp(struct track *k)
     }
     if (!k->flow) /* a bare SYN opens a flow, an ACK picks one up midstream */
         return ((f & ~TCP_URG) == TCP_SYN || (f & ~TCP_URG) == TCP_ACK) ? CT_NEW : CT_INVALID;
+    if (!k->reply && (f & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK) &&
+        k->flow->state != FS_SYN_RECV)
+        return CT_INVALID; /* the opener answering its own SYN */
+    if (k->reply && (f & (TCP_SYN | TCP_ACK)) == TCP_SYN && k->flow->state != FS_SYN_SENT &&
+        !(k->flow->flags & F_BOTH_SYN))
+        return CT_INVALID; /* a second opening SYN from the answering end */
     return (k->reply || (k->flow->flags & F_REPLIED)) ? CT_ESTABLISHED : CT_NEW;
 }
 
@@ -1339,6 +1346,7 @@ static void ct_lookup(int domain, const struct pkt *pk, struct track *k)
     }
 }
 
+/* The state a TCP flow goes to with an admitted frame; *fin: the flow's flags. */
 static uint8_t tcp_next(const struct flow *f, int reply, int flags, uint8_t *fin)
 {
     if (flags & TCP_RST)
@@ -1347,8 +1355,11 @@ static uint8_t tcp_next(const struct flow *f, int reply, int flags, uint8_t *fin
         *fin |= reply ? F_FIN_B : F_FIN_A;
         return (*fin & F_FIN_A) && (*fin & F_FIN_B) ? FS_TIME_WAIT : FS_FIN;
     }
-    if (f->state == FS_SYN_SENT && reply && (flags & TCP_SYN))
+    if (f->state == FS_SYN_SENT && reply && (flags & TCP_SYN)) {
+        if (!(flags & TCP_ACK))
+            *fin |= F_BOTH_SYN;
         return FS_SYN_RECV;
+    }
     if (f->state == FS_SYN_RECV && !reply && flags == TCP_ACK)
         return FS_ESTABLISHED;
     return f->state;
