@@ -54,7 +54,3 @@ _.gname
 _.gid
 _.mtime
 _.linkname
-
-# The memif classifier (#38): built and tested against the kernel's verdicts in its first
-# slice; the agent's memif port hands it to the master in the next one. Remove this entry then.
-compile_classifier

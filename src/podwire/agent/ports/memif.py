@@ -65,6 +65,7 @@ PATH_RULES_TIMEOUT = 5.0  # a port leaving the shared path waits this long for i
 
 PUBLISH_INTERVAL = 2.0  # at most this often to etcd while counters move; a path change at once
 
+
 @dataclass(frozen=True)
 class PortFilter:
     """A port's classifier as the enforcer compiled it (``blob``), or None and why not."""
@@ -300,8 +301,10 @@ class MemifService:
         if not port.port_security_enabled and not port.security_groups:
             return True
         wanted = self._filters.get(entry.tap)
-        return wanted is not None and wanted.blob is not None and (
-            self._pushed.get(entry.tap) == wanted.blob
+        return (
+            wanted is not None
+            and wanted.blob is not None
+            and (self._pushed.get(entry.tap) == wanted.blob)
         )
 
     def path_reason(self, tap: str) -> str:
