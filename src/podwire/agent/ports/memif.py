@@ -67,7 +67,7 @@ PUBLISH_INTERVAL = 2.0  # at most this often to etcd while counters move; a path
 
 
 @dataclass(frozen=True)
-class PortFilter:
+class MasterClassifier:
     """A port's classifier as the enforcer compiled it (``blob``), or None and why not."""
 
     blob: bytes | None
@@ -119,7 +119,7 @@ class MemifService:
         self.stats: dict[str, memif_master.PortStats] = {}  # by tap, as of the last pass
         self._publish = publish
         self._published: tuple[list[MemifPortState], float] | None = None
-        self._filters: dict[str, PortFilter] = {}  # by tap: what the enforcer compiled
+        self._filters: dict[str, MasterClassifier] = {}  # by tap: what the enforcer compiled
         self._pushed: dict[str, bytes] = {}  # by tap: what this master confirmed
         # Held while a classifier goes to the master, never while waiting for the enforcer
         # (whose pass waits for ``install``).
@@ -328,7 +328,7 @@ class MemifService:
         return naming.is_memif_tap(ifname)
 
     async def install(self, ifname: str, blob: bytes | None, why: str) -> None:
-        self._filters[ifname] = PortFilter(blob, why)
+        self._filters[ifname] = MasterClassifier(blob, why)
         entry = next((e for e in self.checkpoint.entries.values() if e.tap == ifname), None)
         if entry is not None:  # else the ADD is under way: its _add_port installs it
             await self._apply_filter(entry)
@@ -348,7 +348,7 @@ class MemifService:
                 except memif_master.MasterRefused as exc:
                     log.error("agent.memif.classifier_refused", tap=entry.tap, error=str(exc),
                               effect="the port's frames go through the kernel")  # fmt: skip
-                    self._filters[entry.tap] = PortFilter(None, f"master refused: {exc}")
+                    self._filters[entry.tap] = MasterClassifier(None, f"master refused: {exc}")
                 else:
                     self._pushed[entry.tap] = wanted.blob
                     return
