@@ -10,10 +10,13 @@
  *
  *   kernel path   client's C2S rings -> the port's tap (the network's bridge, where the port's
  *                 security groups and port security are enforced), tap -> S2C ring;
- *   shared path   between two ports of the same domain that the agent marked shared (Neutron
- *                 port security off on both): ring to ring, by destination MAC learned from
- *                 the frames each shared port's client sends. Broadcast, multicast and unknown
- *                 unicast go to the tap as on the kernel path, so the bridge floods them.
+ *   shared path   between two ports of the same domain that the agent marked shared: ring to
+ *                 ring, by destination MAC learned from the frames each shared port's client
+ *                 sends. Broadcast, multicast and unknown unicast go to the tap as on the
+ *                 kernel path, so the bridge floods them. A port with port security on has a
+ *                 classifier (op POLICY: its security groups and port security, compiled by
+ *                 the agent): frames ring to ring are judged by the sender's and the
+ *                 receiver's, with connection tracking for stateful groups (--max-flows).
  *
  * The path is per port and only the agent changes it (op PATH). This process is single
  * threaded: once the reply to a PATH that clears "shared" is sent, no frame of that port moves
@@ -143,7 +146,7 @@ struct stats {
     uint64_t connects;     /* clients that completed the handshake */
     /* ring to ring with a classifier in force (#38); a drop counts on the port whose policy
      * dropped it */
-    uint64_t admitted;     /* frames this port's classifier admitted and that then moved */
+    uint64_t admitted;     /* frames this port's classifier admitted (sent or received) */
     uint64_t spoofed;      /* frames this port sent that its port security dropped (step 1) */
     uint64_t denied;       /* frames no rule of this port admitted */
     uint64_t invalid;      /* frames conntrack calls invalid, or IP that does not add up */
