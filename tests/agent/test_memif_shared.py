@@ -155,6 +155,19 @@ def test_frames_ring_to_ring_then_back_through_the_tap(node: Node) -> None:
         _until(lambda: node.port("pwtsa").to_shared > moved + 10_000)
 
 
+def test_a_receiver_that_reconnects_is_reached_ring_to_ring_before_it_sends(node: Node) -> None:
+    """A CNF restarted: its port's MAC is still its port's, though the new client (rxonly)
+    never sends a frame to be learned from."""
+    with _flowing(node) as (receiver, _sender):
+        _until(lambda: node.port("pwtsb").to_client > 10_000)
+        receiver.stop()
+        receiver.start()
+        _connected(node, "pwtsb")
+        moved, got = node.port("pwtsa").to_shared, node.port("pwtsb").to_client
+        _until(lambda: node.port("pwtsb").to_client > got + 10_000)
+        assert node.port("pwtsa").to_shared > moved + 10_000
+
+
 def test_both_ends_must_be_shared_and_in_one_domain(node: Node) -> None:
     node.add("pwtsa", MAC_A, shared=True)
     node.add("pwtsb", MAC_B, shared=False)  # port security on: its frames are filtered

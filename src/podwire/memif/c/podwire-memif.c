@@ -1475,6 +1475,8 @@ static void drop_client(struct port *p)
     if (p->c.state == S_CONNECTED) {
         set_carrier(p, 0);
         fdb_forget_port((int)(p - g_ports));
+        if (p->shared)
+            fdb_pin(p); /* its next client is its MAC's too, sending or not */
     }
     p->pending = 0;
     reset_conn(&p->c);
