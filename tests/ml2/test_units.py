@@ -294,17 +294,21 @@ async def test_feedback_looks_again_at_each_port_it_completed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Neutron's completions can race and announce nothing: each completed port gets a second
-    look a moment later; a failed completion gets none (its retry's success will)."""
+    look a moment later; a failed completion gets none (its retry's success will), nor does a
+    port its host no longer reports wired (set DOWN meanwhile: not to be made ACTIVE)."""
     monkeypatch.setattr(feedback_module, "SETTLE_DELAY", 0.01)
     monkeypatch.setattr(feedback_module, "RETRY", Backoff(0.05, 0.1))
     sink = FlakySink(failures=1)
-    feedback = Feedback(None, fed_cache(), sink, is_active=lambda: True)  # type: ignore[arg-type]
+    wired = {keys.state_port(HOST, p): values.port_state_value(1.0) for p in ("port-1", "port-2")}
+    feedback = Feedback(None, fed_cache(**wired), sink, is_active=lambda: True)  # type: ignore[arg-type]
     async with asyncio.TaskGroup() as group:
         feedback._group = group
         await feedback._act([StateChange("port_wired", HOST, "port-1")])  # fails, retries
         await feedback._act([StateChange("port_wired", HOST, "port-2")])
+        await feedback._act([StateChange("port_wired", HOST, "port-3")])  # unwired since
         async with asyncio.timeout(10):
             while len(sink.settled) < 2:
                 await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)
     assert sorted(sink.settled) == [("port-1", True), ("port-2", True)]
+    assert "port-3" in sink.completed

@@ -111,16 +111,16 @@ class Feedback:
         changes = [StateChange("host_down", host) for host in self.cache.dead_hosts()]
         for host, port in self.cache.wired_ports():
             changes.append(StateChange("port_wired", host, port))
-        await self._act(changes)
+        await self._act(changes, settle=False)  # a burst of settled ports: no second look
 
-    async def _act(self, changes: list[StateChange]) -> None:
+    async def _act(self, changes: list[StateChange], settle: bool = True) -> None:
         """Host changes first, in order; then each port's changes in order, several ports at
         once. A batch is done before the next is read, so no port's changes overtake."""
         by_port: dict[str, list[StateChange]] = {}
         async with self._lock:
             for change in changes:
                 if change.port_id is None:
-                    await self._act_one(change)
+                    await self._act_one(change, settle=settle)
                 else:
                     by_port.setdefault(change.port_id, []).append(change)
             gate = asyncio.Semaphore(PARALLEL_PORTS)
@@ -128,11 +128,11 @@ class Feedback:
             async def in_order(port_changes: list[StateChange]) -> None:
                 async with gate:
                     for change in port_changes:
-                        await self._act_one(change)
+                        await self._act_one(change, settle=settle)
 
             await asyncio.gather(*(in_order(c) for c in by_port.values()))
 
-    async def _act_one(self, change: StateChange, attempt: int = 0) -> None:
+    async def _act_one(self, change: StateChange, attempt: int = 0, settle: bool = True) -> None:
         host, port = change.host, change.port_id
         try:
             if change.kind == "port_wired" and port is not None:
@@ -141,7 +141,7 @@ class Feedback:
                     return
                 done = await asyncio.to_thread(self._sink.port_wired, host, port)
                 log.info("ml2.feedback.port_wired", host=host, port=port, completed=done)
-                if done:
+                if done and settle:
                     self._spawn(self._settle(host, port))
             elif change.kind == "port_unwired" and port is not None:
                 done = await asyncio.to_thread(self._sink.port_unwired, host, port)
@@ -152,7 +152,7 @@ class Feedback:
             elif change.kind == "host_up":
                 log.info("ml2.feedback.host_up", host=host)
                 for _host, wired in self.cache.wired_ports(host):
-                    await self._act_one(StateChange("port_wired", host, wired))
+                    await self._act_one(StateChange("port_wired", host, wired), settle=False)
         except RetryableError as exc:
             delay = RETRY.delay(attempt)
             log.error(
@@ -166,15 +166,18 @@ class Feedback:
             self._spawn(self._retry(change, attempt + 1, delay))
 
     async def _settle(self, host: str, port: str) -> None:
-        """Look once more a moment after completing: see SETTLE_DELAY."""
+        """Look once more a moment after completing (see SETTLE_DELAY), in the port's turn
+        and only while its host still reports it wired: a port set DOWN meanwhile (unwired,
+        host down) must not be completed into ACTIVE again."""
         await asyncio.sleep(SETTLE_DELAY)
-        if not self._is_active():
-            return
-        try:
-            repeated = await asyncio.to_thread(self._sink.port_settled, host, port)
-        except RetryableError as exc:
-            log.warning("ml2.feedback.settle_failed", host=host, port=port, error=str(exc))
-            return
+        async with self._lock:
+            if not self._is_active() or not self.cache.is_wired(host, port):
+                return
+            try:
+                repeated = await asyncio.to_thread(self._sink.port_settled, host, port)
+            except RetryableError as exc:
+                log.warning("ml2.feedback.settle_failed", host=host, port=port, error=str(exc))
+                return
         if repeated:
             log.info("ml2.feedback.completion_repeated", host=host, port=port)
 

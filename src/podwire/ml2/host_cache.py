@@ -87,6 +87,12 @@ class HostCache:
                 for port in sorted(entry.ports)
             ]
 
+    def is_wired(self, host: str, port_id: str) -> bool:
+        """Whether ``host`` is alive and reports ``port_id`` wired."""
+        with self._lock:
+            entry = self._hosts.get(host)
+            return entry is not None and entry.alive and port_id in entry.ports
+
     def dead_hosts(self) -> list[str]:
         with self._lock:
             return sorted(name for name, entry in self._hosts.items() if not entry.alive)
