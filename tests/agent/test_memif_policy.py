@@ -15,8 +15,10 @@ from __future__ import annotations
 import array
 import fcntl
 import ipaddress
+import mmap
 import os
 import re
+import signal
 import socket
 import struct
 from collections.abc import Callable, Iterator
@@ -285,6 +287,49 @@ def test_spoofed_sources_are_dropped_and_never_learned(node: Node) -> None:
     after = node.port(Q_NAME)
     assert after.to_kernel == before.to_kernel + 1
     assert after.to_shared == before.to_shared + 1  # the marker only
+
+
+def _rewriter(region: mmap.mmap, at: int, values: tuple[int, int]) -> int:
+    """A child process, as a hostile CNF's second thread, that flips byte ``at`` of every C2S
+    buffer between ``values`` until it is killed; its pid."""
+    spots = [mc.RingClient.C2S_BUFFERS + i * mc.RingClient.BUFFER + at
+             for i in range(mc.RingClient.SLOTS)]  # fmt: skip
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            while True:
+                for value in values:
+                    for spot in spots:
+                        region[spot] = value
+        finally:
+            os._exit(0)
+    return pid
+
+
+def test_a_frame_rewritten_while_it_is_judged_moves_as_judged(node: Node) -> None:
+    """The client rewrites the UDP destination port (53, admitted; 54, denied) of its buffers
+    while the master reads them: the master judges and moves its own copy, so no frame to 54
+    ever reaches Q."""
+    node.control.set_policy(P_NAME, blob((rule("egress", 17, 53, 53),), stateful=False))
+    frame = from_p(17, udp(4000, 53))
+    at = 14 + 20 + 3  # the low byte of the destination port
+    assert frame[at] == 53
+    arrived: list[bytes] = []
+    child = _rewriter(node.p.region, at, (54, 53))
+    try:
+        for n in range(8000):
+            node.p.send(frame)
+            if n % 16 == 0:
+                arrived += node.q.received()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert through(node, True, from_p(17, udp(4000, 53))) == [True]
+    arrived += node.q.received()
+    ports = {f[at] for f in arrived if len(f) == len(frame) and f[12:14] == b"\x08\x00"}
+    assert ports <= {53}, f"frames to {ports} passed a rule for 53 only"
+    p = node.port(P_NAME)
+    assert p.denied > 0 and p.admitted > 0  # the rewriting raced the master both ways
 
 
 def test_a_policy_swap_is_in_force_for_the_next_frame(node: Node) -> None:

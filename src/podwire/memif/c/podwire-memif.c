@@ -26,7 +26,8 @@
  * Everything a client shares (messages, ring indexes, descriptors) is untrusted: a descriptor
  * is copied before it is checked and used, and memory is only touched inside a region whose
  * file cannot shrink (F_SEAL_SHRINK), so a client can neither make this process read or write
- * outside the regions it mapped nor fault it. A client that stops draining its S2C ring only
+ * outside the regions it mapped nor fault it. A frame a classifier judges is copied out of the
+ * client's memory first and judged, learned and forwarded from that copy only. A client that stops draining its S2C ring only
  * loses its own frames (counted as ring_full); nobody waits for it.
  *
  * Written from DPDK's doc/guides/nics/memif.rst description of the wire protocol.
@@ -178,6 +179,7 @@ static int g_agents[MAX_AGENTS];
 static struct port g_ports[MAX_PORTS];
 static char g_domains[MAX_PORTS][PORT_NAME];
 static uint8_t g_scratch[MAX_FRAME];
+static unsigned g_domain_filters[MAX_PORTS]; /* per domain: its ports with a classifier */
 static long long g_now_ms;
 
 struct fdb_entry {
@@ -1977,7 +1979,10 @@ static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
 }
 
 /* Client -> tap or another port's ring; counts the frames it moved into *work. NULL or a
- * reason to drop the client. */
+ * reason to drop the client. A frame of a shared port whose domain has a classifier is copied
+ * out of the client's memory before anything reads it (a chained one is assembled in g_scratch
+ * anyway): the client can rewrite its buffer at any time, and what is judged and learned must
+ * be what moves. Unfiltered domains keep the single copy, into the receiver's buffer. */
 static const char *drain_c2s(struct port *p, struct ring *r, unsigned *work)
 {
     struct conn *c = &p->c;
@@ -2013,6 +2018,10 @@ static const char *drain_c2s(struct port *p, struct ring *r, unsigned *work)
             continue;
         }
         p->st.from_client++;
+        if (single && p->shared && g_domain_filters[p->domain]) {
+            memcpy(g_scratch, single, total); /* judged, learned and moved from our copy */
+            single = NULL;
+        }
         deliver(p, single ? single : g_scratch, total);
         (*work)++;
     }
@@ -2328,6 +2337,8 @@ static void remove_port(struct port *p)
     close(p->tap_fd);
     logline("memif.port_removed", p->name, "from_client=%llu to_client=%llu",
             (unsigned long long)p->st.from_client, (unsigned long long)p->st.to_client);
+    if (p->cls)
+        g_domain_filters[domain]--;
     cls_free(p->cls);
     memset(p, 0, sizeof(*p));
     release_domain(domain);
@@ -2378,6 +2389,7 @@ static const char *op_policy(const uint8_t *m, struct port *p, const int *fds)
     munmap(blob, (size_t)st.st_size);
     if (err)
         return err;
+    g_domain_filters[p->domain] += (c != NULL) - (p->cls != NULL);
     cls_free(p->cls);
     p->cls = c;
     if (c)
