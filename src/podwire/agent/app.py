@@ -322,7 +322,12 @@ class Agent:
         policy = self._policy(stack, etcd, binder)
         attacher = Attacher(binder, policy)
         memif = _memif_service(
-            self.settings, plugin, memif_binary, (vifs, attacher, kernel[0], etcd), self.metrics
+            self.settings,
+            plugin,
+            memif_binary,
+            (vifs, attacher, kernel[0], etcd),
+            self.metrics,
+            classifies=policy is not None,
         )
         if memif is not None:
             binder.port_listeners.append(memif.port_changed)
@@ -420,6 +425,7 @@ def _memif_service(
     binary: Path | None,
     parts: tuple[VifSource, Attacher, HostNetlink, EtcdClient],
     metrics: AgentMetrics,
+    classifies: bool,
 ) -> MemifService | None:
     if plugin is None or binary is None:
         return None
@@ -439,6 +445,7 @@ def _memif_service(
         settings.agent.state_dir,
         metrics,
         publish,
+        classifies,
     )
 
 

@@ -39,6 +39,7 @@ from podwire.agent.cni.request import CniRequest
 from podwire.agent.metrics import AgentMetrics
 from podwire.agent.ports import checkpoint as checkpoints
 from podwire.agent.ports.attach import Attacher, Gate, gate_open
+from podwire.agent.ports.memif_classifiers import PortClassifiers, Pushed
 from podwire.agent.vifs.vifsource import VifSource, vif_request
 from podwire.config import MemifSettings
 from podwire.deviceplugin import MemifInfo
@@ -52,7 +53,6 @@ from podwire.schema.checkpoints import MemifEntry
 from podwire.schema.nodes import MAX_WHY, MemifPortState
 from podwire.schema.ports import DesiredPort
 from podwire.schema.vif import Vif
-from podwire.sgpolicy.classifier import UNFILTERED, encode
 
 log = get_logger(__name__)
 
@@ -65,16 +65,6 @@ PATH_RULES_TIMEOUT = 5.0  # a port leaving the shared path waits this long for i
 
 PUBLISH_INTERVAL = 2.0  # at most this often to etcd while counters move; a path change at once
 
-
-@dataclass(frozen=True)
-class MasterClassifier:
-    """A port's classifier as the enforcer compiled it (``blob``), or None and why not."""
-
-    blob: bytes | None
-    why: str
-
-
-UNFILTERED_BLOB = encode(UNFILTERED)
 
 PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
 # Puts what ``podwire status`` shows of this node's memif ports (the agent's etcd key).
@@ -102,6 +92,7 @@ class MemifService:
         state_dir: str,
         metrics: AgentMetrics | None = None,
         publish: Publish | None = None,
+        classifies: bool = False,
     ) -> None:
         self._settings = settings
         self._metrics = metrics or AgentMetrics()
@@ -119,11 +110,10 @@ class MemifService:
         self.stats: dict[str, memif_master.PortStats] = {}  # by tap, as of the last pass
         self._publish = publish
         self._published: tuple[list[MemifPortState], float] | None = None
-        self._filters: dict[str, MasterClassifier] = {}  # by tap: what the enforcer compiled
-        self._pushed: dict[str, bytes] = {}  # by tap: what this master confirmed
-        # Held while a classifier goes to the master, never while waiting for the enforcer
-        # (whose pass waits for ``install``).
-        self._filter_lock = asyncio.Lock()
+        # Whether the policy enforcer compiles classifiers for these ports (security groups
+        # enforced on the node): then a filtered port's path waits for its first one.
+        self._classifies = classifies
+        self.classifiers = PortClassifiers(self._control)
 
     # -- ADD / DEL -----------------------------------------------------------------------
 
@@ -237,8 +227,7 @@ class MemifService:
             return False
         await self._stop(entry)
         self._attacher.forget(entry.vif.port_id)
-        self._filters.pop(entry.tap, None)
-        self._pushed.pop(entry.tap, None)
+        self.classifiers.forget(entry.tap)
         await self._vifs.release(entry.vif_attachment, entry.vif)
         await self.checkpoint.remove(attachment)
         self._metrics.memifs.set(len(self.checkpoint.entries))
@@ -265,15 +254,15 @@ class MemifService:
     async def _add_port(self, entry: MemifEntry) -> None:
         await self._host.run(_remove_own_tap, entry.tap)
         fd = await self._host.run(Netlink.open_tap, entry.tap, entry.mtu, entry.bridge, naming.MARK)
-        self._pushed.pop(entry.tap, None)  # a port added is unfiltered in the master
+        self.classifiers.forget_confirmed(entry.tap)  # a port added is unfiltered in the master
         shared = self._wants_shared(entry)
         spec = memif_master.PortSpec(
             entry.tap, entry.socket, entry.secret, entry.bridge, shared, entry.vif.mac_address
         )
         await asyncio.to_thread(self._control.add, spec, fd)
         await self._apply_filter(entry)
-        if not shared and self._wants_shared(entry):
-            await asyncio.to_thread(self._control.set_path, entry.tap, True)
+        if not shared:
+            await self._switch(entry, True)
 
     async def _stop(self, entry: MemifEntry) -> None:
         if memif_master.is_running(*self._master):
@@ -293,19 +282,14 @@ class MemifService:
     # -- paths ---------------------------------------------------------------------------
 
     def _wants_shared(self, entry: MemifEntry) -> bool:
-        """Ring to ring only for a port Neutron does not filter at all, or whose filter the
+        """Ring to ring only for a port Neutron does not filter at all, or whose classifier the
         master has confirmed."""
         port = self._attacher.current(entry.vif.port_id)
         if port is None:
             return False
         if not port.port_security_enabled and not port.security_groups:
             return True
-        wanted = self._filters.get(entry.tap)
-        return (
-            wanted is not None
-            and wanted.blob is not None
-            and (self._pushed.get(entry.tap) == wanted.blob)
-        )
+        return self.classifiers.confirmed(entry.tap)
 
     def path_reason(self, tap: str) -> str:
         """Why the port takes its path, for ``podwire status``."""
@@ -313,14 +297,9 @@ class MemifService:
         port = None if entry is None else self._attacher.current(entry.vif.port_id)
         if port is not None and not port.port_security_enabled and not port.security_groups:
             return "port security off"
-        wanted = self._filters.get(tap)
-        if wanted is None:
+        if not self._classifies:
             return "no classifier: security groups are not enforced by this agent"
-        if wanted.blob is None:
-            return wanted.why
-        if self._pushed.get(tap) == wanted.blob:
-            return "security groups in the master"
-        return "classifier not confirmed by the master yet"
+        return self.classifiers.reason(tap)
 
     # -- classifiers (``MasterFilters`` for the policy enforcer) ---------------------------
 
@@ -328,34 +307,38 @@ class MemifService:
         return naming.is_memif_tap(ifname)
 
     async def install(self, ifname: str, blob: bytes | None, why: str) -> None:
-        self._filters[ifname] = MasterClassifier(blob, why)
+        self.classifiers.compile_done(ifname, blob, why)
         entry = next((e for e in self.checkpoint.entries.values() if e.tap == ifname), None)
-        if entry is not None:  # else the ADD is under way: its _add_port installs it
-            await self._apply_filter(entry)
-            if self._wants_shared(entry):
-                self._wake.set()  # a port the master now filters may go ring to ring
+        if entry is None:  # the ADD is under way: it installs it, or the next pass does
+            self._wake.set()
+            return
+        await self._apply_filter(entry)
+        if self._wants_shared(entry):
+            self._wake.set()  # a port the master now filters may go ring to ring
 
     async def _apply_filter(self, entry: MemifEntry) -> None:
         """The master filters the port as compiled, or the port leaves the shared path (its
         kernel rules are in force already: the enforcer applied them first)."""
-        async with self._filter_lock:
-            wanted = self._filters.get(entry.tap)
-            if wanted is not None and wanted.blob is not None:
-                if self._pushed.get(entry.tap) == wanted.blob:
-                    return
-                try:
-                    await asyncio.to_thread(self._control.set_policy, entry.tap, wanted.blob)
-                except memif_master.MasterRefused as exc:
-                    log.error("agent.memif.classifier_refused", tap=entry.tap, error=str(exc),
-                              effect="the port's frames go through the kernel")  # fmt: skip
-                    self._filters[entry.tap] = MasterClassifier(None, f"master refused: {exc}")
-                else:
-                    self._pushed[entry.tap] = wanted.blob
-                    return
-            if self._pushed.pop(entry.tap, None) is not None:
-                await asyncio.to_thread(self._control.set_path, entry.tap, False)
-                log.info("agent.memif.path", attachment=entry.attachment,
-                         port=entry.vif.port_id, path="kernel")  # fmt: skip
+        async with self.classifiers.lock:
+            if await self.classifiers.push(entry.tap) != Pushed.UNUSABLE:
+                return
+            if not self._wants_shared(entry):
+                await self._set_path(entry, False)
+
+    async def _switch(self, entry: MemifEntry, shared: bool) -> bool:
+        """Set the path if it is still the one the port may take; whether it was set."""
+        async with self.classifiers.lock:
+            if self._wants_shared(entry) != shared:
+                return False
+            await self._set_path(entry, shared)
+            return True
+
+    async def _set_path(self, entry: MemifEntry, shared: bool) -> None:
+        await asyncio.to_thread(self._control.set_path, entry.tap, shared)
+        served = self.stats.get(entry.tap)
+        if served is None or served.shared != shared:
+            log.info("agent.memif.path", attachment=entry.attachment, port=entry.vif.port_id,
+                     path="shared" if shared else "kernel")  # fmt: skip
 
     def port_changed(self, port_id: str, port: DesiredPort) -> None:
         """A wired port's desired value changed: re-check its path now, not at the next pass."""
@@ -365,21 +348,20 @@ class MemifService:
 
     async def _sync_path(self, entry: MemifEntry, served: memif_master.PortStats) -> bool:
         """Tell the master the path Neutron allows now; whether it had to be told."""
+        port = self._attacher.current(entry.vif.port_id)
+        if port is None:
+            return False
+        if self._classifies and port.filtered and entry.tap not in self.classifiers.compiled:
+            # After an agent start the master still filters as it was told before; the
+            # enforcer's first pass (which the ADDs wait for too) decides.
+            return False
         shared = self._wants_shared(entry)
         if served.shared == shared:
             return False
-        port = self._attacher.current(entry.vif.port_id)
-        if not shared and port is not None:
+        if not shared:
             # Its rules first: once the master answers, its frames go through the filter.
             await self._attacher.enforce(port, entry.tap, PATH_RULES_TIMEOUT)
-        await asyncio.to_thread(self._control.set_path, entry.tap, shared)
-        log.info(
-            "agent.memif.path",
-            attachment=entry.attachment,
-            port=entry.vif.port_id,
-            path="shared" if shared else "kernel",
-        )
-        return True
+        return await self._switch(entry, shared)
 
     # -- restart and supervision ---------------------------------------------------------
 
@@ -440,7 +422,7 @@ class MemifService:
         if memif_master.is_running(*self._master):
             return
         old = self._master[0] or next(iter(self.checkpoint.entries.values())).pid
-        self._pushed.clear()
+        self.classifiers.forget_confirmed()
         await self._ensure_master()
         log.warning("agent.memif.master_restarted", old_pid=old, new_pid=self._master[0])
         self._metrics.memif_master_restarts.inc()
@@ -453,15 +435,12 @@ class MemifService:
             await self._add_port(entry)
             await self.checkpoint.put(entry.with_process(*self._master))
             return True
-        if self._filtered_in_master(entry.tap) and not port.filtered:
+        if self.classifiers.filtered_in_master(entry.tap) and not port.filtered:
             log.warning("agent.memif.classifier_lost", tap=entry.tap)
-            self._pushed.pop(entry.tap, None)
+            self.classifiers.forget_confirmed(entry.tap)
+        if self.classifiers.pending(entry.tap):
             await self._apply_filter(entry)
         return await self._sync_path(entry, port)
-
-    def _filtered_in_master(self, tap: str) -> bool:
-        pushed = self._pushed.get(tap)
-        return pushed is not None and pushed != UNFILTERED_BLOB
 
     def served(self) -> dict[str, memif_master.PortStats]:
         """What the master serves now, by tap (blocking: a few microseconds of control
