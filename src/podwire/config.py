@@ -364,6 +364,10 @@ class MemifSettings:
     # Scheduling priority of the master (nice, -20 … 19); a master waiting for a CPU adds
     # that wait to its frames' latency.
     nice: int = 0
+    # Flows the master tracks for ports whose security groups it applies (1 … 16777216):
+    # 64 bytes each plus 4 per hash bucket, allocated at start (100,000: 6.6 MiB). Flows never
+    # replied to make room for a new one when it is full.
+    max_flows: int = 100_000
 
     def validate(self) -> None:
         if not 1 <= self.max_regions <= 16:
@@ -380,6 +384,8 @@ class MemifSettings:
             raise ConfigError("memif.nice: must be between -20 and 19")
         if not 0 <= self.poll_us <= 100_000:
             raise ConfigError("memif.poll_us: must be between 0 and 100000")
+        if not 1 <= self.max_flows <= 1 << 24:
+            raise ConfigError("memif.max_flows: must be between 1 and 16777216")
         if self.binary and not os.path.isabs(self.binary):
             raise ConfigError("memif.binary: must be an absolute path")
 

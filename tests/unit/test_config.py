@@ -87,6 +87,7 @@ def test_env_overrides_file(tmp_path: Path) -> None:
         ("[memif]\nmax_log2_ring = 16\n", r"memif.max_log2_ring: must be between 1 and 15"),
         ("[memif]\nmax_regions = 0\n", r"memif.max_regions"),
         ("[memif]\nnice = -21\n", r"memif.nice: must be between -20 and 19"),
+        ("[memif]\nmax_flows = 0\n", r"memif.max_flows: must be between 1 and 16777216"),
         ("[memif]\nbinary = 'podwire-memif'\n", r"memif.binary: must be an absolute path"),
         ("agent = 3\n", r"\[agent\] must be a table"),
         ("[agent\n", r"is not valid TOML"),

@@ -122,6 +122,7 @@ def limits_argv(settings: MemifSettings) -> list[str]:
         f"--max-region-bytes={settings.max_region_mb << 20}",
         f"--handshake-ms={max(1, round(settings.handshake_timeout * 1000))}",
         f"--poll-us={settings.poll_us}",
+        f"--max-flows={settings.max_flows}",
     ]
 
 
