@@ -344,17 +344,45 @@ def test_a_policy_swap_is_in_force_for_the_next_frame(node: Node) -> None:
 def test_a_full_flow_table_drops_new_flows_established_ones_pass(
     netenv: NetEnv, tmp_path: Path
 ) -> None:
+    """Both entries hold flows that saw a reply, so neither may be evicted: a third flow is
+    dropped as flows_full and the two keep passing."""
     node = Node(netenv, tmp_path, max_flows=2)
     try:
         node.control.set_policy(P_NAME, blob((rule("egress", 17),)))
         opened = [from_p(17, udp(5000 + i, 53)) for i in range(3)]
-        assert through(node, True, *opened) == [True, True, False]
+        replies = [from_q(17, udp(53, 5000 + i)) for i in range(3)]
+        assert through(node, True, *opened[:2]) == [True, True]
+        assert through(node, False, *replies[:2]) == [True, True]
+        assert through(node, True, opened[2]) == [False]
         p = node.port(P_NAME)
         assert p.flows_full == 1 and p.denied == 0
-        replies = [from_q(17, udp(53, 5000 + i)) for i in range(3)]
         assert through(node, False, *replies) == [True, True, False]
         assert node.port(P_NAME).denied == 1  # the third never opened: its reply has no flow
         assert "max_flows=2 flow_table_bytes=136" in node.log.read_text()
+    finally:
+        node.stop()
+
+
+def test_a_flood_of_unreplied_flows_evicts_its_own_kind_never_a_replied_flow(
+    netenv: NetEnv, tmp_path: Path
+) -> None:
+    """Four entries: P opens a flow Q answers, then floods bare ACKs (TCP picked up midstream,
+    never answered). Each new flow evicts the least recently seen flow that saw no reply, so
+    no flow is refused: a legitimate SYN after the flood opens and its answer passes, the
+    answered flow is still there, and of the flood only the last two are left."""
+    node = Node(netenv, tmp_path, max_flows=4)
+    try:
+        node.control.set_policy(P_NAME, blob((rule("egress", 6), rule("egress", 17))))
+        assert through(node, True, from_p(17, udp(6000, 53))) == [True]
+        assert through(node, False, from_q(17, udp(53, 6000))) == [True]
+        flood = [from_p(6, tcp(7000 + i, 80, TCP_ACK)) for i in range(50)]
+        assert through(node, True, *flood) == [True] * 50
+        assert through(node, True, from_p(6, tcp(8000, 443, TCP_SYN))) == [True]
+        answers = [from_q(6, tcp(443, 8000, TCP_SYN | TCP_ACK)), from_q(17, udp(53, 6000))]
+        late = [from_q(6, tcp(80, 7000 + i, TCP_ACK)) for i in (0, 47, 48, 49)]
+        assert through(node, False, *answers, *late) == [True, True, False, False, True, True]
+        p = node.port(P_NAME)
+        assert p.flows_full == 0 and p.denied == 2  # the answers to evicted flows
     finally:
         node.stop()
 

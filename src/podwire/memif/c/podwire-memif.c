@@ -984,10 +984,12 @@ static int judge(const struct classifier *c, const struct pkt *pk, int egress, i
  * --max-flows entries of 64 bytes plus a bucket index (4 bytes per bucket, buckets the power
  * of two at or above max_flows). An entry holds a flow's two ends as its first frame had them
  * (a: source, b: destination; ports, or the ICMP echo id on both), so a frame either way finds
- * it. Entries of equal timeout are kept in a list in the order they were last refreshed: the
- * head of each list is the first to expire, and a new flow takes an expired head when no entry
- * is free; otherwise it is dropped (flows_full). Timeouts follow Linux nf_conntrack's defaults;
- * TCP's state follows its flags only (no window tracking). */
+ * it. Entries of equal timeout and equally replied or not are kept in a list in the order they
+ * were last refreshed: the head of each list is the first to expire. A new flow takes a free
+ * entry, else an expired head, else evicts the least recently seen flow that never saw a reply
+ * (no flow without a reply holds the long timeout, so a flood of them cannot fill the table for
+ * days); when every entry saw a reply it is dropped (flows_full). Timeouts follow Linux
+ * nf_conntrack's defaults; TCP's state follows its flags only (no window tracking). */
 
 #define FLOW_NONE 0xffffffffu
 #define MAX_FLOWS_DEFAULT 100000
@@ -1003,7 +1005,7 @@ struct flow {
     uint8_t kind;        /* ICMP: the request's type; else 0 */
     uint8_t state;       /* FS_*; FS_FREE: unused */
     uint8_t flags;       /* F_* */
-    uint8_t timeout;     /* TO_*: which list */
+    uint8_t list;        /* which list: its timeout (TO_*) * 2, + 1 while it saw no reply */
 };
 _Static_assert(sizeof(struct flow) == 64, "a flow is one cache line");
 
@@ -1016,8 +1018,11 @@ enum flow_state {
 #define F_FIN_B 4
 #define F_BOTH_SYN 8 /* opened by a SYN each way (a simultaneous open) */
 
-enum timeout { TO_CLOSE, TO_SHORT, TO_SYN_RECV, TO_MID, TO_GENERIC, TO_LONG, TO_COUNT };
-static const long long g_timeout_s[TO_COUNT] = {10, 30, 60, 120, 600, 5 * 24 * 3600};
+enum timeout {
+    TO_CLOSE, TO_SHORT, TO_SYN_RECV, TO_MID, TO_UNREPLIED, TO_GENERIC, TO_LONG, TO_COUNT
+};
+static const long long g_timeout_s[TO_COUNT] = {10, 30, 60, 120, 300, 600, 5 * 24 * 3600};
+#define LISTS (TO_COUNT * 2) /* per timeout: flows that saw a reply, flows that did not */
 
 /* What a frame is to conntrack. */
 struct tuple {
@@ -1030,7 +1035,7 @@ enum role { R_FLOW, R_REQUEST, R_REPLY, R_ERROR };
 static struct flow *g_flows;
 static uint32_t *g_buckets;
 static uint32_t g_max_flows = MAX_FLOWS_DEFAULT, g_bucket_mask, g_free = FLOW_NONE;
-static uint32_t g_oldest[TO_COUNT], g_newest[TO_COUNT];
+static uint32_t g_oldest[LISTS], g_newest[LISTS];
 static uint64_t g_seed;
 
 static size_t flows_bytes(void)
@@ -1057,7 +1062,7 @@ static void flows_init(void)
         g_flows[i].next = g_free;
         g_free = i;
     }
-    for (i = 0; i < TO_COUNT; i++)
+    for (i = 0; i < LISTS; i++)
         g_oldest[i] = g_newest[i] = FLOW_NONE;
     if (getrandom(&g_seed, sizeof(g_seed), 0) != sizeof(g_seed))
         g_seed = (uint64_t)now_us() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
@@ -1091,24 +1096,26 @@ static void list_unlink(uint32_t i)
     if (f->older != FLOW_NONE)
         g_flows[f->older].newer = f->newer;
     else
-        g_oldest[f->timeout] = f->newer;
+        g_oldest[f->list] = f->newer;
     if (f->newer != FLOW_NONE)
         g_flows[f->newer].older = f->older;
     else
-        g_newest[f->timeout] = f->older;
+        g_newest[f->list] = f->older;
 }
 
+/* The flow goes last on the list of `timeout` and of whether it saw a reply. */
 static void list_append(uint32_t i, int timeout)
 {
     struct flow *f = &g_flows[i];
-    f->timeout = (uint8_t)timeout;
+    int list = timeout * 2 + !(f->flags & F_REPLIED);
+    f->list = (uint8_t)list;
     f->newer = FLOW_NONE;
-    f->older = g_newest[timeout];
+    f->older = g_newest[list];
     if (f->older != FLOW_NONE)
         g_flows[f->older].newer = i;
     else
-        g_oldest[timeout] = i;
-    g_newest[timeout] = i;
+        g_oldest[list] = i;
+    g_newest[list] = i;
 }
 
 static void flow_release(uint32_t i)
@@ -1126,14 +1133,38 @@ static void flow_release(uint32_t i)
     g_free = i;
 }
 
-/* A free entry, or an expired one taken back; FLOW_NONE when the table is full. */
+/* Early drop, when every entry is live: the flow least recently seen of those that never
+ * saw a reply makes room (a flood of unanswered flows only evicts its own kind). None when
+ * every flow saw a reply. */
+static void evict_unreplied(void)
+{
+    uint32_t victim = FLOW_NONE;
+    long long seen = 0;
+    int t;
+    for (t = 0; t < TO_COUNT; t++) {
+        uint32_t i = g_oldest[t * 2 + 1];
+        long long at;
+        if (i == FLOW_NONE)
+            continue;
+        at = g_flows[i].expires_ms - g_timeout_s[t] * 1000; /* when it was last refreshed */
+        if (victim == FLOW_NONE || at < seen)
+            victim = i, seen = at;
+    }
+    if (victim != FLOW_NONE)
+        flow_release(victim);
+}
+
+/* A free entry, an expired one taken back, or an unreplied one evicted; FLOW_NONE when the
+ * table is full of flows that saw a reply. */
 static uint32_t flow_alloc(void)
 {
     uint32_t i;
     int k;
-    for (k = 0; k < TO_COUNT && g_free == FLOW_NONE; k++)
+    for (k = 0; k < LISTS && g_free == FLOW_NONE; k++)
         if (g_oldest[k] != FLOW_NONE && g_flows[g_oldest[k]].expires_ms <= g_now_ms)
             flow_release(g_oldest[k]);
+    if (g_free == FLOW_NONE)
+        evict_unreplied();
     i = g_free;
     if (i != FLOW_NONE)
         g_free = g_flows[i].next;
@@ -1377,8 +1408,8 @@ static int timeout_of(const struct flow *f)
         return TO_MID;
     case FS_SYN_RECV:
         return TO_SYN_RECV;
-    case FS_ESTABLISHED:
-        return TO_LONG;
+    case FS_ESTABLISHED: /* picked up midstream: long only once the other end answered */
+        return (f->flags & F_REPLIED) ? TO_LONG : TO_UNREPLIED;
     case FS_CLOSE:
         return TO_CLOSE;
     default:
@@ -1435,7 +1466,7 @@ static int ct_commit(int domain, struct track *k)
     i = (uint32_t)(f - g_flows);
     list_unlink(i);
     list_append(i, timeout_of(f));
-    f->expires_ms = g_now_ms + g_timeout_s[f->timeout] * 1000;
+    f->expires_ms = g_now_ms + g_timeout_s[f->list / 2] * 1000;
     return 1;
 }
 
