@@ -47,6 +47,7 @@ from tests.agent import memif_client as mc
 from tests.agent.netenv import NetEnv, in_ns
 from tests.agent.test_classifier_differential import (
     P_IP4,
+    P_IP6,
     P_MAC,
     Q_MAC,
     SG,
@@ -56,6 +57,7 @@ from tests.agent.test_classifier_differential import (
     _egress_admitted,
     _port,
     bridge,  # noqa: F401 (a fixture)
+    checksum,
     frames,
     ip_frame,
     policies,
@@ -330,6 +332,37 @@ def test_a_frame_rewritten_while_it_is_judged_moves_as_judged(node: Node) -> Non
     assert ports <= {53}, f"frames to {ports} passed a rule for 53 only"
     p = node.port(P_NAME)
     assert p.denied > 0 and p.admitted > 0  # the rewriting raced the master both ways
+
+
+def fragmented(frame: bytes, field: int) -> bytes:
+    """An IPv4 frame made a fragment: ``field`` is its flags and offset (MF 0x2000, the
+    offset in 8-byte units), the header's sum redone."""
+    head = bytearray(frame[14:34])
+    head[6:8] = field.to_bytes(2, "big")
+    head[10:12] = bytes(2)
+    head[10:12] = checksum(bytes(head)).to_bytes(2, "big")
+    return frame[:14] + bytes(head) + frame[34:]
+
+
+def test_fragments_to_or_from_a_filtered_port_go_to_the_kernel_unjudged(node: Node) -> None:
+    """A fragmented UDP datagram (nftables sees it reassembled): the master reads no ports
+    from fragments, whose later bytes are payload; it sends them to the sender's tap, counted
+    as to_kernel, neither admitted nor denied nor invalid. IPv6 fragments and fragments to the
+    filtered port likewise."""
+    node.control.set_policy(P_NAME, blob((rule("egress", 17, 53, 53),)))
+    first = fragmented(from_p(17, udp(4000, 53, bytes(16))), 0x2000)
+    lookalike = fragmented(from_p(17, struct.pack("!HHHH", 4000, 53, 12, 0) + b"tail"), 0x2003)
+    last = fragmented(from_p(17, bytes(12)), 6)  # payload read as ports and length: junk
+    v6 = ip_frame(P_MAC, Q_MAC, P_IP6, "fd00:9::2", 44, struct.pack("!BBHI", 17, 0, 1, 7), 1)
+    before_p, before_q = node.port(P_NAME), node.port(Q_NAME)
+    through(node, True, first, lookalike, last, v6)  # the bridge may bring them to Q later
+    through(node, False, fragmented(from_q(17, udp(53, 4000)), 0x2000))
+    p, q = node.port(P_NAME), node.port(Q_NAME)
+    assert p.to_kernel == before_p.to_kernel + 4 and q.to_kernel == before_q.to_kernel + 1
+    assert p.to_shared == before_p.to_shared + 1  # the marker only
+    assert q.to_shared == before_q.to_shared + 1
+    assert (p.denied, p.invalid, p.spoofed) == (0, 0, 0)
+    assert p.admitted == before_p.admitted + 2  # the two markers
 
 
 def test_a_policy_swap_is_in_force_for_the_next_frame(node: Node) -> None:

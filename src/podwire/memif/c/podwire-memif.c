@@ -770,8 +770,11 @@ static const char *cls_read(const uint8_t *b, size_t len, struct classifier **ou
 #define P_TCP 6
 #define P_UDP 17
 #define P_ICMP6 58
+#define P_FRAG6 44 /* IPv6's fragment header */
+#define IP4_MF_OFFSET 0x3fff /* more fragments, fragment offset */
 
-/* Untagged Ethernet; IPv4 with its options skipped, IPv6 without extension headers. */
+/* Untagged Ethernet; IPv4 with its options skipped, IPv6 without extension headers. A fragment
+ * is marked and its transport bytes left unread: the master does not judge fragments. */
 struct pkt {
     const uint8_t *frame;
     uint32_t len;
@@ -779,6 +782,7 @@ struct pkt {
     int version;   /* 4 or 6 for IP (its ethertype), else 0 */
     int has_addrs; /* the fixed IP header is there: saddr and daddr are read */
     int malformed; /* IP whose header or lengths do not add up (the kernel drops it) */
+    int fragment;  /* an IP fragment: its transport bytes are not the datagram's (no l4) */
     u128 saddr, daddr;
     uint8_t proto;
     const uint8_t *l4; /* the transport header and what follows, up to the IP length */
@@ -804,7 +808,8 @@ static void parse_ipv4(const uint8_t *ip, uint32_t room, struct pkt *pk)
     pk->proto = ip[9];
     pk->malformed = (ip[0] >> 4) != 4 || ihl < 20 || total < ihl || total > room ||
                     !ipv4_header_sum_ok(ip, ihl);
-    if (!pk->malformed) {
+    pk->fragment = (be16(ip + 6) & IP4_MF_OFFSET) != 0;
+    if (!pk->malformed && !pk->fragment) {
         pk->l4 = ip + ihl;
         pk->l4len = total - ihl;
     }
@@ -818,7 +823,8 @@ static void parse_ipv6(const uint8_t *ip, uint32_t room, struct pkt *pk)
     pk->daddr = get_addr(ip + 24);
     pk->proto = ip[6];
     pk->malformed = (ip[0] >> 4) != 6 || payload > room - 40;
-    if (!pk->malformed) {
+    pk->fragment = pk->proto == P_FRAG6;
+    if (!pk->malformed && !pk->fragment) {
         pk->l4 = ip + 40;
         pk->l4len = payload;
     }
@@ -1979,7 +1985,9 @@ static int admit_shared(struct port *from, struct port *to, const struct pkt *pk
  * with no free buffer loses the frame (counted as its ring_full), as a NIC's receive ring
  * overruns: the sender is never held back, so no receiver can stall it. A filtered sender's
  * source MAC is learned only from a frame its port security admits; frames ring to ring are
- * judged by the classifiers of both ports, frames to the tap by the kernel. */
+ * judged by the classifiers of both ports, frames to the tap by the kernel. An IP fragment
+ * that either port's classifier would judge goes to the tap: the master reassembles nothing,
+ * and a later fragment's bytes are payload, not ports. */
 static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
 {
     struct port *to;
@@ -1992,9 +2000,13 @@ static void deliver(struct port *from, const uint8_t *frame, uint32_t total)
     if (from->shared && !spoofed)
         fdb_learn(frame + 6, from->domain, (int)(from - g_ports));
     to = shared_target(from, frame);
-    if (to) {
-        if (to->cls && !from->cls)
+    if (to && (from->cls || to->cls)) {
+        if (!from->cls)
             parse_frame(frame, total, &pk);
+        if (pk.fragment)
+            to = NULL; /* the kernel's: the bridge reassembles it for nftables */
+    }
+    if (to) {
         if ((from->cls || to->cls) && !admit_shared(from, to, &pk, spoofed))
             return;
         if (s2c_put(to, frame, total))
