@@ -1191,7 +1191,9 @@ static struct flow *flow_find(int domain, const struct tuple *t, int role, int *
         ahead = f->a == t->src && f->b == t->dst && f->pa == t->sport && f->pb == t->dport;
         back = f->a == t->dst && f->b == t->src && f->pa == t->dport && f->pb == t->sport;
         if ((ahead && role != R_REPLY) || (back && role != R_REQUEST)) {
-            *reply = !(ahead && role != R_REPLY);
+            /* A tuple that is its own reverse (an end talking to itself) reads as the flow's
+             * reply, as the kernel's table finds a connection's reply half first. */
+            *reply = back && role != R_REQUEST;
             return f;
         }
     }
