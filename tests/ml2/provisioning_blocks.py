@@ -28,22 +28,18 @@ class ProvisioningBlocks:
             return sorted(row[0] for row in rows)
 
     def add(self, entity: str) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    "INSERT INTO provisioningblocks (standard_attr_id, entity) VALUES (:a, :e)"
-                ),
-                {"a": self._attr, "e": entity},
-            )
+        self._write(
+            "INSERT INTO provisioningblocks (standard_attr_id, entity) VALUES (:a, :e)", entity
+        )
 
     def remove(self, entity: str) -> None:
+        self._write(
+            "DELETE FROM provisioningblocks WHERE standard_attr_id = :a AND entity = :e", entity
+        )
+
+    def _write(self, statement: str, entity: str) -> None:
         with self._engine.begin() as conn:
-            conn.execute(
-                sa.text(
-                    "DELETE FROM provisioningblocks WHERE standard_attr_id = :a AND entity = :e"
-                ),
-                {"a": self._attr, "e": entity},
-            )
+            conn.execute(sa.text(statement), {"a": self._attr, "e": entity})
 
     def close(self) -> None:
         self._engine.dispose()

@@ -41,32 +41,26 @@ class NeutronPortStatus:
         )
 
     def port_wired(self, host: str, port_id: str) -> bool:
+        return self._complete(host, port_id, only_down=False)
+
+    def port_settled(self, host: str, port_id: str) -> bool:
+        """Completing again is safe: with no block left Neutron announces the port ACTIVE
+        (its subscribers must be idempotent), with one left it waits for its owner."""
+        return self._complete(host, port_id, only_down=True)
+
+    def _complete(self, host: str, port_id: str, only_down: bool) -> bool:
         context = n_context.get_admin_context()
         try:
-            if not self._bound_here(self._port(context, port_id), host):
+            port = self._port(context, port_id)
+            if port is None or not self._bound_here(port, host):
+                return False
+            if only_down and port["status"] != constants.PORT_STATUS_DOWN:
                 return False
             provisioning_blocks.provisioning_complete(
                 context, port_id, resources.PORT, provisioning_blocks.L2_AGENT_ENTITY
             )
         except (db_exc.DBError, n_exc.NeutronException) as exc:
             raise RetryableError(f"completing provisioning of port {port_id}: {exc}") from exc
-        return True
-
-    def port_settled(self, host: str, port_id: str) -> bool:
-        """Completing again is safe: with no block left Neutron announces the port ACTIVE
-        (its subscribers must be idempotent), with one left it waits for its owner."""
-        context = n_context.get_admin_context()
-        try:
-            port = self._port(context, port_id)
-            if port is None or not self._bound_here(port, host):
-                return False
-            if port["status"] != constants.PORT_STATUS_DOWN:
-                return False
-            provisioning_blocks.provisioning_complete(
-                context, port_id, resources.PORT, provisioning_blocks.L2_AGENT_ENTITY
-            )
-        except (db_exc.DBError, n_exc.NeutronException) as exc:
-            raise RetryableError(f"completing provisioning of port {port_id} again: {exc}") from exc
         return True
 
     def port_unwired(self, host: str, port_id: str) -> bool:
