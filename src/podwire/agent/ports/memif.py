@@ -65,7 +65,6 @@ PATH_RULES_TIMEOUT = 5.0  # a port leaving the shared path waits this long for i
 
 PUBLISH_INTERVAL = 2.0  # at most this often to etcd while counters move; a path change at once
 
-
 PodGrants = Callable[[str, str], Awaitable[list[MemifInfo]]]
 # Puts what ``podwire status`` shows of this node's memif ports (the agent's etcd key).
 Publish = Callable[[list[MemifPortState]], Awaitable[None]]
