@@ -238,6 +238,17 @@ def test_what_a_rule_admits_passes_ring_to_ring_the_rest_is_denied(node: Node) -
     assert p.to_shared == 2  # the query and P's marker
 
 
+def test_an_end_talking_to_itself_gets_its_answer(node: Node) -> None:
+    """A TCP tuple that is its own reverse (P's address and port at both ends): its SYN-ACK is
+    the flow's reply, as the kernel's conntrack sees it (found by the differential test)."""
+    node.control.set_policy(P_NAME, blob((rule("egress", 6),)))
+    syn = ip_frame(P_MAC, Q_MAC, P_IP4, P_IP4, 6, tcp(1, 1, TCP_SYN), 1)
+    assert through(node, True, syn) == [True]
+    answer = ip_frame(Q_MAC, P_MAC, P_IP4, P_IP4, 6, tcp(1, 1, TCP_SYN | TCP_ACK), 1)
+    assert through(node, False, answer) == [True]
+    assert node.port(P_NAME).invalid == 0
+
+
 @pytest.mark.parametrize("stateful", [True, False], ids=["stateful", "stateless"])
 def test_replies_pass_when_the_groups_are_stateful(node: Node, stateful: bool) -> None:
     """P may send UDP and TCP to port 53 and pings; nothing is admitted in. Stateful, the
