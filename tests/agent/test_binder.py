@@ -342,7 +342,19 @@ async def test_remote_ports_become_static_forwarding_and_arp_answers(
 
 
 async def _drift_is_repaired(ns: str, device: str, bridge: str, metrics: AgentMetrics) -> None:
-    """Entries deleted or added behind the agent's back come back as they were, counted."""
+    """Entries deleted or added behind the agent's back come back as they were, counted. A
+    change of the peer view landing meanwhile (the shared etcd's other tests' nodes) re-syncs
+    the device itself and puts them back uncounted: then the drift is made again."""
+    for _attempt in range(3):
+        counted = metrics.registry.get_sample_value("podwire_agent_peer_repairs_total") or 0
+        await _drift(ns, device, bridge)
+        repairs = metrics.registry.get_sample_value("podwire_agent_peer_repairs_total") or 0
+        if repairs - counted >= 3:
+            return
+    raise AssertionError("entries changed behind the agent were put back, but never counted")
+
+
+async def _drift(ns: str, device: str, bridge: str) -> None:
     in_ns(ns, "bridge", "fdb", "del", "fa:16:3e:aa:00:01", "dev", device, "dst", "192.0.2.61",
           "self")  # fmt: skip
     in_ns(ns, "ip", "neigh", "del", "10.1.0.61", "dev", bridge)
@@ -360,7 +372,6 @@ async def _drift_is_repaired(ns: str, device: str, bridge: str, metrics: AgentMe
         )
 
     await eventually(repaired, "the entries changed behind the agent repaired", timeout=10)
-    assert (metrics.registry.get_sample_value("podwire_agent_peer_repairs_total") or 0) >= 3
 
 
 async def _bind_remote(etcd: EtcdClient, host: str, port: DesiredPort) -> None:
