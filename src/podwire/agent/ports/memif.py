@@ -286,15 +286,16 @@ class MemifService:
         port = self._attacher.current(entry.vif.port_id)
         if port is None:
             return False
-        if not port.port_security_enabled and not port.security_groups:
-            return True
-        return self.classifiers.confirmed(entry.tap)
+        return _unfiltered(port) or self.classifiers.confirmed(entry.tap)
+
+    def _entry_of_tap(self, tap: str) -> MemifEntry | None:
+        return next((e for e in self.checkpoint.entries.values() if e.tap == tap), None)
 
     def path_reason(self, tap: str) -> str:
         """Why the port takes its path, for ``podwire status``."""
-        entry = next((e for e in self.checkpoint.entries.values() if e.tap == tap), None)
+        entry = self._entry_of_tap(tap)
         port = None if entry is None else self._attacher.current(entry.vif.port_id)
-        if port is not None and not port.port_security_enabled and not port.security_groups:
+        if port is not None and _unfiltered(port):
             return "port security off"
         if not self._classifies:
             return "no classifier: security groups are not enforced by this agent"
@@ -307,7 +308,7 @@ class MemifService:
 
     async def install(self, ifname: str, blob: bytes | None, why: str) -> None:
         self.classifiers.compile_done(ifname, blob, why)
-        entry = next((e for e in self.checkpoint.entries.values() if e.tap == ifname), None)
+        entry = self._entry_of_tap(ifname)
         if entry is None:  # the ADD is under way: it installs it, or the next pass does
             self._wake.set()
             return
@@ -473,6 +474,11 @@ class MemifService:
 
     def _port_ids(self) -> dict[str, str]:
         return {e.tap: e.vif.port_id for e in self.checkpoint.entries.values()}
+
+
+def _unfiltered(port: DesiredPort) -> bool:
+    """Neutron filters nothing of the port: ring to ring needs no classifier."""
+    return not port.port_security_enabled and not port.security_groups
 
 
 def _port_state(port_id: str, s: memif_master.PortStats, why: str) -> MemifPortState:
