@@ -169,7 +169,7 @@ async def test_a_policy_too_big_for_neutron_is_named_while_the_others_are_enforc
 
         await eventually(lambda: asyncio.to_thread(late_enforced), "the later policy", 30)
         assert found()[wide_group] == set()
-        lines = [r for r in caplog.records if r.getMessage() == "netpol.policy_over_budget"]
+        lines = [r for r in caplog.records if r.getMessage() == "netpol.policy_not_enforced"]
         assert len(lines) == 1, lines
 
         # Made smaller, it is enforced: one rule per prefix around its three excepts.
@@ -208,3 +208,65 @@ def test_a_refused_named_port_group_names_its_policy() -> None:
     assert policies_in(desired, [key, other], ["np-named"]) == [key]
     assert policies_in(desired, [key, other], ["ag"]) == [other]
     assert policies_in(desired, [key, other], [OPEN_INGRESS]) == []
+
+
+def ported(namespace: str, ports: range) -> dict[str, Any]:
+    """A policy admitting web's pods on ``ports``, one ingress rule per port."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "many", "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"ports": [{"port": port, "protocol": "TCP"}]} for port in ports],
+        },
+    }
+
+
+@pytest.mark.stack
+@pytest.mark.slow
+async def test_a_policy_podwire_cannot_read_is_kept_closed_and_named(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,  # noqa: F811
+    project: str,  # noqa: F811
+    start: Start,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The API takes 257 ingress rules, podwire's reader stops at 256: the policy changed into
+    that form stops allowing what it allowed (its pods isolated, allowed nothing by it, not
+    left open or with its old rules), gets an Event naming the field, and is enforced again
+    once changed back."""
+    node = await scripted.add()
+    neutron = neutron_connection(kube_stack["neutron"])
+    make_network(neutron, project, "pw-unread", "10.88.1.0/24")
+    config = settings(kube_stack, [node], project, kube_stack["kubeconfig"])
+    await start(config)
+    name = f"unread-{uuid.uuid4().hex[:8]}"
+    many_group = group_name(ObjectKey(name, "many"))
+
+    def rules_now() -> set[Any] | None:
+        return groups_of(neutron, project, config.deployment.tag).get(many_group)
+
+    async def until_rules(wanted: set[Any], what: str) -> None:
+        await eventually(lambda: asyncio.to_thread(lambda: rules_now() == wanted), what, 60)
+
+    try:
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            pod(name, "web", {"app": "web"}),
+            ported(name, range(80, 81)),
+        )
+        await until_rules({("ingress", "tcp", 80, 80)}, "the readable policy enforced")
+        await apply(kube_stack, tmp_path, ported(name, range(1000, 1257)))
+        await until_rules(set(), "the unreadable policy closed")
+        events = await eventually(events_of(kube_stack, name, "PolicyNotEnforced"), "the Event")
+        (event,) = events
+        assert event["involvedObject"]["name"] == "many"
+        assert "podwire cannot read this policy" in event["message"], event["message"]
+        assert "spec.ingress" in event["message"] and "256" in event["message"], event
+        await apply(kube_stack, tmp_path, ported(name, range(81, 82)))
+        await until_rules({("ingress", "tcp", 81, 81)}, "the policy enforced once readable")
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")

@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from podwire.errors import ValidationError
-from podwire.k8s.netpol import read_network_policy
+from podwire.k8s.netpol import EGRESS, INGRESS, read_network_policy, read_policy_or_closed
 from podwire.k8s.objects import read_namespace, read_pod
-from podwire.k8s.selectors import read_selector
+from podwire.k8s.selectors import EVERYTHING, read_selector
 from tests.k8s.objects import meta, policy
 
 
@@ -19,49 +19,74 @@ def _policy(spec: Any) -> Any:
     return {"metadata": meta("p", "a"), "spec": spec}
 
 
-@pytest.mark.parametrize(
-    ("spec", "field"),
-    [
-        ({"podSelector": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}, "operator"),
-        ({"podSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}, "at least one"),
-        (
-            {
-                "podSelector": {
-                    "matchExpressions": [{"key": "k", "operator": "Exists", "values": ["v"]}]
-                }
-            },
-            "takes no values",
-        ),
-        ({"podSelector": {}, "policyTypes": ["Sideways"]}, "policyTypes"),
-        ({"podSelector": {}, "ingress": [{"from": [{}]}]}, "names no podSelector"),
-        (
-            {
-                "podSelector": {},
-                "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}],
-            },
-            "takes no selectors",
-        ),
-        (
-            {
-                "podSelector": {},
-                "ingress": [
-                    {"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/8"]}}]}
-                ],
-            },
-            "not inside",
-        ),
-        ({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "ten"}}]}]}, "not a CIDR"),
-        ({"podSelector": {}, "ingress": [{"ports": [{"port": "http", "endPort": 90}]}]}, "numeric"),
-        ({"podSelector": {}, "ingress": [{"ports": [{"port": 100, "endPort": 90}]}]}, "endPort"),
-        ({"podSelector": {}, "ingress": [{"ports": [{"port": 70000}]}]}, "port"),
-        ({"podSelector": {}, "ingress": [{"ports": [{"protocol": "ICMP"}]}]}, "protocol"),
-        ({"podSelector": {}, "ingress": "all"}, "expected a list"),
-        ("spec", "expected a JSON object"),
-    ],
-)
+REFUSED = [
+    ({"podSelector": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}, "operator"),
+    ({"podSelector": {"matchExpressions": [{"key": "k", "operator": "In"}]}}, "at least one"),
+    (
+        {
+            "podSelector": {
+                "matchExpressions": [{"key": "k", "operator": "Exists", "values": ["v"]}]
+            }
+        },
+        "takes no values",
+    ),
+    ({"podSelector": {}, "policyTypes": ["Sideways"]}, "policyTypes"),
+    ({"podSelector": {}, "ingress": [{"from": [{}]}]}, "names no podSelector"),
+    (
+        {
+            "podSelector": {},
+            "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]}],
+        },
+        "takes no selectors",
+    ),
+    (
+        {
+            "podSelector": {},
+            "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/8"]}}]}],
+        },
+        "not inside",
+    ),
+    ({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "ten"}}]}]}, "not a CIDR"),
+    ({"podSelector": {}, "ingress": [{"ports": [{"port": "http", "endPort": 90}]}]}, "numeric"),
+    ({"podSelector": {}, "ingress": [{"ports": [{"port": 100, "endPort": 90}]}]}, "endPort"),
+    ({"podSelector": {}, "ingress": [{"ports": [{"port": 70000}]}]}, "port"),
+    ({"podSelector": {}, "ingress": [{"ports": [{"protocol": "ICMP"}]}]}, "protocol"),
+    ({"podSelector": {}, "ingress": "all"}, "expected a list"),
+    ("spec", "expected a JSON object"),
+    ({"podSelector": {}, "ingress": [{"ports": [{"port": 1}]}] * 257}, "more than 256"),
+]
+
+
+@pytest.mark.parametrize(("spec", "field"), REFUSED)
 def test_policy_the_compiler_cannot_use_is_refused(spec: Any, field: str) -> None:
     with pytest.raises(ValidationError, match=field):
         read_network_policy(_policy(spec))
+
+
+@pytest.mark.parametrize(("spec", "field"), REFUSED)
+def test_the_informer_keeps_a_refused_policy_closed_naming_why(spec: Any, field: str) -> None:
+    """Never skipped (its pods would be open): no rules, the refusal named."""
+    closed = read_policy_or_closed(_policy(spec))
+    assert closed.ingress == () and closed.egress == ()
+    assert closed.refused is not None and field in closed.refused
+    assert field in (closed.not_enforced() or "")
+
+
+def test_a_closed_policy_keeps_what_can_be_read_and_assumes_the_most_otherwise() -> None:
+    readable = {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"]}
+    closed = read_policy_or_closed(_policy({**readable, "egress": [{"to": [{}]}]}))
+    assert closed.pod_selector == read_selector({"matchLabels": {"app": "web"}}, "s")
+    assert closed.types == {EGRESS}
+    # Its selector or its directions unreadable: every pod of the namespace, both ways.
+    bad = {"podSelector": {"matchExpressions": [{"key": "k"}]}, "policyTypes": ["Up"]}
+    closed = read_policy_or_closed(_policy(bad))
+    assert (closed.pod_selector, closed.types) == (EVERYTHING, {INGRESS, EGRESS})
+    assert read_policy_or_closed(_policy({"podSelector": {}})).refused is None
+
+
+def test_a_policy_without_usable_metadata_is_still_refused() -> None:
+    with pytest.raises(ValidationError, match="metadata"):
+        read_policy_or_closed({"metadata": {"name": "p"}, "spec": {"ingress": "all"}})
 
 
 def test_ip_block_with_host_bits_means_its_network() -> None:

@@ -2,7 +2,10 @@
 
 The reader keeps the whole spec the compiler needs and refuses what it cannot compile
 (an ipBlock ``except`` outside its ``cidr``, an ``endPort`` on a named port or below its
-port), naming the field; the informer then logs and skips that one policy."""
+port, more rules or peers than podwire takes), naming the field. Skipping such a policy would
+leave its pods open, more open than it asked, so the informer keeps it closed instead
+(``read_policy_or_closed``): its pods isolated in its directions and allowed nothing by it,
+and the reconciler names the refusal on the policy."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
+from podwire.errors import ValidationError
 from podwire.k8s.objects import PROTOCOLS, Meta, read_meta
-from podwire.k8s.selectors import Selector, read_selector
+from podwire.k8s.selectors import EVERYTHING, Selector, read_selector
 from podwire.schema import fields
 from podwire.schema.doc import as_object
 
@@ -60,11 +64,23 @@ class PolicyRule:
 
 @dataclass(frozen=True)
 class NetworkPolicy:
+    """``refused``: why the strict reader refused it; its rules are then empty (closed)."""
+
     meta: Meta
     pod_selector: Selector
     types: frozenset[str]
     ingress: tuple[PolicyRule, ...]
     egress: tuple[PolicyRule, ...]
+    refused: str | None = None
+
+    def not_enforced(self) -> str | None:
+        """What its Event says when podwire could not read it."""
+        if self.refused is None:
+            return None
+        return (
+            f"podwire cannot read this policy ({self.refused}); its pods are isolated as it"
+            " says but allowed nothing by it until it is changed"
+        )
 
 
 def read_network_policy(value: Any) -> NetworkPolicy:
@@ -81,6 +97,34 @@ def read_network_policy(value: Any) -> NetworkPolicy:
         ingress=ingress,
         egress=egress,
     )
+
+
+def read_policy_or_closed(value: Any) -> NetworkPolicy:
+    """The policy, or, when the strict reader refuses it, the policy closed: the pods its
+    selector names (every pod of its namespace if that cannot be read either) isolated in its
+    directions (both if they cannot be read). Only a body without usable metadata is refused
+    (no key to keep it under)."""
+    try:
+        return read_network_policy(value)
+    except ValidationError as exc:
+        return _closed(value, str(exc))
+
+
+def _closed(value: Any, reason: str) -> NetworkPolicy:
+    body = as_object(value, "networkpolicy")
+    meta = read_meta(body.get("metadata"), "networkpolicy", namespaced=True)
+    what = f"networkpolicy {meta.key}"
+    raw = body.get("spec")
+    spec: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    try:
+        selector = read_selector(spec.get("podSelector") or {}, f"{what}.spec.podSelector")
+    except ValidationError:
+        selector = EVERYTHING
+    try:
+        types = _types(spec, what)
+    except ValidationError:
+        types = frozenset([INGRESS, EGRESS])
+    return NetworkPolicy(meta, selector, types, (), (), refused=reason)
 
 
 def _types(spec: dict[str, Any], what: str) -> frozenset[str]:

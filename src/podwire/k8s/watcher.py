@@ -12,7 +12,7 @@ from podwire.k8s.api import KubeApi
 from podwire.k8s.cache import Cache, Event
 from podwire.k8s.compile import Cluster
 from podwire.k8s.informer import WATCH_SECONDS, Informer
-from podwire.k8s.netpol import NetworkPolicy, read_network_policy
+from podwire.k8s.netpol import NetworkPolicy, read_policy_or_closed
 from podwire.k8s.objects import K8sNamespace, K8sPod, read_namespace, read_pod
 from podwire.k8s.reach import ApiReach
 from podwire.k8s.services import EndpointSlice, K8sService, read_endpoint_slice, read_service
@@ -37,7 +37,7 @@ class KubeWatcher:
         readers: list[tuple[Cache[Any], Any]] = [
             (self.namespaces, read_namespace),
             (self.pods, read_pod),
-            (self.policies, read_network_policy),
+            (self.policies, read_policy_or_closed),
             (self.services, read_service),
             (self.slices, read_endpoint_slice),
         ]

@@ -106,9 +106,10 @@ class NetpolReconciler:
         self._passed = asyncio.Event()  # set (and replaced) when a pass succeeds
         # Told the policies and Neutron's words when Neutron refuses a pass (their Events).
         self.on_refused: Callable[[list[ObjectKey], str], None] | None = None
-        # Told once of each policy refused for its size, with why (its Event).
-        self.on_over_budget: Callable[[ObjectKey, str], None] | None = None
-        self.over_budget: dict[ObjectKey, OverBudget] = {}
+        # Told once of each policy kept closed (over the size budget, or unreadable), with
+        # why (its Event).
+        self.on_not_enforced: Callable[[ObjectKey, str], None] | None = None
+        self.not_enforced: dict[ObjectKey, str] = {}
         self._observed: Observed | None = None  # an earlier pass's reading, still true
 
     async def run(self, changed: asyncio.Event) -> None:
@@ -167,7 +168,7 @@ class NetpolReconciler:
         if observed is not None and time.monotonic() - observed.read_at > OBSERVED_MAX_AGE:
             observed = None
         steps, view, read, over, refusal = await asyncio.to_thread(self._sync, cluster, observed)
-        self._note_over_budget(over)
+        self._note_not_enforced(over, cluster)
         if self._ports is not None:
             await self._ports.follow(view)
             for group_id in steps.delete_groups:
@@ -180,19 +181,21 @@ class NetpolReconciler:
         self._observed = read.after(steps)
         return steps
 
-    def _note_over_budget(self, over: list[OverBudget]) -> None:
-        """Policies refused for their size: named when they become so (or their size
-        changes), not on every pass while they stay."""
-        now = {found.policy: found for found in over}
-        for key, found in now.items():
-            if self.over_budget.get(key) == found:
+    def _note_not_enforced(self, over: list[OverBudget], cluster: Cluster) -> None:
+        """Policies kept closed, for their size or because podwire cannot read them: named
+        when they become so (or why changes), not on every pass while they stay."""
+        now = {found.policy: found.message() for found in over}
+        for key, policy in cluster.policies.items():
+            unreadable = policy.not_enforced()
+            if unreadable is not None:
+                now[key] = unreadable
+        for key, why in now.items():
+            if self.not_enforced.get(key) == why:
                 continue
-            log.warning(
-                "netpol.policy_over_budget", policy=str(key), rules=found.rules, limit=found.limit
-            )
-            if self.on_over_budget is not None:
-                self.on_over_budget(key, found.message())
-        self.over_budget = now
+            log.warning("netpol.policy_not_enforced", policy=str(key), why=why)
+            if self.on_not_enforced is not None:
+                self.on_not_enforced(key, why)
+        self.not_enforced = now
 
     def _read(self) -> Observed:
         address_groups = self._objects.address_groups()

@@ -124,7 +124,7 @@ class KubernetesSide:
             ports=self._ports,
         )
         reconciler.on_refused = self._policies_refused
-        reconciler.on_over_budget = self._policy_not_enforced
+        reconciler.on_not_enforced = self._policy_not_enforced
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(watcher.run(), name="k8s-watcher")
             tasks.create_task(self.events.run(), name="k8s-events")
