@@ -4,11 +4,16 @@ The honest count of what a path costs Neutron: every request is seen, whichever 
 module or openstacksdk call sent it (lists included), and a reference sent through the same
 proxy is counted the same way. Version discovery (``GET /`` and ``GET /v2.0/``) is passed on
 but not counted: a client does it once per connection.
+
+``refusing`` answers some requests itself, in Neutron's words, instead of passing them on:
+how the tests meet a refusal the real Neutron cannot be made to give (it has no quota on
+address groups).
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -27,6 +32,8 @@ class NeutronCounter:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.endpoint = ""
+        # (method, path) -> Neutron's refusal to answer with, or None to pass the request on.
+        self.refusing: Callable[[str, str], web.Response | None] | None = None
 
     @property
     def total(self) -> int:
@@ -53,6 +60,9 @@ class NeutronCounter:
         assert self._session is not None
         if request.path not in DISCOVERY:
             self.counts[f"{request.method} {_kind(request.path)}"] += 1
+        refusal = self.refusing(request.method, request.path) if self.refusing else None
+        if refusal is not None:
+            return refusal
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         async with self._session.request(
             request.method,
@@ -74,3 +84,10 @@ def _kind(path: str) -> str:
 
 def _looks_like_id(part: Any) -> bool:
     return len(part) >= 32 and all(c in "0123456789abcdef-" for c in part.lower())
+
+
+def over_quota(resource: str) -> web.Response:
+    """Neutron's own answer to a create over its project's quota."""
+    message = f"Quota exceeded for resources: ['{resource}']."
+    error = {"NeutronError": {"type": "OverQuota", "message": message, "detail": ""}}
+    return web.json_response(error, status=409)

@@ -1,18 +1,22 @@
 """Failures named as Kubernetes Events on the object they stop, by a whole controller with
 ``[kubernetes]`` on the kube stack's real apiserver, etcd and Neutron (scripted nodes): a
-pod whose network has no subnet, and a NetworkPolicy whose group exceeds the project's
-quota, which is enforced once the quota is raised."""
+pod whose network has no subnet, a NetworkPolicy whose group exceeds the project's quota,
+which is enforced once the quota is raised, and one whose address group Neutron refuses."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
+from bench.neutron_counter import NeutronCounter, over_quota
+from podwire.config import NeutronSettings
 from podwire.k8s.groups import group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
@@ -160,3 +164,88 @@ async def test_a_policy_over_the_group_quota_is_named_and_enforced_once_it_is_ra
 
 def wanted_missing(neutron: Any, project_id: str, tag: str, namespace: str) -> bool:
     return group_name(ObjectKey(namespace, "many")) not in groups_of(neutron, project_id, tag)
+
+
+def from_clients(namespace: str) -> dict[str, Any]:
+    """web's pods admit the ``role=client`` pods on TCP 80: an address group of theirs."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "peers", "namespace": namespace},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
+                    "ports": [{"port": 80, "protocol": "TCP"}],
+                }
+            ],
+        },
+    }
+
+
+async def test_a_policy_whose_address_group_neutron_refuses_is_named_and_kept_closed(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,  # noqa: F811
+    project: str,  # noqa: F811
+    start: Start,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Neutron 29 has no quota on address groups, so its refusal is Neutron's OverQuota
+    answer given by a relay in front of the real Neutron: the policy is named in an Event,
+    its group allows nothing meanwhile (never its rule without the peers it names, which
+    would be open to all), the other policy is still enforced, and once Neutron takes
+    address groups again the policy is enforced with no one's help."""
+    node = await scripted.add()
+    neutron = neutron_connection(kube_stack["neutron"])
+    make_network(neutron, project, "pw-agquota", "10.87.1.0/24")
+    relay = NeutronCounter(kube_stack["neutron"])
+    refusing = True
+
+    def refuse(method: str, path: str) -> web.Response | None:
+        wanted = refusing and method == "POST" and path.endswith("/address-groups")
+        return over_quota("address_group") if wanted else None
+
+    relay.refusing = refuse
+    await relay.start()
+    config = settings(kube_stack, [node], project, kube_stack["kubeconfig"])
+    await start(replace(config, neutron=NeutronSettings(endpoint=relay.endpoint)))
+    name = f"agq-{uuid.uuid4().hex[:8]}"
+    tag = config.deployment.tag
+    peers, dns = group_name(ObjectKey(name, "peers")), group_name(ObjectKey(name, "dns"))
+
+    def rules_of(group: str) -> set[Any] | None:
+        return groups_of(neutron, project, tag).get(group)
+
+    try:
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            pod(name, "web", {"app": "web"}),
+            deny_all_but_dns(name),
+            from_clients(name),
+        )
+        found = await eventually(events_of(kube_stack, name, "PolicyNotEnforced"), "the Event")
+        assert {e["involvedObject"]["name"] for e in found} == {"peers"}, found
+        assert "Quota exceeded for resources: ['address_group']" in found[0]["message"]
+        closed = await asyncio.to_thread(rules_of, peers)
+        assert not closed, closed  # made and empty, or not made: its pods are isolated
+        changed = deny_all_but_dns(name)
+        changed["spec"]["ingress"][0]["ports"][0]["port"] = 5353
+        await apply(kube_stack, tmp_path, changed)
+        wanted_dns = {("ingress", "udp", 5353, 5353)}
+        await eventually(
+            lambda: asyncio.to_thread(lambda: rules_of(dns) == wanted_dns), "the other policy", 60
+        )
+        assert not await asyncio.to_thread(rules_of, peers)
+
+        refusing = False
+        await eventually(
+            lambda: asyncio.to_thread(lambda: rules_of(peers) == {("ingress", "tcp", 80, 80)}),
+            "the policy enforced once Neutron takes its address group",
+            60,
+        )
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+        await relay.stop()
