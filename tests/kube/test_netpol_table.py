@@ -490,20 +490,26 @@ async def test_the_connectivity_table_follows_the_specification(policed: Policed
 
 async def _first_ip(policed: Policed, alias: str, name: str) -> str:
     """The pod's address as soon as the API has it, from a kubectl watch started before the
-    pod exists (a poll would see it later, and each poll costs a kubectl)."""
+    pod exists: the controller's ``podwire.io/addresses`` annotation, written when the port
+    is handed out, while the CNI ADD is still wiring it (before the pod's veth is up), or
+    else its ``podIP``, which kubelet reports after the ADD."""
     info = policed.cluster.kubectl.info
+    shown = r"{.metadata.annotations.podwire\.io/addresses}{' '}{.status.podIP}{'\n'}"
     proc = await asyncio.create_subprocess_exec(
         *(f"{info['kube_bin_dir']}/kubectl", "--kubeconfig", info["kubeconfig"]),
         *("get", "pods", "--watch", "-n", policed.ns(alias)),
         *("--field-selector", f"metadata.name={name}"),
-        *("-o", "jsonpath={.status.podIP}{'\\n'}"),
+        *("-o", f"jsonpath={shown}"),
         stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdout is not None
     try:
         while line := await proc.stdout.readline():
-            if address := line.decode().strip():
-                return address
+            annotated, _, reported = line.decode().strip().partition(" ")
+            if annotated:
+                return str(json.loads(annotated)[0]).split("/")[0]
+            if reported.strip():
+                return reported.strip()
         raise AssertionError(f"kubectl's watch of {name} ended (exit {await proc.wait()})")
     finally:
         if proc.returncode is None:
@@ -552,7 +558,8 @@ EVERY = 0.2
 async def test_a_new_pod_under_default_deny_answers_only_once_a_policy_allows(
     policed: Policed,
 ) -> None:
-    """Probed from the moment the API shows its address (across hosts and on its own host):
+    """Probed from the moment the API shows its address (the controller's annotation, before
+    its CNI ADD is done; across hosts and on its own host):
     nothing answers while only the default-deny policy selects it, and it answers once a
     policy allows it. The policy allows its named port ``web`` from pods that do not exist,
     and the pod names a number no other pod does, so its port waits for a group made for it
