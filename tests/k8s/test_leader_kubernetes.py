@@ -489,3 +489,65 @@ async def test_a_pods_port_carries_its_policies_groups_decided_before_it_is_hand
 async def _in_step(http: aiohttp.ClientSession, controller: Controller) -> bool:
     code, text = await readyz(http, controller)
     return code == 200 and "kubernetes" not in text
+
+
+async def test_only_the_leader_reads_the_api_and_its_successor_takes_over(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,
+    project: str,
+    tmp_path: Path,
+) -> None:
+    """Two controllers with ``[kubernetes]``: the one not leading opens no watch (every
+    follower watching the whole cluster is the load informers exist to avoid), and once the
+    leader goes its successor lists, watches and enforces a policy made after."""
+    node = await scripted.add()
+    config = settings(kube_stack, [node], project, kube_stack["kubeconfig"])
+    clients = [await EtcdClient.connect(EtcdSettings(endpoints=[kube_stack["etcd"]])) for _ in "ab"]
+    controllers = [Controller(config, client, connect(config.neutron)) for client in clients]
+    tasks = [asyncio.create_task(c.run()) for c in controllers]
+    neutron = neutron_connection(kube_stack["neutron"])
+    name = f"succ-{uuid.uuid4().hex[:8]}"
+
+    async def leading() -> Controller | None:
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.result()
+        return next((c for c in controllers if c.service.serving), None)
+
+    try:
+        leader = await eventually(leading, "a leader", 60)
+        follower = next(c for c in controllers if c is not leader)
+
+        async def reading(controller: Controller) -> bool:
+            side = controller.kubernetes
+            return side is not None and side.watcher is not None and side.synced
+
+        await eventually(lambda: reading(leader), "the leader reading the API", 30)
+        await asyncio.sleep(2)  # a follower that watched would have listed by now
+        assert not follower.service.serving
+        assert follower.kubernetes is not None and follower.kubernetes.watcher is None
+
+        tasks[controllers.index(leader)].cancel()
+        await eventually(lambda: reading(follower), "the successor leading and reading the API", 60)
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            deny_all_but_dns(name),
+        )
+        group, tag = group_name(ObjectKey(name, "dns")), config.deployment.tag
+
+        async def enforced() -> bool:
+            found = await asyncio.to_thread(groups_of, neutron, project, tag)
+            return found.get(group) == {("ingress", "udp", 53, 53)}
+
+        await eventually(enforced, "the policy enforced by the successor", 60)
+    finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await clients[0].delete(ELECTION)
+        for client in clients:
+            await client.close()
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
