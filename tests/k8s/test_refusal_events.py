@@ -90,6 +90,47 @@ async def test_a_pod_whose_network_has_no_subnet_gets_one_event_naming_it(
         kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
 
 
+async def test_a_pod_whose_port_is_over_the_quota_gets_an_event_naming_it(
+    kube_stack: dict[str, Any],
+    scripted: ScriptedNodes,  # noqa: F811
+    project: str,  # noqa: F811
+    start: Start,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """No port left in the project's quota: the pod's request is refused and the pod's
+    Event carries Neutron's words; once the quota is raised the same request gets a port."""
+    node = await scripted.add()
+    neutron = neutron_connection(kube_stack["neutron"])
+    net = make_network(neutron, project, "pw-portq", "10.87.2.0/24")
+    neutron.network.update_quota(project, ports=0)
+    controller = await start(settings(kube_stack, [node], project, kube_stack["kubeconfig"]))
+    name = f"pq-{uuid.uuid4().hex[:8]}"
+    try:
+        await apply(
+            kube_stack,
+            tmp_path,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            pod(name, "web", {"app": "web"}),
+        )
+        request = pod_request(kube_stack, network=net, namespace=name, name="web")
+        async with aiohttp.ClientSession() as http:
+            status, answer = await request_vif(http, controller_url(controller), node, request)
+            assert status >= 400, answer
+            found = await eventually(events_of(kube_stack, name, "FailedNeutronPort"), "Event")
+            assert found[0]["involvedObject"]["name"] == "web"
+            assert "Quota exceeded for resources: ['port']" in found[0]["message"], found
+            neutron.network.update_quota(project, ports=50)
+
+            async def served() -> bool:
+                status, _ = await request_vif(http, controller_url(controller), node, request)
+                return status < 400
+
+            await eventually(served, "a port once the quota is raised", 60)
+    finally:
+        kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
+        neutron.network.delete_quota(project)
+
+
 def many_ports(namespace: str) -> dict[str, Any]:
     """Ingress on eight TCP ports: sixteen rules (IPv4 and IPv6)."""
     ports = [{"port": 8000 + n, "protocol": "TCP"} for n in range(8)]
