@@ -49,6 +49,16 @@ def pod(
     )
 
 
+def policy_manifest(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A NetworkPolicy as kubectl applies it."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
 def policy(namespace: str, name: str, spec: dict[str, Any]) -> NetworkPolicy:
     return read_network_policy({"metadata": meta(name, namespace), "spec": spec})
 

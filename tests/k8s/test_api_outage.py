@@ -21,6 +21,7 @@ from podwire.k8s.groups import OPEN_EGRESS, OPEN_INGRESS, group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
+from tests.k8s.objects import policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Relay,
@@ -48,15 +49,14 @@ LAST = 15  # policies after the burst: p0 and p1 deleted, p2 changed, p5..p14 ma
 
 def policy(namespace: str, index: int, port: int | None = None) -> dict[str, Any]:
     """Ingress on one TCP port to the pods of tier t0 (even) or t1 (odd)."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": f"p{index}", "namespace": namespace},
-        "spec": {
+    return policy_manifest(
+        namespace,
+        f"p{index}",
+        {
             "podSelector": {"matchLabels": {"tier": f"t{index % 2}"}},
             "ingress": [{"ports": [{"port": port or 7000 + index, "protocol": "TCP"}]}],
         },
-    }
+    )
 
 
 def expected(namespace: str, ports: dict[int, int]) -> dict[str, set[Any]]:

@@ -22,6 +22,7 @@ from podwire.k8s.watcher import KubeWatcher
 from podwire.kubeside.netpol_sync import NetpolReconciler
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
+from tests.k8s.objects import policy_manifest
 from tests.stack.conftest import kubectl
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -79,11 +80,10 @@ async def test_objects_reach_the_caches_and_compile(
         "kind": "Namespace",
         "metadata": {"name": name, "labels": {"team": "blue"}},
     }
-    policy = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "deny", "namespace": name},
-        "spec": {
+    policy = policy_manifest(
+        name,
+        "deny",
+        {
             "podSelector": {"matchLabels": {"app": "web"}},
             "ingress": [
                 {
@@ -95,7 +95,7 @@ async def test_objects_reach_the_caches_and_compile(
                 }
             ],
         },
-    }
+    )
     try:
         await apply(kube_stack, tmp_path, namespace)
         await apply(kube_stack, tmp_path, pod(name, "web", {"app": "web"}), policy)
@@ -146,12 +146,9 @@ async def test_a_policy_made_with_kubectl_reaches_neutron_and_leaves_with_it(
     )
     group = group_name(ObjectKey(name, "deny"))
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    policy = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "deny", "namespace": name},
-        "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]},
-    }
+    policy = policy_manifest(
+        name, "deny", {"podSelector": {}, "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]}
+    )
 
     async def neutron_groups() -> dict[str, Any]:
         return {g.name: g for g in await asyncio.to_thread(objects.groups)}

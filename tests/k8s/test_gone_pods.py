@@ -19,9 +19,8 @@ import aiohttp
 
 from podwire import keys
 from podwire.config import Settings
-from podwire.controller.app import Controller
 from podwire.etcd.client import EtcdClient
-from podwire.neutron.client import connect, neutron_connection
+from podwire.neutron.client import neutron_connection
 from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
@@ -29,6 +28,7 @@ from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     body,
     controller_url,
     kube_etcd,
+    lead,
     project,
     scripted,
     settings,
@@ -154,7 +154,7 @@ async def test_a_controller_started_after_pods_went_releases_their_ports_only(
     )
     config = graced(settings(kube_stack, [node], project, kube_stack["kubeconfig"]), 0.0)
     name = f"gone-{uuid.uuid4().hex[:8]}"
-    first, task = await _run(config, kube_etcd)
+    first, task = await lead(config, kube_etcd)
     try:
         await apply(
             kube_stack,
@@ -192,16 +192,3 @@ async def test_a_controller_started_after_pods_went_releases_their_ports_only(
         if not task.done():
             task.cancel()
         kubectl(kube_stack, "delete", "namespace", name, "--wait=false")
-
-
-async def _run(config: Settings, etcd: EtcdClient) -> tuple[Controller, asyncio.Task[None]]:
-    controller = Controller(config, etcd, connect(config.neutron))
-    task = asyncio.create_task(controller.run())
-
-    async def serving() -> bool:
-        if task.done():
-            task.result()
-        return controller.service.serving  # type: ignore[no-any-return]
-
-    await eventually(serving, "controller serving", timeout=60)
-    return controller, task

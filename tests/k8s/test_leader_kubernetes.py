@@ -40,6 +40,7 @@ from tests.controller.conftest import (
     settings_for,
     vif_body,
 )
+from tests.k8s.objects import policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.scripted_agent import eventually
 from tests.stack.conftest import kubectl
@@ -130,20 +131,32 @@ def project(kube_stack: dict[str, Any]) -> Any:
 Start = Callable[[Settings], Awaitable[Controller]]
 
 
+async def lead(config: Settings, etcd: EtcdClient) -> tuple[Controller, asyncio.Task[None]]:
+    """A controller once it serves (it leads), with its task: the caller ends it, so a test
+    can stop a controller and start another."""
+    controller = Controller(config, etcd, connect(config.neutron))
+    task = asyncio.create_task(controller.run())
+
+    async def serving() -> bool:
+        if task.done():
+            task.result()
+        return controller.service.serving  # type: ignore[no-any-return]
+
+    try:
+        await eventually(serving, "controller serving", timeout=60)
+    except BaseException:
+        task.cancel()
+        raise
+    return controller, task
+
+
 @pytest.fixture
 async def start(kube_etcd: EtcdClient) -> AsyncIterator[Start]:
     tasks: list[asyncio.Task[None]] = []
 
     async def run(settings: Settings) -> Controller:
-        controller = Controller(settings, kube_etcd, connect(settings.neutron))
-        tasks.append(asyncio.create_task(controller.run()))
-
-        async def serving() -> bool:
-            if tasks[-1].done():
-                tasks[-1].result()
-            return controller.service.serving  # type: ignore[no-any-return]
-
-        await eventually(serving, "controller serving", timeout=60)
+        controller, task = await lead(settings, kube_etcd)
+        tasks.append(task)
         controller.term.join()
         return controller
 
@@ -165,12 +178,11 @@ def settings(
 
 
 def deny_all_but_dns(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "dns", "namespace": namespace},
-        "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]},
-    }
+    return policy_manifest(
+        namespace,
+        "dns",
+        {"podSelector": {}, "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]},
+    )
 
 
 def groups_of(neutron: Any, project: str, deployment_tag: str) -> dict[str, set[Any]]:
@@ -401,15 +413,14 @@ async def test_a_pods_port_carries_its_policies_groups_decided_before_it_is_hand
     tag = controller.settings.deployment.tag
     url = controller_url(controller)
     name = f"np-{uuid.uuid4().hex[:8]}"
-    web_in = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "web-in", "namespace": name},
-        "spec": {
+    web_in = policy_manifest(
+        name,
+        "web-in",
+        {
             "podSelector": {"matchLabels": {"app": "web"}},
             "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "db"}}}]}],
         },
-    }
+    )
 
     def ref(pod_name: str, attachment: str) -> dict[str, Any]:
         request = vif_body(attachment, network)

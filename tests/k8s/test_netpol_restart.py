@@ -17,14 +17,14 @@ from typing import Any, NamedTuple
 import aiohttp
 import pytest
 
-from podwire.config import Settings
-from podwire.controller.app import NETPOL_NAME_PREFIX, Controller
+from podwire.controller.app import NETPOL_NAME_PREFIX
 from podwire.etcd.client import EtcdClient
 from podwire.k8s.groups import OPEN_EGRESS, OPEN_INGRESS, group_name
 from podwire.k8s.objects import ObjectKey
-from podwire.neutron.client import connect, neutron_connection
+from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
+from tests.k8s.objects import policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_gone_pods import delete_pod, graced, pod_request, port_gone, records
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
@@ -32,6 +32,7 @@ from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     controller_url,
     group_ids,
     kube_etcd,
+    lead,
     project,
     scripted,
     settings,
@@ -77,12 +78,9 @@ def ingress_from(namespace: str, name: str, selects: str, peer: str, port: int |
     rule: dict[str, Any] = {"from": [{"podSelector": {"matchLabels": {"app": peer}}}]}
     if port is not None:
         rule["ports"] = [{"port": port, "protocol": "TCP"}]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"podSelector": {"matchLabels": {"app": selects}}, "ingress": [rule]},
-    }
+    return policy_manifest(
+        namespace, name, {"podSelector": {"matchLabels": {"app": selects}}, "ingress": [rule]}
+    )
 
 
 def neutron_now(neutron: Any, project_id: str, tag: str) -> dict[str, Any]:
@@ -120,20 +118,6 @@ def neutron_now(neutron: Any, project_id: str, tag: str) -> dict[str, Any]:
             name for known, name in every_address_group.items() if known not in named
         ),
     }
-
-
-async def lead(config: Settings, etcd: EtcdClient) -> tuple[Controller, asyncio.Task[None]]:
-    """A controller this test stops itself (the ``start`` fixture's run to the end)."""
-    controller = Controller(config, etcd, connect(config.neutron))
-    task = asyncio.create_task(controller.run())
-
-    async def serving() -> bool:
-        if task.done():
-            task.result()
-        return controller.service.serving  # type: ignore[no-any-return]
-
-    await eventually(serving, "controller serving", timeout=60)
-    return controller, task
 
 
 async def test_a_restarted_controller_converges_on_what_changed_while_it_was_stopped(

@@ -31,11 +31,12 @@ from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_events import events_of
-from tests.k8s.test_gone_pods import _run, pod_request, records
+from tests.k8s.test_gone_pods import pod_request, records
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
     controller_url,
     kube_etcd,
+    lead,
     scripted,
     settings,
     start,
@@ -126,7 +127,7 @@ async def test_an_auto_namespace_gets_its_network_and_loses_it_with_the_namespac
     neutron = neutron_connection(kube_stack["neutron"])
     default = make_network(neutron, project, "pw-ns-default", "10.141.0.0/24")
     config = auto_settings(kube_stack, project, [node])
-    first, task = await _run(config, kube_etcd)
+    first, task = await lead(config, kube_etcd)
     name = f"ns-{uuid.uuid4().hex[:8]}"
     try:
         await apply(kube_stack, tmp_path, namespace(name, "auto"), pod(name, "a", {"app": "a"}))

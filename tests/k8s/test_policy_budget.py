@@ -31,6 +31,7 @@ from podwire.kubeside.refusals import policies_in
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
 from tests.controller.conftest import ScriptedNodes, make_network
+from tests.k8s.objects import policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
@@ -52,11 +53,10 @@ def hosts(count: int) -> list[str]:
 
 
 def wide(namespace: str, excepts: list[str], ports: tuple[int, ...]) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "wide", "namespace": namespace},
-        "spec": {
+    return policy_manifest(
+        namespace,
+        "wide",
+        {
             "podSelector": {"matchLabels": {"app": "web"}},
             "ingress": [
                 {
@@ -65,7 +65,7 @@ def wide(namespace: str, excepts: list[str], ports: tuple[int, ...]) -> dict[str
                 }
             ],
         },
-    }
+    )
 
 
 def prefixes(excepts: list[str]) -> int:
@@ -212,15 +212,14 @@ def test_a_refused_named_port_group_names_its_policy() -> None:
 
 def ported(namespace: str, ports: range) -> dict[str, Any]:
     """A policy admitting web's pods on ``ports``, one ingress rule per port."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "many", "namespace": namespace},
-        "spec": {
+    return policy_manifest(
+        namespace,
+        "many",
+        {
             "podSelector": {"matchLabels": {"app": "web"}},
             "ingress": [{"ports": [{"port": port, "protocol": "TCP"}]} for port in ports],
         },
-    }
+    )
 
 
 @pytest.mark.stack

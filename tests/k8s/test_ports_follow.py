@@ -23,6 +23,7 @@ from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
+from tests.k8s.objects import policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
@@ -45,15 +46,14 @@ UPDATES = 'podwire_neutron_calls_total{op="update_port"}'
 
 def web_in(namespace: str) -> dict[str, Any]:
     """Isolates app=web for ingress, allowing only app=client."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "web-in", "namespace": namespace},
-        "spec": {
+    return policy_manifest(
+        namespace,
+        "web-in",
+        {
             "podSelector": {"matchLabels": {"app": "web"}},
             "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}]}],
         },
-    }
+    )
 
 
 def port_groups(neutron: Any, port_id: str) -> set[str]:

@@ -21,6 +21,7 @@ from podwire.k8s.groups import group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
+from tests.k8s.objects import policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_gone_pods import pod_request
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
@@ -134,12 +135,7 @@ async def test_a_pod_whose_port_is_over_the_quota_gets_an_event_naming_it(
 def many_ports(namespace: str) -> dict[str, Any]:
     """Ingress on eight TCP ports: sixteen rules (IPv4 and IPv6)."""
     ports = [{"port": 8000 + n, "protocol": "TCP"} for n in range(8)]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "many", "namespace": namespace},
-        "spec": {"podSelector": {}, "ingress": [{"ports": ports}]},
-    }
+    return policy_manifest(namespace, "many", {"podSelector": {}, "ingress": [{"ports": ports}]})
 
 
 async def test_a_policy_over_the_group_quota_is_named_and_enforced_once_it_is_raised(
@@ -209,11 +205,10 @@ def wanted_missing(neutron: Any, project_id: str, tag: str, namespace: str) -> b
 
 def from_clients(namespace: str) -> dict[str, Any]:
     """web's pods admit the ``role=client`` pods on TCP 80: an address group of theirs."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "peers", "namespace": namespace},
-        "spec": {
+    return policy_manifest(
+        namespace,
+        "peers",
+        {
             "podSelector": {"matchLabels": {"app": "web"}},
             "ingress": [
                 {
@@ -222,7 +217,7 @@ def from_clients(namespace: str) -> dict[str, Any]:
                 }
             ],
         },
-    }
+    )
 
 
 async def test_a_policy_whose_address_group_neutron_refuses_is_named_and_kept_closed(
