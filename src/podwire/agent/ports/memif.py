@@ -286,7 +286,7 @@ class MemifService:
         port = self._attacher.current(entry.vif.port_id)
         if port is None:
             return False
-        return _unfiltered(port) or self.classifiers.confirmed(entry.tap)
+        return not port.filtered or self.classifiers.confirmed(entry.tap)
 
     def _entry_of_tap(self, tap: str) -> MemifEntry | None:
         return next((e for e in self.checkpoint.entries.values() if e.tap == tap), None)
@@ -295,7 +295,7 @@ class MemifService:
         """Why the port takes its path, for ``podwire status``."""
         entry = self._entry_of_tap(tap)
         port = None if entry is None else self._attacher.current(entry.vif.port_id)
-        if port is not None and _unfiltered(port):
+        if port is not None and not port.filtered:
             return "port security off"
         if not self._classifies:
             return "no classifier: security groups are not enforced by this agent"
@@ -474,11 +474,6 @@ class MemifService:
 
     def _port_ids(self) -> dict[str, str]:
         return {e.tap: e.vif.port_id for e in self.checkpoint.entries.values()}
-
-
-def _unfiltered(port: DesiredPort) -> bool:
-    """Neutron filters nothing of the port: ring to ring needs no classifier."""
-    return not port.port_security_enabled and not port.security_groups
 
 
 def _port_state(port_id: str, s: memif_master.PortStats, why: str) -> MemifPortState:
