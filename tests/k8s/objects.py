@@ -49,6 +49,11 @@ def pod(
     )
 
 
+def namespace_manifest(name: str) -> dict[str, Any]:
+    """A Namespace as kubectl applies it."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
 def policy_manifest(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A NetworkPolicy as kubectl applies it."""
     return {

@@ -21,7 +21,7 @@ from podwire.k8s.groups import OPEN_EGRESS, OPEN_INGRESS, group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
-from tests.k8s.objects import policy_manifest
+from tests.k8s.objects import namespace_manifest, policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Relay,
@@ -100,7 +100,7 @@ async def test_a_burst_of_policy_changes_while_the_apiserver_is_away_converges(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"tier": "t0"}),
             *(policy(name, i) for i in range(FIRST)),
         )

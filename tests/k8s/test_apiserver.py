@@ -22,7 +22,7 @@ from podwire.k8s.watcher import KubeWatcher
 from podwire.kubeside.netpol_sync import NetpolReconciler
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
-from tests.k8s.objects import policy_manifest
+from tests.k8s.objects import namespace_manifest, policy_manifest
 from tests.stack.conftest import kubectl
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -145,7 +145,7 @@ async def test_a_policy_made_with_kubectl_reaches_neutron_and_leaves_with_it(
         NetpolReconciler(watcher.cluster, objects).run(watcher.changed)
     )
     group = group_name(ObjectKey(name, "deny"))
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    namespace = namespace_manifest(name)
     policy = policy_manifest(
         name, "deny", {"podSelector": {}, "ingress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]}
     )
@@ -193,7 +193,7 @@ async def test_watches_the_apiserver_ends_resume_without_a_relist(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
         )
         await until(lambda: ObjectKey("", name) in watching.namespaces.objects)
         assert [informer.lists for informer in watching.informers] == [1] * len(watching.informers)

@@ -18,6 +18,7 @@ import pytest
 
 from podwire.k8s.api import KubeApi
 from podwire.k8s.events import EventRecorder, ObjectRef
+from tests.k8s.objects import namespace_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import uid_of
 from tests.scripted_agent import eventually
@@ -39,7 +40,7 @@ async def namespace(kube_stack: dict[str, Any], tmp_path: Path) -> AsyncIterator
     await apply(
         kube_stack,
         tmp_path,
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+        namespace_manifest(name),
         pod(name, "web", {"app": "web"}),
     )
     yield name

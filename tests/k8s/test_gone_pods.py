@@ -22,6 +22,7 @@ from podwire.config import Settings
 from podwire.etcd.client import EtcdClient
 from podwire.neutron.client import neutron_connection
 from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
+from tests.k8s.objects import namespace_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
@@ -90,7 +91,7 @@ async def test_a_pod_deleted_from_the_api_has_its_port_released(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             pod(name, "stays", {"app": "web"}),
             pod(name, "unnamed", {"app": "web"}),
@@ -159,7 +160,7 @@ async def test_a_controller_started_after_pods_went_releases_their_ports_only(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "kept", {"app": "a"}),
             pod(name, "went", {"app": "b"}),
         )

@@ -40,7 +40,7 @@ from tests.controller.conftest import (
     settings_for,
     vif_body,
 )
-from tests.k8s.objects import policy_manifest
+from tests.k8s.objects import namespace_manifest, policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.scripted_agent import eventually
 from tests.stack.conftest import kubectl
@@ -223,7 +223,7 @@ async def test_a_running_leader_enforces_a_policy_made_with_kubectl(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             deny_all_but_dns(name),
         )
 
@@ -316,7 +316,7 @@ async def test_an_apiserver_away_at_start_and_later_leaves_the_pools_serving_and
             await apply(
                 kube_stack,
                 tmp_path,
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+                namespace_manifest(name),
                 deny_all_but_dns(name),
                 pod(name, "web", {"app": "web"}),
             )
@@ -432,7 +432,7 @@ async def test_a_pods_port_carries_its_policies_groups_decided_before_it_is_hand
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             pod(name, "db", {"app": "db"}),
             web_in,
@@ -543,7 +543,7 @@ async def test_only_the_leader_reads_the_api_and_its_successor_takes_over(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             deny_all_but_dns(name),
         )
         group, tag = group_name(ObjectKey(name, "dns")), config.deployment.tag

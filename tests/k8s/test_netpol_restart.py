@@ -24,7 +24,7 @@ from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
-from tests.k8s.objects import policy_manifest
+from tests.k8s.objects import namespace_manifest, policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_gone_pods import delete_pod, graced, pod_request, port_gone, records
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
@@ -158,7 +158,7 @@ async def test_a_restarted_controller_converges_on_what_changed_while_it_was_sto
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             pod(name, "went", {"app": "db"}),
             pod(name, "client", {"app": "client"}),

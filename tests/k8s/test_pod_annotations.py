@@ -24,6 +24,7 @@ from podwire.k8s.port_annotations import (
 from podwire.neutron.client import neutron_connection
 from podwire.schema.vif import DEVICE_OWNER
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
+from tests.k8s.objects import namespace_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_gone_pods import pod_request, port_gone, records
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
@@ -85,7 +86,7 @@ async def test_a_pod_shows_its_port_and_keeps_its_other_annotations(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             web,
             pod(name, "own", {"app": "own"}),
         )

@@ -31,7 +31,7 @@ from podwire.kubeside.refusals import policies_in
 from podwire.neutron.client import neutron_connection
 from podwire.neutron.netpol import NetpolObjects
 from tests.controller.conftest import ScriptedNodes, make_network
-from tests.k8s.objects import policy_manifest
+from tests.k8s.objects import namespace_manifest, policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
@@ -132,7 +132,7 @@ async def test_a_policy_too_big_for_neutron_is_named_while_the_others_are_enforc
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             deny_all_but_dns(name),
             wide(name, too_many, (80, 443)),
@@ -253,7 +253,7 @@ async def test_a_policy_podwire_cannot_read_is_kept_closed_and_named(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             ported(name, range(80, 81)),
         )

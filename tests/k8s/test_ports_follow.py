@@ -23,7 +23,7 @@ from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from podwire.schema.inuse import PoolKey
 from tests.controller.conftest import ScriptedNodes, make_network, release_vif, request_vif
-from tests.k8s.objects import policy_manifest
+from tests.k8s.objects import namespace_manifest, policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
     Start,
@@ -110,7 +110,7 @@ async def test_in_use_ports_and_address_groups_follow_policies_and_labels(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             pod(name, "db", {"app": "db"}),
             pod(name, "spare", {"app": "web"}),
@@ -224,7 +224,7 @@ async def test_a_pooled_port_of_another_set_gets_a_pods_groups_by_one_update(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             web_in(name),
         )

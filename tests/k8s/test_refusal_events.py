@@ -21,7 +21,7 @@ from podwire.k8s.groups import group_name
 from podwire.k8s.objects import ObjectKey
 from podwire.neutron.client import neutron_connection
 from tests.controller.conftest import ScriptedNodes, make_network, request_vif
-from tests.k8s.objects import policy_manifest
+from tests.k8s.objects import namespace_manifest, policy_manifest
 from tests.k8s.test_apiserver import apply, pod
 from tests.k8s.test_gone_pods import pod_request
 from tests.k8s.test_leader_kubernetes import (  # noqa: F401  (the fixtures)
@@ -69,7 +69,7 @@ async def test_a_pod_whose_network_has_no_subnet_gets_one_event_naming_it(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
         )
         async with aiohttp.ClientSession() as http:
@@ -110,7 +110,7 @@ async def test_a_pod_whose_port_is_over_the_quota_gets_an_event_naming_it(
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
         )
         request = pod_request(kube_stack, network=net, namespace=name, name="web")
@@ -156,7 +156,7 @@ async def test_a_policy_over_the_group_quota_is_named_and_enforced_once_it_is_ra
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             deny_all_but_dns(name),
         )
         dns = group_name(ObjectKey(name, "dns"))
@@ -257,7 +257,7 @@ async def test_a_policy_whose_address_group_neutron_refuses_is_named_and_kept_cl
         await apply(
             kube_stack,
             tmp_path,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            namespace_manifest(name),
             pod(name, "web", {"app": "web"}),
             deny_all_but_dns(name),
             from_clients(name),
